@@ -1,0 +1,69 @@
+"""SGLang 0.3.6 to 0.5.x: wire names across versions (reference §3)."""
+
+from __future__ import annotations
+
+from .base import Adapter, Samples, Series
+from ..snapshot import Snapshot
+
+# Tokenizer-side series split by `is_streaming` (0.5.19+); the slices add up to the total.
+_STREAMING = ("is_streaming",)
+# Present from 0.5.10 on, when `num_retracted_requests_total` exists but is only created at the first retraction.
+_RETRACTION_COUNTER_ERA = ("sglang:full_token_usage", "sglang:kv_used_tokens")
+
+
+class SglangAdapter(Adapter):
+    engine = "sglang"
+    marker = r"sglang[:_]"
+    rank_label = "dp_rank"
+    # With priority scheduling, priority="" is the total and other values are slices of it.
+    base_match = {"priority": ""}
+    extra_names = ("sglang:cache_config_info",)
+    series = (
+        Series("usage_ratio", ("sglang:token_usage",)),
+        Series("capacity_tokens", ("sglang:max_total_num_tokens",)),
+        Series("capacity_blocks", ("sglang:num_pages",)),
+        Series("block_size_tokens", ("sglang:page_size",)),
+        Series("used_tokens", ("sglang:kv_used_tokens", "sglang:num_used_tokens")),
+        Series("evictable_tokens", ("sglang:kv_evictable_tokens",)),
+        Series("requests_running", ("sglang:num_running_reqs",)),
+        Series("requests_waiting", ("sglang:num_queue_reqs",)),
+        # Not `num_retracted_reqs`: that gauge holds only the last report interval (reference §6.7).
+        Series("preemptions_total", ("sglang:num_retracted_requests_total", "sglang:total_retracted_reqs"), "counter",
+               zero_when_present=_RETRACTION_COUNTER_ERA),
+        Series("prefix_cache_queried_tokens_total", ("sglang:prompt_tokens_total",), "counter", sum_over=_STREAMING),
+        Series("prefix_cache_hit_tokens_total", ("sglang:cached_tokens_total",), "counter",
+               sum_over=("cache_source",) + _STREAMING),
+        Series("prompt_tokens_total", ("sglang:prompt_tokens_total",), "counter", sum_over=_STREAMING),
+        Series("generation_tokens_total", ("sglang:generation_tokens_total",), "counter", sum_over=_STREAMING),
+        Series("time_to_first_token_seconds", ("sglang:time_to_first_token_seconds",), "histogram",
+               sum_over=_STREAMING),
+        Series("inter_token_latency_seconds",
+               ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"), "histogram",
+               sum_over=_STREAMING),
+        Series("queue_time_seconds", ("sglang:queue_time_seconds",), "histogram"),
+        Series("e2e_request_latency_seconds", ("sglang:e2e_request_latency_seconds",), "histogram",
+               sum_over=_STREAMING),
+    )
+
+    def variants_of(self, names: tuple[str, ...]) -> list[str]:
+        # Re-exporters (the router's /engine_metrics, the gRPC sidecar) rewrite the colon.
+        out = []
+        for name in names:
+            out.append(name)
+            out.append("sglang_" + name.removeprefix("sglang:"))
+        return out
+
+    def complete(self, samples: Samples, snapshot: Snapshot) -> None:
+        for rank in snapshot.ranks.values():
+            # `max_total_num_tokens` reads 0 before the first report (0.5.6, 0.5.10): unknown, not empty.
+            if rank.gauges.get("capacity_tokens") == 0:
+                del rank.gauges["capacity_tokens"]
+        # 0.5.10 alone carried page size and page count as info labels.
+        name = self.first_present(("sglang:cache_config_info",), samples)
+        for sample in samples.get(name, ()) if name else ():
+            rank = snapshot.ranks.get(self.rank_of(sample.labels))
+            if rank is None:
+                continue
+            for concept, label in (("capacity_blocks", "num_pages"), ("block_size_tokens", "page_size")):
+                if concept not in rank.gauges and sample.labels.get(label, "").isdigit():
+                    rank.gauges[concept] = float(sample.labels[label])

@@ -1,0 +1,121 @@
+"""Command line: flags, their environment variables and the config file, merged; then run."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from . import __version__, config as cfg
+
+# Flag -> environment variable that sets it when the flag is not given.
+ENV = {
+    "config": "KVCACHE_EXPORTER_CONFIG",
+    "target": "KVCACHE_EXPORTER_TARGETS",
+    "listen": "KVCACHE_EXPORTER_LISTEN",
+    "poll_interval": "KVCACHE_EXPORTER_POLL_INTERVAL",
+    "log_level": "KVCACHE_EXPORTER_LOG_LEVEL",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvcache-exporter",
+        description="Polls vLLM and SGLang /metrics endpoints and exposes the engine-independent kvcache_* "
+                    "contract. Subcommand: `kvcache-exporter kv-math --help` for KV memory arithmetic.",
+        epilog="Each flag can also be set from its environment variable: "
+               + ", ".join(f"--{k.replace('_', '-')}: {v}" for k, v in ENV.items())
+               + " (comma-separated URLs).",
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    p.add_argument("--target", metavar="URL", action="append", help="an engine's /metrics URL (repeatable)")
+    p.add_argument("--listen", metavar="HOST:PORT", help=f"where to serve /metrics (default {cfg.DEFAULT_LISTEN})")
+    p.add_argument("--poll-interval", metavar="DURATION", help="how often to poll each target (default 5s)")
+    p.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error (default info)")
+    p.add_argument("--demo", action="store_true",
+                   help="start a simulated vLLM and a simulated SGLang engine and poll them (no GPU needed)")
+    p.add_argument("--version", action="version", version=f"kvcache-exporter {__version__}")
+    return p
+
+
+def load(args: argparse.Namespace, environ: dict[str, str]) -> cfg.Config:
+    """Defaults < config file < environment < flags. Raises ConfigError."""
+
+    def given(name: str):
+        value = getattr(args, name)
+        if value is not None:
+            return "command line", f"--{name.replace('_', '-')}", value
+        if environ.get(ENV[name]):
+            return "environment", ENV[name], environ[ENV[name]]
+        return None
+
+    settings: dict = {}
+    source = "command line"
+    config_path = given("config")
+    if config_path:
+        source = config_path[2]
+        settings = cfg.load_file(config_path[2])
+    targets = given("target")
+    if targets:
+        origin, key, value = targets
+        urls = value if isinstance(value, list) else [u.strip() for u in value.split(",") if u.strip()]
+        extra = []
+        for url in urls:
+            try:
+                extra.append(cfg.target_from_url(url))
+            except ValueError as err:
+                raise cfg.ConfigError(origin, key, str(err)) from None
+        settings["targets"] = list(settings.get("targets", [])) + extra
+    for name, convert in (("listen", cfg.parse_listen), ("poll_interval", cfg.parse_duration),
+                          ("log_level", cfg._log_level)):
+        found = given(name)
+        if found:
+            try:
+                settings[name] = convert(found[2])
+            except ValueError as err:
+                raise cfg.ConfigError(found[0], found[1], str(err)) from None
+    return cfg.build(source, settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "kv-math":
+        from . import kvmath
+
+        return kvmath.main(argv[1:])
+    args = parser().parse_args(argv)
+    try:
+        if args.demo:
+            from . import demo
+
+            return demo.run(args)
+        config = load(args, dict(os.environ))
+    except cfg.ConfigError as err:
+        print(f"kvcache-exporter: {err}", file=sys.stderr)
+        return 2
+    if not config.targets:
+        print("kvcache-exporter: command line: --target: no targets: give --target URL, "
+              f"{ENV['target']} or a --config file with `targets:` (or try --demo)", file=sys.stderr)
+        return 2
+    return serve(config)
+
+
+def serve(config: cfg.Config) -> int:
+    from .app import Exporter
+
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    exporter = Exporter(config)
+    try:
+        exporter.start()
+    except OSError as err:
+        print(f"kvcache-exporter: listen {config.listen}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    exporter.stop()
+    return 0

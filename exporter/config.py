@@ -1,0 +1,250 @@
+"""Exporter configuration: YAML file, command-line flags and environment, validated into one Config.
+
+Every problem becomes a ConfigError that names where it came from (the file, or the flag or
+environment variable), the key and what is wrong, printed as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from .thresholds import Thresholds
+
+ENGINES = ("auto", "vllm", "sglang")
+DEFAULT_LISTEN = "0.0.0.0:10490"
+DEFAULT_POLL_INTERVAL = 5.0
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+# Labels the exporter sets itself; a static label must not collide with them.
+RESERVED_LABELS = frozenset({"target", "engine", "model", "dp_rank", "state", "reason", "url", "version", "le"})
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_SIZE = re.compile(r"^(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_SIZE_UNITS = {None: 1, "B": 1, "KB": 10**3, "KiB": 2**10, "MB": 10**6, "MiB": 2**20, "GB": 10**9, "GiB": 2**30}
+
+
+class ConfigError(Exception):
+    def __init__(self, source: str, key: str, problem: str):
+        super().__init__(f"{source}: {key}: {problem}")
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    name: str
+    url: str
+    engine: str = "auto"
+    labels: dict[str, str] = field(default_factory=dict)
+    bearer_token_file: str | None = None
+    ca_file: str | None = None
+    model_architecture: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    targets: tuple[TargetConfig, ...]
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    timeout: float = 0.8 * DEFAULT_POLL_INTERVAL
+    staleness: float = 3 * DEFAULT_POLL_INTERVAL
+    max_response_bytes: int = DEFAULT_MAX_BYTES
+    labels: dict[str, str] = field(default_factory=dict)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    listen: str = DEFAULT_LISTEN
+    log_level: str = "info"
+
+
+def parse_duration(text: Any) -> float:
+    if isinstance(text, (int, float)) and not isinstance(text, bool) and text > 0:
+        return float(text)
+    match = _DURATION.match(str(text).strip())
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"not a positive duration (e.g. 5s, 500ms, 1m): {text!r}")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def parse_size(text: Any) -> int:
+    if isinstance(text, int) and not isinstance(text, bool) and text > 0:
+        return text
+    match = _SIZE.match(str(text).strip())
+    if not match or int(match.group(1)) <= 0:
+        raise ValueError(f"not a positive size (e.g. 16MiB): {text!r}")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def parse_listen(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return text
+
+
+def target_from_url(url: str) -> TargetConfig:
+    return TargetConfig(name=_default_name(url), url=_check_url(url))
+
+
+def _check_url(url: Any) -> str:
+    parts = urlsplit(str(url))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be an http:// or https:// URL, got {url!r}")
+    return str(url)
+
+
+def _default_name(url: str) -> str:
+    return urlsplit(url).netloc
+
+
+def _labels(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("must be a mapping of label names to values")
+    out = {}
+    for name, label_value in value.items():
+        if not isinstance(name, str) or not _LABEL_NAME.match(name) or name.startswith("__"):
+            raise ValueError(f"invalid label name {name!r}")
+        if name in RESERVED_LABELS:
+            raise ValueError(f"label {name!r} is set by the exporter itself")
+        if isinstance(label_value, (dict, list)) or label_value is None:
+            raise ValueError(f"label {name!r} must have a scalar value")
+        out[name] = str(label_value)
+    return out
+
+
+class _Reader:
+    """Reads keys of one mapping, turning every problem into a ConfigError with the full key path."""
+
+    def __init__(self, source: str, mapping: Any, path: str = ""):
+        self.source, self.path = source, path
+        if not isinstance(mapping, dict):
+            raise ConfigError(source, path or "(top level)", "must be a mapping")
+        self.mapping = mapping
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def get(self, name: str, convert, default=None):
+        if name not in self.mapping or self.mapping[name] is None:
+            return default
+        try:
+            return convert(self.mapping[name])
+        except (ValueError, TypeError, KeyError) as err:
+            raise ConfigError(self.source, self.key(name), str(err).strip("'\"")) from None
+
+    def reject_unknown(self, known: set[str]) -> None:
+        for name in self.mapping:
+            if name not in known:
+                raise ConfigError(self.source, self.key(str(name)), f"unknown key (known: {', '.join(sorted(known))})")
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _engine(value: Any) -> str:
+    if value not in ENGINES:
+        raise ValueError(f"must be one of {', '.join(ENGINES)}, got {value!r}")
+    return value
+
+
+def _mapping(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError("must be a mapping")
+    return value
+
+
+def _thresholds(value: Any) -> Thresholds:
+    try:
+        return Thresholds.from_mapping(_mapping(value))
+    except KeyError as err:
+        raise ValueError(f"unknown threshold {err.args[0]!r}") from None
+
+
+_TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "ca_file", "model_architecture"}
+_TOP_KEYS = {"poll_interval", "timeout", "staleness", "max_response_bytes", "labels", "pressure", "targets", "listen",
+             "log_level"}
+
+
+def _target(source: str, item: Any, path: str) -> TargetConfig:
+    reader = _Reader(source, item, path)
+    reader.reject_unknown(_TARGET_KEYS)
+    url = reader.get("url", _check_url)
+    if url is None:
+        raise ConfigError(source, reader.key("url"), "is required")
+    return TargetConfig(
+        name=reader.get("name", _string, _default_name(url)),
+        url=url,
+        engine=reader.get("engine", _engine, "auto"),
+        labels=reader.get("labels", _labels, {}),
+        bearer_token_file=reader.get("bearer_token_file", _string),
+        ca_file=reader.get("ca_file", _string),
+        model_architecture=reader.get("model_architecture", _mapping),
+    )
+
+
+def load_file(path: str) -> dict[str, Any]:
+    """The file's settings as keyword arguments for build(); raises ConfigError."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except OSError as err:
+        raise ConfigError(path, "(file)", err.strerror or str(err)) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "(file)"
+        raise ConfigError(path, where, f"invalid YAML: {getattr(err, 'problem', None) or err}") from None
+    reader = _Reader(path, data if data is not None else {})
+    reader.reject_unknown(_TOP_KEYS)
+    raw_targets = reader.mapping.get("targets") or []
+    if not isinstance(raw_targets, list):
+        raise ConfigError(path, "targets", "must be a list")
+    settings: dict[str, Any] = {
+        "targets": [_target(path, item, f"targets[{i}]") for i, item in enumerate(raw_targets)],
+    }
+    for key, convert in (("poll_interval", parse_duration), ("timeout", parse_duration),
+                         ("staleness", parse_duration), ("max_response_bytes", parse_size),
+                         ("labels", _labels), ("pressure", _thresholds), ("listen", parse_listen),
+                         ("log_level", _log_level)):
+        value = reader.get(key, convert)
+        if value is not None:
+            settings["thresholds" if key == "pressure" else key] = value
+    return settings
+
+
+def _log_level(value: Any) -> str:
+    level = str(value).lower()
+    if level not in ("debug", "info", "warning", "error"):
+        raise ValueError(f"must be debug, info, warning or error, got {value!r}")
+    return level
+
+
+def build(source: str, settings: dict[str, Any]) -> Config:
+    """A validated Config from merged settings; `source` names where cross-key problems are reported."""
+    targets = tuple(settings.get("targets", ()))
+    names = [t.name for t in targets]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(source, "targets", f"target name {name!r} is used twice; give each target a `name`")
+    interval = settings.get("poll_interval", DEFAULT_POLL_INTERVAL)
+    timeout = settings.get("timeout", 0.8 * interval)
+    if timeout >= interval:
+        raise ConfigError(source, "timeout", f"must be below poll_interval ({interval:g}s), got {timeout:g}s")
+    staleness = settings.get("staleness", 3 * interval)
+    if staleness < interval:
+        raise ConfigError(source, "staleness", f"must be at least poll_interval ({interval:g}s), got {staleness:g}s")
+    return Config(
+        targets=targets,
+        poll_interval=interval,
+        timeout=timeout,
+        staleness=staleness,
+        max_response_bytes=settings.get("max_response_bytes", DEFAULT_MAX_BYTES),
+        labels=settings.get("labels", {}),
+        thresholds=settings.get("thresholds", Thresholds()),
+        listen=settings.get("listen", DEFAULT_LISTEN),
+        log_level=settings.get("log_level", "info"),
+    )

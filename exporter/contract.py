@@ -1,0 +1,58 @@
+"""The kvcache_* families the exporter exposes (shared/spec/metrics.md) with their HELP texts."""
+
+from __future__ import annotations
+
+PREFIX = "kvcache_"
+_POLLED = "Polled from the engine's /metrics and cached until the next poll."
+
+# Per-rank gauges, by the derived name (without the prefix).
+RANK_GAUGES = {
+    "usage_ratio": "Fraction (0..1) of the KV pool held by live requests, as the engine reports it; evictable "
+                   "prefix-cache blocks count as free. " + _POLLED,
+    "capacity_blocks": "Usable KV blocks (pages) in the pool (vLLM: num_gpu_blocks - 1, the null block excluded). "
+                       + _POLLED,
+    "block_size_tokens": "Tokens per KV block (vLLM block_size, SGLang page_size). " + _POLLED,
+    "capacity_tokens": "KV pool capacity in tokens. " + _POLLED,
+    "used_blocks": "KV blocks held by live requests; derived by the exporter from the polled usage and capacity.",
+    "free_blocks": "KV blocks a new request could get without preempting anyone (evictable prefix-cache blocks "
+                   "count as free); capacity minus used, derived by the exporter.",
+    "used_tokens": "KV tokens held by live requests; derived by the exporter from the polled values.",
+    "free_tokens": "KV tokens a new request could get without preempting anyone; derived by the exporter.",
+    "evictable_tokens": "Free KV tokens that still hold reusable prefix-cache content (SGLang kv_evictable_tokens). "
+                        + _POLLED,
+    "live_tokens_per_request": "Used KV tokens per running request, derived by the exporter; absent while "
+                               "nothing runs.",
+    "requests_running": "Requests in the running batch. " + _POLLED,
+    "requests_waiting": "Requests queued, not yet scheduled. " + _POLLED,
+    "requests_waiting_for_capacity": "Queued requests waiting for KV or batch capacity (vLLM "
+                                     "num_requests_waiting_by_reason{reason=\"capacity\"}). " + _POLLED,
+}
+COUNTERS = {
+    "preemptions_total": "Requests preempted (vLLM) or retracted (SGLang) to free KV; mirrors the engine's counter. "
+                         + _POLLED,
+    "prefix_cache_queried_tokens_total": "Prompt tokens looked up in the prefix cache; mirrors the engine's counter. "
+                                         + _POLLED,
+    "prefix_cache_hit_tokens_total": "Prompt tokens served from the prefix cache; mirrors the engine's counter. "
+                                     + _POLLED,
+    "prompt_tokens_total": "Prompt tokens processed; mirrors the engine's counter. " + _POLLED,
+    "generation_tokens_total": "Tokens generated; mirrors the engine's counter. " + _POLLED,
+}
+HISTOGRAMS = {
+    "time_to_first_token_seconds": "Time to first token, queueing included, in the engine's own buckets. " + _POLLED,
+    "inter_token_latency_seconds": "Time between output tokens, in the engine's own buckets. " + _POLLED,
+    "queue_time_seconds": "Time requests waited before first being scheduled, in the engine's own buckets. "
+                          + _POLLED,
+    "e2e_request_latency_seconds": "Request latency from arrival to finish, in the engine's own buckets. " + _POLLED,
+}
+PRESSURE_STATE = ("pressure_state", "KV pressure derived by the exporter, 1 for the current state: ok, tight "
+                  "(usage at the high-water mark), saturated (requests queue because KV is full), thrashing "
+                  "(the engine preempts or retracts requests to free KV).")
+TARGET_FAMILIES = {
+    "target_up": ("gauge", "1 if the last poll of the target succeeded and parsed, else 0."),
+    "target_scrape_duration_seconds": ("gauge", "Duration of the last poll of the target."),
+    "target_last_success_timestamp_seconds": ("gauge", "Unix time of the last successful poll of the target."),
+    "target_scrape_failures": ("counter", "Failed polls of the target by reason (timeout, connect, http_status, "
+                                          "too_large, parse, unknown_engine)."),
+    "target_info": ("gauge", "1, with the target's URL, detected engine and engine version where known."),
+}
+BUILD_INFO = ("exporter_build_info", "1, with the exporter's version.")

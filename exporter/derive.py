@@ -1,0 +1,135 @@
+"""Pure functions from normalized snapshots (this poll and earlier ones) to the derived series.
+
+Nothing here does I/O or keeps state: the caller hands in the previous history and gets the
+new one back, which keeps every rule testable on plain values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .snapshot import RankValues, Snapshot
+from .thresholds import Thresholds
+
+PRESSURE_STATES = ("ok", "tight", "saturated", "thrashing")
+
+# (poll time, cumulative preemptions) points of one rank, oldest first, within the window.
+History = tuple[tuple[float, float], ...]
+
+
+@dataclass(slots=True)
+class DerivedRank:
+    gauges: dict[str, float]  # contract gauge names without the `kvcache_` prefix
+    values: RankValues  # the adapter's counters and histograms, passed through
+    pressure: str | None
+
+
+def kv_gauges(rank: RankValues) -> dict[str, float]:
+    """Capacity, used and free in blocks and tokens, and live tokens per request, from what the engine gave.
+
+    Block counts come from the usage ratio where the engine reports blocks (vLLM), and from token
+    counts where it reports tokens (SGLang); a value whose inputs are missing stays absent.
+    """
+    given = rank.gauges
+    out = {k: v for k, v in given.items() if k != "used_tokens"}
+    block = given.get("block_size_tokens")
+    blocks = given.get("capacity_blocks")
+    tokens = given.get("capacity_tokens")
+    if blocks is None and tokens and block:
+        blocks = float(tokens // block)
+    if tokens is None and blocks is not None and block:
+        tokens = blocks * block
+    usage = given.get("usage_ratio")
+    used_tokens = given.get("used_tokens")
+    used_blocks = None
+    if used_tokens is not None:
+        if blocks is not None and block:
+            used_blocks = min(blocks, float(math.ceil(used_tokens / block)))
+        if usage is None and tokens:
+            usage = used_tokens / tokens
+    elif usage is not None and blocks is not None:
+        used_blocks = float(round(usage * blocks))
+        if block:
+            used_tokens = used_blocks * block
+    elif usage is not None and tokens is not None:
+        used_tokens = float(round(usage * tokens))
+    for name, value in (("capacity_blocks", blocks), ("capacity_tokens", tokens), ("usage_ratio", usage)):
+        if value is not None:
+            out[name] = value
+    if used_blocks is not None and blocks is not None:
+        out["used_blocks"] = used_blocks
+        out["free_blocks"] = blocks - used_blocks
+    if used_tokens is not None and tokens is not None:
+        out["used_tokens"] = used_tokens
+        out["free_tokens"] = max(0.0, tokens - used_tokens)
+    running = given.get("requests_running")
+    if used_tokens is not None and running:
+        out["live_tokens_per_request"] = used_tokens / running
+    return out
+
+
+def extend_history(history: History, now: float, value: float | None, window: float) -> History:
+    """Append this poll's counter value and drop points older than the window (one older point kept as base)."""
+    if value is None:
+        return ()
+    points = history + ((now, value),)
+    cutoff = now - window
+    first = 0
+    while first + 1 < len(points) and points[first + 1][0] <= cutoff:
+        first += 1
+    return points[first:]
+
+
+def rate(history: History) -> float | None:
+    """Per-second increase over the history. A decrease is a counter reset (engine restart):
+    that step adds nothing, so a restart can never look like a burst or a negative rate."""
+    if len(history) < 2:
+        return None
+    increase = sum(max(0.0, b[1] - a[1]) for a, b in zip(history, history[1:]))
+    span = history[-1][0] - history[0][0]
+    return increase / span if span > 0 else None
+
+
+def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thresholds: Thresholds) -> str | None:
+    """The KV pressure state of one pool.
+
+    thrashing: preemptions/retractions at or above the threshold rate.
+    saturated: requests wait for capacity (vLLM's `capacity` reason, else the whole queue) AND the
+      KV pool is what is short: usage at the high-water mark, or fewer free tokens than a typical
+      live request holds. vLLM reports `capacity` for the running cap too (reference §7), and a
+      queue behind the cap or the token budget leaves KV room, so it never reads as saturated.
+    tight: usage at or above the high-water mark, nothing queued for lack of KV.
+    ok: otherwise. None when the engine reports no usage at all.
+    """
+    usage = gauges.get("usage_ratio")
+    if usage is None:
+        return None
+    if preemption_rate is not None and preemption_rate >= thresholds.thrashing_preemptions_per_second:
+        return "thrashing"
+    waiting = gauges.get("requests_waiting_for_capacity", gauges.get("requests_waiting", 0.0))
+    full = usage >= thresholds.high_water_ratio
+    free, live = gauges.get("free_tokens"), gauges.get("live_tokens_per_request")
+    if free is not None and live is not None and free < live:
+        full = True
+    if waiting > 0 and full:
+        return "saturated"
+    if usage >= thresholds.high_water_ratio:
+        return "tight"
+    return "ok"
+
+
+def derive(
+    snapshot: Snapshot, histories: dict[str, History], now: float, thresholds: Thresholds
+) -> tuple[dict[str, DerivedRank], dict[str, History]]:
+    """Derived series of every rank of a snapshot, and the rank histories to keep for the next poll."""
+    derived: dict[str, DerivedRank] = {}
+    new_histories: dict[str, History] = {}
+    for rank_name, rank in snapshot.ranks.items():
+        history = extend_history(
+            histories.get(rank_name, ()), now, rank.counters.get("preemptions_total"), thresholds.window_seconds
+        )
+        new_histories[rank_name] = history
+        gauges = kv_gauges(rank)
+        derived[rank_name] = DerivedRank(gauges, rank, pressure_state(gauges, rate(history), thresholds))
+    return derived, new_histories

@@ -1,0 +1,99 @@
+"""One configured target: fetch -> parse -> adapt -> derive, and the state the collector reads."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from . import adapters, derive, parser
+from .config import TargetConfig
+from .fetch import FetchError, Fetcher, FetchSettings
+from .thresholds import Thresholds
+
+FAILURE_REASONS = ("timeout", "connect", "http_status", "too_large", "parse", "unknown_engine")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PollOutcome:
+    """What the collector shows for a target; replaced whole after every poll, never mutated."""
+
+    up: bool = False
+    engine: str = ""
+    model: str = ""
+    duration: float | None = None
+    last_success: float | None = None  # unix time
+    ranks: dict[str, derive.DerivedRank] = field(default_factory=dict)
+
+
+class PollFailed(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+class Target:
+    def __init__(self, config: TargetConfig, settings: FetchSettings, thresholds: Thresholds, static_labels: dict):
+        self.config = config
+        self.labels = {**static_labels, **config.labels}
+        self.thresholds = thresholds
+        self.fetcher = Fetcher(config.url, settings)
+        self.failures = dict.fromkeys(FAILURE_REASONS, 0)
+        self.outcome = PollOutcome(engine="" if config.engine == "auto" else config.engine)
+        self._histories: dict[str, derive.History] = {}
+        self._last_reason: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def poll(self) -> PollOutcome:
+        started = time.monotonic()
+        previous = self.outcome
+        try:
+            adapter, samples = self._read(self.fetcher.fetch())
+            snapshot = adapter.adapt(samples)
+            if not snapshot.ranks:
+                raise PollFailed("unknown_engine", f"no {adapter.engine} series on the page")
+            now = time.time()
+            ranks, self._histories = derive.derive(snapshot, self._histories, now, self.thresholds)
+            outcome = PollOutcome(True, snapshot.engine, snapshot.model, time.monotonic() - started, now, ranks)
+            if self._last_reason is not None:
+                log.info("target %s recovered", self.name)
+                self._last_reason = None
+        except (FetchError, PollFailed) as err:
+            outcome = self._failed(previous, err.reason, str(err), started)
+        except Exception:  # an adapter bug must cost one target one poll, never the process
+            log.exception("target %s: unexpected error while reading its page", self.name)
+            outcome = self._failed(previous, "parse", "unexpected error", started)
+        self.outcome = outcome
+        return outcome
+
+    def _read(self, body: bytes):
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise PollFailed("parse", "page is not UTF-8") from None
+        engine = self.config.engine
+        adapter = adapters.ADAPTERS[engine] if engine != "auto" else adapters.detect(text)
+        if adapter is None:
+            if parser.has_samples(text):
+                raise PollFailed("unknown_engine", "no vLLM or SGLang series on the page")
+            raise PollFailed("parse", "page is not Prometheus exposition text")
+        try:
+            return adapter, parser.parse(text, adapter.wanted)
+        except parser.ParseError as err:
+            raise PollFailed("parse", str(err)) from None
+
+    def _failed(self, previous: PollOutcome, reason: str, detail: str, started: float) -> PollOutcome:
+        self.failures[reason] += 1
+        if reason != self._last_reason:  # log a change of state, not every failed poll
+            log.warning("target %s: poll failed (%s): %s", self.name, reason, detail)
+            self._last_reason = reason
+        # Keep the last good values; the collector hides them once they are older than the staleness period.
+        return PollOutcome(False, previous.engine, previous.model, time.monotonic() - started,
+                           previous.last_success, previous.ranks)
+
+    def close(self) -> None:
+        self.fetcher.close()

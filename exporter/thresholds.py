@@ -1,0 +1,71 @@
+"""The one place where KV-pressure thresholds live.
+
+The exporter's pressure state (exporter.derive), the alert rules (alerts/generate.py) and the
+dashboards (dashboards/build.py) all read these values; the exporter configuration's
+`pressure:` section overrides them for the exporter, and the generators take the same file
+(`--config exporter.yml`) so that rules and panels follow a deployment's overrides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # Usage (0..1) at or above which a pool counts as nearly full: pressure `tight`,
+    # the KVCacheNearlyFull alert and the red band of every usage panel.
+    high_water_ratio: float = 0.90
+    # Usage below which the pool has room to spare: the amber band of usage panels.
+    low_water_ratio: float = 0.75
+    # Preemptions/retractions per second over `window_seconds` that make the state `thrashing`.
+    thrashing_preemptions_per_second: float = 0.02
+    # Window over which the exporter and the rules look at counters and queues.
+    window_seconds: float = 60.0
+    # KVCachePreemptionStorm: warning and critical rates (per second, 5-minute window).
+    preemption_storm_warning_per_second: float = 0.1
+    preemption_storm_critical_per_second: float = 1.0
+    # Finished requests per second below which rate-based alerts stay quiet (idle engine).
+    traffic_floor_requests_per_second: float = 0.05
+    # Queried prompt tokens per second below which the hit-ratio alert stays quiet.
+    traffic_floor_prefix_tokens_per_second: float = 50.0
+    # KVCachePrefixHitRateDrop: hit ratio below this fraction of its own baseline.
+    prefix_hit_drop_fraction: float = 0.5
+    # Baseline offset for the hit-ratio comparison.
+    prefix_hit_baseline_offset: str = "1h"
+    # KVCacheQueueDominatesTTFT: share of p90 TTFT spent in the queue.
+    queue_share_of_ttft: float = 0.5
+    # KVCacheNearlyFull by trend: predict_linear says the pool is full within this many seconds.
+    nearly_full_horizon_seconds: float = 1800.0
+    # `for:` durations of the alerts.
+    shortage_for: str = "2m"
+    nearly_full_for: str = "10m"
+    preemption_storm_for: str = "5m"
+    prefix_hit_drop_for: str = "15m"
+    queue_dominates_for: str = "10m"
+    target_down_for: str = "2m"
+    exporter_absent_for: str = "5m"
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any] | None) -> "Thresholds":
+        """Defaults overridden by `values`; unknown keys raise KeyError, wrong types TypeError."""
+        if not values:
+            return cls()
+        known = {f.name: f for f in fields(cls)}
+        base = cls()
+        changes: dict[str, Any] = {}
+        for key, value in values.items():
+            if key not in known:
+                raise KeyError(key)
+            expected = type(getattr(base, key))
+            if expected is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+                changes[key] = float(value)
+            elif isinstance(value, expected) and not isinstance(value, bool):
+                changes[key] = value
+            else:
+                raise TypeError(f"{key} must be a {expected.__name__}, got {value!r}")
+        return replace(base, **changes)
+
+
+DEFAULT = Thresholds()
