@@ -7,7 +7,7 @@ environment variable), the key and what is wrong, printed as one line with exit 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -132,7 +132,7 @@ class _Reader:
         try:
             return convert(self.mapping[name])
         except (ValueError, TypeError, KeyError) as err:
-            raise ConfigError(self.source, self.key(name), str(err).strip("'\"")) from None
+            raise ConfigError(self.source, self.key(name), str(err.args[0] if err.args else err)) from None
 
     def reject_unknown(self, known: set[str]) -> None:
         for name in self.mapping:
@@ -158,11 +158,12 @@ def _mapping(value: Any) -> dict:
     return value
 
 
-def _thresholds(value: Any) -> Thresholds:
-    try:
-        return Thresholds.from_mapping(_mapping(value))
-    except KeyError as err:
-        raise ValueError(f"unknown threshold {err.args[0]!r}") from None
+def _thresholds(source: str, value: Any) -> Thresholds:
+    reader = _Reader(source, value, "pressure")
+    reader.reject_unknown({f.name for f in fields(Thresholds)})
+    for key in reader.mapping:  # validate one key at a time so the error names it
+        reader.get(key, lambda v, key=key: Thresholds.from_mapping({key: v}))
+    return Thresholds.from_mapping(reader.mapping)
 
 
 _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "ca_file", "model_architecture"}
@@ -208,11 +209,13 @@ def load_file(path: str) -> dict[str, Any]:
     }
     for key, convert in (("poll_interval", parse_duration), ("timeout", parse_duration),
                          ("staleness", parse_duration), ("max_response_bytes", parse_size),
-                         ("labels", _labels), ("pressure", _thresholds), ("listen", parse_listen),
+                         ("labels", _labels), ("listen", parse_listen),
                          ("log_level", _log_level)):
         value = reader.get(key, convert)
         if value is not None:
-            settings["thresholds" if key == "pressure" else key] = value
+            settings[key] = value
+    if reader.mapping.get("pressure") is not None:
+        settings["thresholds"] = _thresholds(path, reader.mapping["pressure"])
     return settings
 
 

@@ -81,9 +81,10 @@ def _split(count: int, tp: int, what: str) -> int:
     return count // tp
 
 
-def _check_tp(tp: int) -> None:
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ArchitectureError("tp", f"must be an integer >= 1, got {tp!r}")
+def _require_int(value: Any, key: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ArchitectureError(key, f"must be an integer >= {minimum}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -142,13 +143,10 @@ class KVLayout:
 
     def __post_init__(self) -> None:
         for name in ("layers", "kv_heads", "head_dim", "sliding_window", "mla_latent_dim"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ArchitectureError(name, f"must be an integer >= 1, got {value!r}")
+            if getattr(self, name) is not None:
+                _require_int(getattr(self, name), name)
         for name in ("full_attention_layers", "sliding_attention_layers", "recurrent_layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ArchitectureError(name, f"must be an integer >= 0, got {value!r}")
+            _require_int(getattr(self, name), name, minimum=0)
         if self.attention_layers < 1:
             raise ArchitectureError("attention_layers", "no layer holds KV")
         if self.attention_layers + self.recurrent_layers > self.layers:
@@ -181,7 +179,7 @@ class KVLayout:
 
     def kv_heads_per_gpu(self, tp: int = 1) -> int:
         """KV heads split across TP ranks; with fewer heads than ranks each rank holds a copy of one."""
-        _check_tp(tp)
+        _require_int(tp, "tp")
         if self.mla_latent_dim is not None:
             raise ArchitectureError("kv_heads", "an MLA model caches a latent, not KV heads")
         heads = self.kv_heads
@@ -193,35 +191,35 @@ class KVLayout:
 
     def elements_per_layer_token(self, tp: int = 1) -> int:
         """Cached elements of one token in one attention layer, on one GPU."""
-        _check_tp(tp)
+        _require_int(tp, "tp")
         if self.mla_latent_dim is not None:
             return self.mla_latent_dim  # the latent is replicated on every rank
         return 2 * self.kv_heads_per_gpu(tp) * self.head_dim
+
+    def bytes_per_layer_token(self, kv_cache_dtype: str | None = None, tp: int = 1) -> int:
+        return self.elements_per_layer_token(tp) * _DTYPE_BYTES[self.resolve_kv_dtype(kv_cache_dtype)]
 
     def bytes_per_token(self, kv_cache_dtype: str | None = None, tp: int = 1) -> int:
         """KV bytes one more token costs in every attention layer (per GPU when tp > 1).
 
         Sliding-window layers count too: this is the cost while a sequence is inside the window.
         """
-        per_layer = self.elements_per_layer_token(tp) * _DTYPE_BYTES[self.resolve_kv_dtype(kv_cache_dtype)]
-        return per_layer * self.attention_layers
+        return self.bytes_per_layer_token(kv_cache_dtype, tp) * self.attention_layers
 
     def layer_tokens(self, seq_len: int) -> int:
         """Token slots a sequence of seq_len tokens holds, summed over attention layers."""
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-            raise ArchitectureError("seq_len", f"must be an integer >= 1, got {seq_len!r}")
+        _require_int(seq_len, "seq_len")
         held_by_sliding = min(seq_len, self.sliding_window) if self.sliding_attention_layers else 0
         return self.full_attention_layers * seq_len + self.sliding_attention_layers * held_by_sliding
 
     def bytes_per_sequence(self, seq_len: int, kv_cache_dtype: str | None = None, tp: int = 1) -> int:
         """KV bytes of one sequence of seq_len tokens (per GPU when tp > 1); recurrent state apart."""
-        per_layer = self.elements_per_layer_token(tp) * _DTYPE_BYTES[self.resolve_kv_dtype(kv_cache_dtype)]
-        return per_layer * self.layer_tokens(seq_len)
+        return self.bytes_per_layer_token(kv_cache_dtype, tp) * self.layer_tokens(seq_len)
 
     def recurrent_state_bytes(self, tp: int = 1) -> int | None:
         """Recurrent state of one sequence (per GPU when tp > 1): 0 without recurrent layers,
         None when the model has recurrent layers but its config does not give their sizes."""
-        _check_tp(tp)
+        _require_int(tp, "tp")
         if not self.recurrent_layers:
             return 0
         state = self.recurrent_state
@@ -232,8 +230,8 @@ class KVLayout:
             ssm_dtype = conv_dtype  # vLLM keeps Gated DeltaNet's state in the conv state's dtype
         else:
             ssm_dtype = self.ssm_state_dtype
-        per_layer = state.conv_elements(tp) * _DTYPE_BYTES[conv_dtype] + state.ssm_elements(tp) * _DTYPE_BYTES[ssm_dtype]
-        return per_layer * self.recurrent_layers
+        conv_bytes = state.conv_elements(tp) * _DTYPE_BYTES[conv_dtype]
+        return (conv_bytes + state.ssm_elements(tp) * _DTYPE_BYTES[ssm_dtype]) * self.recurrent_layers
 
     def sequences_in_budget(
         self, budget_bytes: int, seq_len: int, kv_cache_dtype: str | None = None, tp: int = 1
@@ -243,8 +241,7 @@ class KVLayout:
         With tp > 1 the budget is one GPU's: every rank holds its share of every sequence.
         Each sequence also needs its recurrent state where the config gives its size.
         """
-        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
-            raise ArchitectureError("budget", f"must be a number of bytes >= 0, got {budget_bytes!r}")
+        _require_int(budget_bytes, "budget", minimum=0)
         per_sequence = self.bytes_per_sequence(seq_len, kv_cache_dtype, tp) + (self.recurrent_state_bytes(tp) or 0)
         return budget_bytes // per_sequence
 
@@ -255,13 +252,12 @@ class KVLayout:
         slots, fewer than seq_len per layer where sliding windows cap it. KV only: a token pool
         does not hold recurrent state. Neither the cache dtype nor TP changes the answer.
         """
-        if isinstance(capacity_tokens, bool) or not isinstance(capacity_tokens, int) or capacity_tokens < 0:
-            raise ArchitectureError("capacity_tokens", f"must be an integer >= 0, got {capacity_tokens!r}")
+        _require_int(capacity_tokens, "capacity_tokens", minimum=0)
         return capacity_tokens * self.attention_layers // self.layer_tokens(seq_len)
 
     def describe(self) -> str:
         """One line: the layers by kind and what one attention layer caches."""
-        kinds = [f"{self.full_attention_layers} full attention"]
+        kinds = [f"{self.full_attention_layers} full attention"] if self.full_attention_layers else []
         if self.sliding_attention_layers:
             kinds.append(f"{self.sliding_attention_layers} sliding window ({self.sliding_window} tokens)")
         if self.recurrent_layers:
@@ -294,13 +290,9 @@ class _Reader:
                 return name, self.values[name]
         return names[0], None
 
-    def optional_int(self, *names: str) -> int | None:
+    def optional_int(self, *names: str, minimum: int = 1) -> int | None:
         key, value = self.find(*names)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.error(key, f"must be an integer >= 1, got {value!r}")
-        return value
+        return None if value is None else _require_int(value, self.prefix + key, minimum)
 
     def required_int(self, *names: str) -> int:
         value = self.optional_int(*names)
@@ -558,10 +550,10 @@ def layout_from_mapping(
         return dataclasses.replace(layout, **overrides)
 
     layers = reader.required_int("layers")
-    recurrent_layers = reader.optional_int("recurrent_layers") or 0
+    recurrent_layers = reader.optional_int("recurrent_layers", minimum=0) or 0
     attention_layers = reader.optional_int("attention_layers") or layers - recurrent_layers
     window = reader.optional_int("sliding_window")
-    sliding_layers = reader.optional_int("sliding_window_layers")
+    sliding_layers = reader.optional_int("sliding_window_layers", minimum=0)
     if sliding_layers is None:
         sliding_layers = attention_layers if window is not None else 0
     elif window is None:
@@ -710,6 +702,8 @@ def _layout_from_args(args: argparse.Namespace) -> KVLayout:
 
 def _flag(key: str) -> str:
     """The command-line flag for a mapping key or argument name (`kv_heads` -> `--kv-heads`)."""
+    if key == "kv_cache_dtype":
+        return "--dtype"
     return "--" + key.replace("_", "-") if re.fullmatch(r"[a-z_]+", key) else key
 
 
@@ -751,7 +745,7 @@ def _human_lines(layout: KVLayout, report: dict[str, Any]) -> list[str]:
     per_gpu = f" per GPU at TP {tp}"
     lines = [
         f"model: {layout.describe()}",
-        f"KV cache dtype: {report['kv_cache_dtype']} ({report['bytes_per_element']} bytes per element)",
+        f"KV cache dtype: {report['kv_cache_dtype']} ({report['bytes_per_element']} B per element)",
         f"bytes per token: {amount(report['bytes_per_token'])}",
     ]
     if tp > 1:
@@ -803,8 +797,8 @@ def main(argv: list[str]) -> int:
         if args.target is not None:
             try:
                 capacity = _target_capacity(args.target)
-            except Exception as err:  # network or parse failures of the poll: one line, no traceback
-                print(f"{prog}: error: {args.target}: {err}", file=sys.stderr)
+            except Exception as err:  # whatever the poll raises (network, parse): one line, no traceback
+                print(f"{prog}: error: --target: {err}", file=sys.stderr)
                 return 1
         report = _report(layout, args, capacity)
     except SystemExit as done:  # --help

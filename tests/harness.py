@@ -177,3 +177,28 @@ def prom_vector(base_url: str, expr: str) -> list[tuple[dict, float]]:
     """An instant query's result as (labels, value) pairs."""
     data = prom_query(base_url, expr)
     return [(item["metric"], float(item["value"][1])) for item in data["result"]]
+
+
+def scrape(base_url: str) -> dict[tuple[str, tuple], float]:
+    """The exporter's /metrics as {(sample name, sorted label pairs): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body = http_get(base_url + "/metrics")
+    if status != 200:
+        raise ValueError(f"/metrics answered {status}")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(body) for s in family.samples}
+
+
+def series(samples: dict, name: str, **labels: str) -> dict[tuple, float]:
+    """The samples of one name whose labels include `labels`."""
+    wanted = set(labels.items())
+    return {key: value for key, value in samples.items() if key[0] == name and wanted <= set(key[1])}
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    """The single sample of `name` matching `labels`; raises when there is none or several."""
+    found = series(samples, name, **labels)
+    if len(found) != 1:
+        raise KeyError(f"{name}{labels}: {len(found)} samples")
+    return next(iter(found.values()))

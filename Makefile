@@ -1,0 +1,27 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= python3
+
+.PHONY: demo test install deps dashboards alerts bench
+
+demo: install
+	$(PYTHON) -m exporter --demo
+
+test: deps
+	$(PYTHON) -m pytest -q
+
+install:
+	$(PYTHON) -m pip install -q -e .
+
+# Everything the tests need: the package with its test extras, and Debian's Prometheus and Alertmanager.
+deps:
+	./scripts/install-test-deps
+	$(PYTHON) -m pip install -q -e '.[test]'
+
+dashboards:
+	$(PYTHON) -m dashboards.build
+
+alerts:
+	$(PYTHON) -m alerts.generate
+
+bench: install
+	$(PYTHON) -m bench.run

@@ -1,0 +1,31 @@
+"""prometheus_client's parsers as the oracle for the differential tests of exporter.parser."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from exporter import parser
+
+
+def is_openmetrics(text: str) -> bool:
+    return text.rstrip().endswith("# EOF")
+
+
+def oracle_samples(text: str) -> list[tuple]:
+    """Every sample of the page per prometheus_client, as comparable tuples."""
+    parse = parse_openmetrics if is_openmetrics(text) else parse_text
+    return sorted(_key(s.name, s.labels, s.value) for family in parse(text) for s in family.samples)
+
+
+def our_samples(text: str, names: frozenset[str] | None = None) -> list[tuple]:
+    names = names if names is not None else frozenset(s[0] for s in oracle_samples(text))
+    found = parser.parse(text, names)
+    return sorted(_key(s.name, s.labels, s.value) for samples in found.values() for s in samples)
+
+
+def _key(name: str, labels: dict, value: float) -> tuple:
+    # NaN != NaN: compare it as a marker so equal pages compare equal.
+    return (name, tuple(sorted(labels.items())), "NaN" if math.isnan(value) else float(value))

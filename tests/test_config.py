@@ -1,0 +1,121 @@
+"""Configuration: file, flags and environment merged; every mistake is one line and exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from exporter import cli, config as cfg
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "exporter.yml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def load(argv: list[str], environ: dict | None = None) -> cfg.Config:
+    return cli.load(cli.parser().parse_args(argv), environ or {})
+
+
+def test_full_file(tmp_path):
+    path = write(tmp_path, """
+        poll_interval: 2s
+        timeout: 1500ms
+        staleness: 1m
+        max_response_bytes: 4MiB
+        labels: {cluster: prod}
+        pressure: {high_water_ratio: 0.8}
+        targets:
+          - url: http://10.0.0.1:8000/metrics
+          - name: sg-0
+            url: https://10.0.0.2:30000/metrics
+            engine: sglang
+            labels: {pool: chat}
+            bearer_token_file: /run/secrets/token
+            ca_file: /etc/ca.pem
+    """)
+    config = load(["--config", str(path)])
+    assert (config.poll_interval, config.timeout, config.staleness) == (2.0, 1.5, 60.0)
+    assert config.max_response_bytes == 4 * 2**20
+    assert config.labels == {"cluster": "prod"}
+    assert config.thresholds.high_water_ratio == 0.8
+    first, second = config.targets
+    assert (first.name, first.engine) == ("10.0.0.1:8000", "auto")
+    assert (second.name, second.engine, second.labels) == ("sg-0", "sglang", {"pool": "chat"})
+    assert (second.bearer_token_file, second.ca_file) == ("/run/secrets/token", "/etc/ca.pem")
+
+
+def test_defaults_from_targets_alone():
+    config = load(["--target", "http://a:8000/metrics", "--target", "http://b:8000/metrics"])
+    assert [t.name for t in config.targets] == ["a:8000", "b:8000"]
+    assert (config.poll_interval, config.timeout, config.staleness) == (5.0, 4.0, 15.0)
+    assert config.listen == "0.0.0.0:10490"
+    assert config.max_response_bytes == 16 * 2**20
+
+
+def test_flags_beat_environment_which_beats_the_file(tmp_path):
+    path = write(tmp_path, "poll_interval: 10s\nlisten: 127.0.0.1:1\ntargets: [{url: 'http://f:1/metrics'}]\n")
+    environ = {"KVCACHE_EXPORTER_CONFIG": str(path), "KVCACHE_EXPORTER_POLL_INTERVAL": "3s",
+               "KVCACHE_EXPORTER_TARGETS": "http://e1:1/metrics, http://e2:1/metrics",
+               "KVCACHE_EXPORTER_LISTEN": "127.0.0.1:2"}
+    config = load(["--listen", "127.0.0.1:3"], environ)
+    assert config.poll_interval == 3.0
+    assert config.listen == "127.0.0.1:3"
+    assert [t.name for t in config.targets] == ["f:1", "e1:1", "e2:1"]
+
+
+@pytest.mark.parametrize("text, key, problem", [
+    ("targets: [{url: 'http://a:1/m'}, {url: 'ftp://b'}]", "targets[1].url", "http:// or https:// URL"),
+    ("poll_interval: 5 parsecs", "poll_interval", "not a positive duration"),
+    ("poll_interval: 2s\ntimeout: 3s", "timeout", "must be below poll_interval"),
+    ("staleness: 1s", "staleness", "at least poll_interval"),
+    ("targets: [{url: 'http://a:1/m', engine: tgi}]", "targets[0].engine", "one of auto, vllm, sglang"),
+    ("targets: [{url: 'http://a:1/m', labels: {target: x}}]", "targets[0].labels", "set by the exporter"),
+    ("targets: [{url: 'http://a:1/m', labels: {'bad-name': x}}]", "targets[0].labels", "invalid label name"),
+    ("targets: [{url: 'http://a:1/m'}, {url: 'http://a:1/m'}]", "targets", "used twice"),
+    ("targets: [{url: 'http://a:1/m', bogus: 1}]", "targets[0].bogus", "unknown key"),
+    ("targets: [{name: x}]", "targets[0].url", "is required"),
+    ("pressure: {high_water: 0.9}", "pressure.high_water", "unknown key"),
+    ("pressure: {high_water_ratio: high}", "pressure.high_water_ratio", "must be a float, got 'high'"),
+    ("max_response_bytes: lots", "max_response_bytes", "not a positive size"),
+    ("targets: {url: x}", "targets", "must be a list"),
+    ("targets: [\n  {url: 'http://a:1/m'\n", "line 3", "invalid YAML"),
+])
+def test_bad_files_name_file_key_and_problem(tmp_path, text, key, problem):
+    path = write(tmp_path, text)
+    with pytest.raises(cfg.ConfigError) as err:
+        load(["--config", str(path)])
+    message = str(err.value)
+    assert message.startswith(f"{path}: {key}: "), message
+    assert problem in message
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(cfg.ConfigError, match=r"nope.yml: \(file\): No such file"):
+        load(["--config", str(tmp_path / "nope.yml")])
+
+
+def test_bad_environment_value_names_the_variable():
+    with pytest.raises(cfg.ConfigError, match="^environment: KVCACHE_EXPORTER_POLL_INTERVAL: not a positive"):
+        load(["--target", "http://a:1/m"], {"KVCACHE_EXPORTER_POLL_INTERVAL": "soon"})
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--config", "{tmp}/exporter.yml"], "kvcache-exporter: {tmp}/exporter.yml: targets[0].url: is required\n"),
+    (["--target", "localhost:8000"], "kvcache-exporter: command line: --target: must be an http:// or https:// URL, "
+                                     "got 'localhost:8000'\n"),
+    ([], "kvcache-exporter: command line: --target: no targets: give --target URL, KVCACHE_EXPORTER_TARGETS or a "
+         "--config file with `targets:` (or try --demo)\n"),
+])
+def test_the_process_prints_one_line_and_exits_2(tmp_path, argv, expected):
+    write(tmp_path, "targets: [{name: x}]\n")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    result = subprocess.run([sys.executable, "-m", "exporter", *argv], capture_output=True, text=True, timeout=30,
+                            env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert result.stderr == expected.format(tmp=tmp_path)
+    assert result.stdout == ""

@@ -1,0 +1,247 @@
+"""The dashboards' source, the committed JSON and what the JSON says (thresholds, variables, links)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as models
+
+from dashboards import build, fleet, lint, target
+from exporter.thresholds import DEFAULT, Thresholds
+from tests.harness import REPO
+
+FILES = (fleet.FILENAME, target.FILENAME)
+
+
+def committed(name: str) -> dict:
+    return json.loads((build.GENERATED / name).read_text())
+
+
+def panel(dashboard: dict, title: str) -> dict:
+    matches = [p for p in lint.panels(dashboard) if p["title"] == title]
+    assert len(matches) == 1, f"{len(matches)} panels titled {title!r}"
+    return matches[0]
+
+
+def steps(panel_json: dict, ref_id: str | None = None) -> list[tuple[float | None, str]]:
+    """The colour steps of a panel, or of one query's override."""
+    if ref_id is None:
+        config = panel_json["fieldConfig"]["defaults"]["thresholds"]
+    else:
+        [override] = [o for o in panel_json["fieldConfig"]["overrides"] if o["matcher"]["options"] == ref_id]
+        [config] = [p["value"] for p in override["properties"] if p["id"] == "thresholds"]
+    return [(step["value"], step["color"]) for step in config["steps"]]
+
+
+def test_committed_json_is_what_the_source_builds():
+    for name, dashboard in build.build_all().items():
+        assert (build.GENERATED / name).read_text() == build.render(dashboard), f"{name}: run `make dashboards`"
+    result = subprocess.run([sys.executable, "-m", "dashboards.build", "--check"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_fails_on_drift_and_a_build_repairs_it(tmp_path):
+    for name in FILES:
+        shutil.copy(build.GENERATED / name, tmp_path / name)
+    assert build.main(["--check", "--out", str(tmp_path)]) == 0
+
+    edited = committed(fleet.FILENAME)
+    edited["title"] = "edited by hand"
+    (tmp_path / fleet.FILENAME).write_text(json.dumps(edited, indent=2) + "\n")
+    (tmp_path / target.FILENAME).unlink()
+    assert build.drifted({n: (build.GENERATED / n).read_text() for n in FILES}, tmp_path) == list(FILES)
+    assert build.main(["--check", "--out", str(tmp_path)]) == 1
+
+    assert build.main(["--out", str(tmp_path)]) == 0
+    assert build.main(["--check", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / fleet.FILENAME).read_text() == (build.GENERATED / fleet.FILENAME).read_text()
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_generated_json_loads_back_through_the_sdk_models(name):
+    text = (build.GENERATED / name).read_text()
+    loaded = models.Dashboard.from_json(json.loads(text))
+    assert isinstance(loaded, models.Dashboard)
+    assert json.dumps(loaded, cls=JSONEncoder, indent=2) + "\n" == text
+    # The typed model holds every panel, not a dict it passed through.
+    row_count = sum(isinstance(p, models.RowPanel) for p in loaded.panels)
+    assert row_count == sum(p["type"] == "row" for p in json.loads(text)["panels"]) >= 6
+    assert all(isinstance(p, (models.Panel, models.RowPanel)) for p in loaded.panels)
+
+
+def test_dashboards_identity_and_conventions():
+    for name, uid in ((fleet.FILENAME, "kvcache-fleet"), (target.FILENAME, "kvcache-target")):
+        dashboard = committed(name)
+        assert dashboard["uid"] == uid
+        assert dashboard["schemaVersion"] == 42
+        assert "kvcache" in dashboard["tags"]
+        datasource = dashboard["templating"]["list"][0]
+        assert (datasource["name"], datasource["type"], datasource["query"]) == ("datasource", "datasource", "prometheus")
+        [alerts] = dashboard["annotations"]["list"]
+        assert alerts["target"]["expr"] == 'ALERTS{alertstate="firing", alertname=~"KVCache.*"}'
+        assert alerts["datasource"]["uid"] == "${datasource}"
+        ids = [p["id"] for p in dashboard["panels"]]
+        assert len(ids) == len(set(ids))
+        # Panels tile the 24-column grid without overlapping.
+        cells = set()
+        for p in dashboard["panels"]:
+            pos = p["gridPos"]
+            assert pos["x"] + pos["w"] <= 24
+            area = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])}
+            assert not cells & area, p["title"]
+            cells |= area
+
+
+def variables(dashboard: dict) -> dict[str, dict]:
+    return {v["name"]: v for v in dashboard["templating"]["list"]}
+
+
+def test_fleet_variables_filter_by_static_labels_engine_model_and_target():
+    fleet_vars = variables(committed(fleet.FILENAME))
+    assert list(fleet_vars) == ["datasource", "cluster", "pool", "engine", "model", "target"]
+    for name in ("cluster", "pool", "engine", "model", "target"):
+        assert fleet_vars[name]["multi"] and fleet_vars[name]["includeAll"]
+        assert fleet_vars[name]["allValue"] == ".*"
+    # Each filter lists only values that the filters before it allow.
+    assert fleet_vars["target"]["query"] == (
+        'label_values(kvcache_target_up{cluster=~"$cluster", pool=~"$pool", engine=~"$engine"}, target)')
+    assert fleet_vars["model"]["query"].startswith("label_values(kvcache_usage_ratio{")
+
+    target_vars = variables(committed(target.FILENAME))
+    assert list(target_vars) == ["datasource", "cluster", "pool", "target"]
+    assert not target_vars["target"]["multi"] and not target_vars["target"]["includeAll"]
+
+
+def test_bands_and_descriptions_come_from_thresholds():
+    custom = Thresholds(high_water_ratio=0.8, low_water_ratio=0.6, thrashing_preemptions_per_second=0.05,
+                        preemption_storm_critical_per_second=2.0, queue_share_of_ttft=0.3,
+                        prefix_hit_drop_fraction=0.4, prefix_hit_baseline_offset="2h",
+                        traffic_floor_prefix_tokens_per_second=25.0)
+    for thresholds in (DEFAULT, custom):
+        built = {name: json.loads(build.render(d)) for name, d in build.build_all(thresholds).items()}
+        for dashboard in built.values():
+            usage = [(None, "green"), (thresholds.low_water_ratio, "yellow"), (thresholds.high_water_ratio, "red")]
+            assert steps(panel(dashboard, "KV usage") if False else _timeseries(dashboard, "KV usage")) == usage
+            assert steps(_stat(dashboard, "KV usage")) == usage
+            assert steps(panel(dashboard, "Preemption rate")) == [
+                (None, "green"), (thresholds.thrashing_preemptions_per_second, "red"),
+                (thresholds.preemption_storm_critical_per_second, "dark-red")]
+            assert steps(panel(dashboard, "Preemptions per minute")) == [
+                (None, "green"), (pytest.approx(thresholds.thrashing_preemptions_per_second * 60), "red"),
+                (pytest.approx(thresholds.preemption_storm_critical_per_second * 60), "dark-red")]
+            assert steps(panel(dashboard, "Share of TTFT spent queueing")) == [
+                (None, "green"), (thresholds.queue_share_of_ttft, "red")]
+            baseline = panel(dashboard, "Hit ratio vs baseline")
+            assert steps(baseline) == [(None, "red"), (thresholds.prefix_hit_drop_fraction, "green")]
+            expr = baseline["targets"][0]["expr"]
+            assert f"offset {thresholds.prefix_hit_baseline_offset})" in expr
+            assert expr.endswith(f">= {thresholds.traffic_floor_prefix_tokens_per_second:g})")
+            assert f"{thresholds.high_water_ratio:.0%}" in _stat(dashboard, "KV usage")["description"]
+    # The committed JSON was built with the defaults.
+    assert steps(_stat(committed(fleet.FILENAME), "KV usage"))[-1] == (DEFAULT.high_water_ratio, "red")
+
+
+def _of_type(dashboard: dict, title: str, kind: str) -> dict:
+    [match] = [p for p in lint.panels(dashboard) if p["title"] == title and p["type"] == kind]
+    return match
+
+
+def _stat(dashboard: dict, title: str) -> dict:
+    return _of_type(dashboard, title, "stat")
+
+
+def _timeseries(dashboard: dict, title: str) -> dict:
+    return _of_type(dashboard, title, "timeseries")
+
+
+def test_counts_where_one_is_a_problem_turn_red_at_one():
+    dashboard = committed(fleet.FILENAME)
+    assert steps(_stat(dashboard, "Targets up"), "B") == [(None, "green"), (1, "red")]
+    assert steps(_stat(dashboard, "Waiting requests"), "B") == [(None, "green"), (1, "red")]
+    states = _stat(dashboard, "Targets per pressure state")
+    assert [t["legendFormat"] for t in states["targets"]] == ["ok", "tight", "saturated", "thrashing"]
+    assert [steps(states, ref)[-1][1] for ref in "BCD"] == ["yellow", "red", "dark-red"]
+
+
+def test_configuration_moves_bands_and_names_the_label_variables(tmp_path):
+    config = tmp_path / "exporter.yml"
+    config.write_text(
+        "labels: {region: eu}\n"
+        "pressure: {high_water_ratio: 0.85}\n"
+        "targets:\n"
+        "  - {url: 'http://a:8000/metrics', labels: {pool: chat, tier: gold}}\n"
+        "  - {url: 'http://b:8000/metrics'}\n"
+    )
+    thresholds, labels = build.settings_from(config)
+    assert thresholds.high_water_ratio == 0.85 and thresholds.low_water_ratio == DEFAULT.low_water_ratio
+    assert labels == ("region", "pool", "tier")
+    assert build.main(["--config", str(config), "--out", str(tmp_path)]) == 0
+    built = json.loads((tmp_path / fleet.FILENAME).read_text())
+    assert list(variables(built)) == ["datasource", "region", "pool", "tier", "engine", "model", "target"]
+    assert steps(_stat(built, "KV usage"))[-1] == (0.85, "red")
+    assert 'tier=~"$tier"' in _stat(built, "KV usage")["targets"][0]["expr"]
+
+    config.write_text("pressure: {no_such_threshold: 1}\n")
+    with pytest.raises(KeyError):
+        build.settings_from(config)
+    config.write_text("pressure: {}\n")
+    assert build.settings_from(config)[1] == build.DEFAULT_STATIC_LABELS
+
+
+def test_fleet_series_drill_down_to_the_target_dashboard():
+    fleet_json, target_json = committed(fleet.FILENAME), committed(target.FILENAME)
+    target_variables = set(variables(target_json))
+    linked = []
+    for p in lint.panels(fleet_json):
+        per_target = any("{{target}}" in t["legendFormat"] for t in p["targets"])
+        links = p["fieldConfig"]["defaults"].get("links", [])
+        assert bool(links) == per_target, p["title"]
+        for link in links:
+            url = link["url"]
+            assert url.startswith(f"/d/{target_json['uid']}/")
+            assert "var-target=${__field.labels.target}" in url
+            passed = set(re.findall(r"\$\{(\w+):queryparam\}", url)) | set(re.findall(r"var-(\w+)=", url))
+            assert passed == target_variables, p["title"]
+            linked.append(p["title"])
+    assert {"KV usage", "Pressure state over time", "Preemption rate", "Share of TTFT spent queueing",
+            "Targets up"} <= set(linked)
+    # Both dashboards link to each other through their shared tag, keeping time and variables.
+    for dashboard in (fleet_json, target_json):
+        [link] = dashboard["links"]
+        assert (link["type"], link["tags"], link["includeVars"], link["keepTime"]) == ("dashboards", ["kvcache"], True, True)
+
+
+def test_target_dashboard_details():
+    dashboard = committed(target.FILENAME)
+    rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
+    assert rows == ["Overview", "KV", "Pressure", "Prefix cache", "Latency", "KV memory", "Exporter health"]
+    heatmaps = {p["title"]: p for p in lint.panels(dashboard) if p["type"] == "heatmap"}
+    assert set(heatmaps) == {"Time to first token distribution", "Queue time distribution"}
+    for p in heatmaps.values():
+        [query] = p["targets"]
+        assert query["format"] == "heatmap" and p["options"]["calculate"] is False
+        assert query["expr"].startswith("sum by (le) (increase(")
+    memory = " ".join(t["expr"] for p in lint.panels(dashboard) for t in p["targets"] if "bytes" in t["expr"])
+    for metric in ("kvcache_bytes_per_token", "kvcache_capacity_bytes", "kvcache_used_bytes"):
+        assert metric in memory
+    # Per-pool lines are split by data-parallel rank inside the target.
+    assert "sum by (target, dp_rank)" in _timeseries(dashboard, "KV usage")["targets"][0]["expr"]
+    assert steps(_timeseries(dashboard, "KV usage")) == steps(_timeseries(committed(fleet.FILENAME), "KV usage"))
+
+
+def test_ratios_divide_sums():
+    dashboard = committed(fleet.FILENAME)
+    usage = _stat(dashboard, "KV usage")["targets"][0]["expr"]
+    assert re.fullmatch(r"sum \(kvcache_used_tokens\{[^}]*\}\) / \(sum \(kvcache_capacity_tokens\{[^}]*\}\) > 0\)", usage)
+    hit = _stat(dashboard, "Prefix-cache hit ratio")["targets"][0]["expr"]
+    assert re.fullmatch(
+        r"sum \(rate\(kvcache_prefix_cache_hit_tokens_total\{[^}]*\}\[\$__rate_interval\]\)\) / "
+        r"\(sum \(rate\(kvcache_prefix_cache_queried_tokens_total\{[^}]*\}\[\$__rate_interval\]\)\) > 0\)", hit)
