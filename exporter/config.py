@@ -6,6 +6,7 @@ environment variable), the key and what is wrong, printed as one line with exit 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from .kvmath import ArchitectureError, KVLayout, layout_from_mapping
 from .thresholds import Thresholds
 
 ENGINES = ("auto", "vllm", "sglang")
@@ -41,7 +43,7 @@ class TargetConfig:
     labels: dict[str, str] = field(default_factory=dict)
     bearer_token_file: str | None = None
     ca_file: str | None = None
-    model_architecture: dict[str, Any] | None = None
+    kv_layout: KVLayout | None = None  # from `model_architecture:`; enables the *_bytes series
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,18 @@ def _target(source: str, item: Any, path: str) -> TargetConfig:
         labels=reader.get("labels", _labels, {}),
         bearer_token_file=reader.get("bearer_token_file", _string),
         ca_file=reader.get("ca_file", _string),
-        model_architecture=reader.get("model_architecture", _mapping),
+        kv_layout=_kv_layout(source, reader.mapping.get("model_architecture"), reader.key("model_architecture")),
     )
+
+
+def _kv_layout(source: str, section: Any, key: str) -> KVLayout | None:
+    if section is None:
+        return None
+    try:
+        # `config_json:` paths are relative to the configuration file.
+        return layout_from_mapping(section, base_dir=os.path.dirname(source) or ".", prefix=key + ".")
+    except ArchitectureError as err:
+        raise ConfigError(source, err.key, err.problem) from None
 
 
 def load_file(path: str) -> dict[str, Any]:

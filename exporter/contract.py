@@ -22,6 +22,10 @@ RANK_GAUGES = {
                         + _POLLED,
     "live_tokens_per_request": "Used KV tokens per running request, derived by the exporter; absent while "
                                "nothing runs.",
+    "bytes_per_token": "KV bytes one token costs for the target's configured model architecture "
+                       "(2 x layers x KV heads x head dim x bytes per element for full attention).",
+    "capacity_bytes": "KV pool capacity in bytes: capacity tokens x bytes per token.",
+    "used_bytes": "KV bytes held by live requests: used tokens x bytes per token.",
     "requests_running": "Requests in the running batch. " + _POLLED,
     "requests_waiting": "Requests queued, not yet scheduled. " + _POLLED,
     "requests_waiting_for_capacity": "Queued requests waiting for KV or batch capacity (vLLM "

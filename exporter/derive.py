@@ -25,7 +25,7 @@ class DerivedRank:
     pressure: str | None
 
 
-def kv_gauges(rank: RankValues) -> dict[str, float]:
+def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str, float]:
     """Capacity, used and free in blocks and tokens, and live tokens per request, from what the engine gave.
 
     Block counts come from the usage ratio where the engine reports blocks (vLLM), and from token
@@ -66,6 +66,11 @@ def kv_gauges(rank: RankValues) -> dict[str, float]:
     running = given.get("requests_running")
     if used_tokens is not None and running:
         out["live_tokens_per_request"] = used_tokens / running
+    if bytes_per_token is not None:
+        out["bytes_per_token"] = float(bytes_per_token)
+        for name in ("capacity", "used"):
+            if f"{name}_tokens" in out:
+                out[f"{name}_bytes"] = out[f"{name}_tokens"] * bytes_per_token
     return out
 
 
@@ -120,7 +125,8 @@ def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thre
 
 
 def derive(
-    snapshot: Snapshot, histories: dict[str, History], now: float, thresholds: Thresholds
+    snapshot: Snapshot, histories: dict[str, History], now: float, thresholds: Thresholds,
+    bytes_per_token: int | None = None,
 ) -> tuple[dict[str, DerivedRank], dict[str, History]]:
     """Derived series of every rank of a snapshot, and the rank histories to keep for the next poll."""
     derived: dict[str, DerivedRank] = {}
@@ -130,6 +136,6 @@ def derive(
             histories.get(rank_name, ()), now, rank.counters.get("preemptions_total"), thresholds.window_seconds
         )
         new_histories[rank_name] = history
-        gauges = kv_gauges(rank)
+        gauges = kv_gauges(rank, bytes_per_token)
         derived[rank_name] = DerivedRank(gauges, rank, pressure_state(gauges, rate(history), thresholds))
     return derived, new_histories

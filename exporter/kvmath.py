@@ -405,22 +405,22 @@ def _layer_kinds(reader: _Reader, layers: int) -> tuple[list[str], bool]:
     return [_FULL] * layers, False
 
 
-def _sliding_layers(reader: _Reader, kinds: list[str]) -> list[bool]:
+def _sliding_layers(reader: _Reader, layers: int) -> list[bool]:
     """Which attention layers slide, for configs without `layer_types`: say exactly what the
     config's own model code would (Mistral: all; Qwen2: none unless use_sliding_window, then
     layers from max_window_layers on; Gemma 2/3, Cohere 2: (i + 1) % pattern != 0)."""
     if reader.values.get("sliding_window") is None or reader.values.get("use_sliding_window") is False:
-        return [False] * len(kinds)
+        return [False] * layers
     pattern = reader.optional_int("sliding_window_pattern")
     if pattern is None and reader.values.get("use_sliding_window") is True:
-        first_sliding = reader.optional_int("max_window_layers")
+        first_sliding = reader.optional_int("max_window_layers", minimum=0)
         if first_sliding is not None:
-            return [i >= first_sliding for i in range(len(kinds))]
+            return [i >= first_sliding for i in range(layers)]
     if pattern is None:
         pattern = _DEFAULT_SLIDING_PATTERN.get(reader.values.get("model_type"))
     if pattern is None:
-        return [True] * len(kinds)
-    return [(i + 1) % pattern != 0 for i in range(len(kinds))]
+        return [True] * layers
+    return [(i + 1) % pattern != 0 for i in range(layers)]
 
 
 def _recurrent_state(reader: _Reader) -> RecurrentState | None:
@@ -476,7 +476,7 @@ def layout_from_config_json(source: str | Path | Mapping[str, Any]) -> KVLayout:
     layers = reader.required_int("num_hidden_layers", "n_layer", "num_layers")
     kinds, explicit_sliding = _layer_kinds(reader, layers)
     if not explicit_sliding:
-        slides = _sliding_layers(reader, kinds)
+        slides = _sliding_layers(reader, layers)
         kinds = [_SLIDING if kind == _FULL and slide else kind for kind, slide in zip(kinds, slides)]
     sliding_layers = kinds.count(_SLIDING)
     window = reader.optional_int("sliding_window") if sliding_layers else None

@@ -42,6 +42,8 @@ class Target:
         self.failures = dict.fromkeys(FAILURE_REASONS, 0)
         self.outcome = PollOutcome(engine="" if config.engine == "auto" else config.engine)
         self._histories: dict[str, derive.History] = {}
+        # KV bytes of one token of the whole model (all TP shards): a pool's tokens span every shard.
+        self.bytes_per_token = config.kv_layout.bytes_per_token() if config.kv_layout else None
         self._last_reason: str | None = None
 
     @property
@@ -57,7 +59,8 @@ class Target:
             if not snapshot.ranks:
                 raise PollFailed("unknown_engine", f"no {adapter.engine} series on the page")
             now = time.time()
-            ranks, self._histories = derive.derive(snapshot, self._histories, now, self.thresholds)
+            ranks, self._histories = derive.derive(
+                snapshot, self._histories, now, self.thresholds, self.bytes_per_token)
             outcome = PollOutcome(True, snapshot.engine, snapshot.model, time.monotonic() - started, now, ranks)
             if self._last_reason is not None:
                 log.info("target %s recovered", self.name)

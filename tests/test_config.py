@@ -49,6 +49,22 @@ def test_full_file(tmp_path):
     assert (second.bearer_token_file, second.ca_file) == ("/run/secrets/token", "/etc/ca.pem")
 
 
+def test_model_architecture_gives_bytes_per_token(tmp_path):
+    (tmp_path / "config.json").write_text(
+        '{"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,'
+        ' "torch_dtype": "bfloat16"}')
+    path = write(tmp_path, """
+        targets:
+          - url: http://a:1/metrics
+            model_architecture: {layers: 32, kv_heads: 8, head_dim: 128, kv_cache_dtype: fp8}
+          - url: http://b:1/metrics
+            model_architecture: {config_json: config.json}
+    """)
+    numbers, from_file = load(["--config", str(path)]).targets
+    assert numbers.kv_layout.bytes_per_token() == 65536  # 2 x 32 x 8 x 128 x 1 byte
+    assert from_file.kv_layout.bytes_per_token() == 131072  # the same model in BF16, relative path
+
+
 def test_defaults_from_targets_alone():
     config = load(["--target", "http://a:8000/metrics", "--target", "http://b:8000/metrics"])
     assert [t.name for t in config.targets] == ["a:8000", "b:8000"]
@@ -83,6 +99,10 @@ def test_flags_beat_environment_which_beats_the_file(tmp_path):
     ("pressure: {high_water_ratio: high}", "pressure.high_water_ratio", "must be a float, got 'high'"),
     ("max_response_bytes: lots", "max_response_bytes", "not a positive size"),
     ("targets: {url: x}", "targets", "must be a list"),
+    ("targets: [{url: 'http://a:1/m', model_architecture: {layers: 32, kv_heads: 8}}]",
+     "targets[0].model_architecture.head_dim", ""),
+    ("targets: [{url: 'http://a:1/m', model_architecture: {config_json: missing.json}}]",
+     "targets[0].model_architecture.config_json", "missing.json"),
     ("targets: [\n  {url: 'http://a:1/m'\n", "line 3", "invalid YAML"),
 ])
 def test_bad_files_name_file_key_and_problem(tmp_path, text, key, problem):

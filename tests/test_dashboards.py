@@ -13,7 +13,8 @@ import pytest
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as models
 
-from dashboards import build, fleet, lint, target
+from dashboards import bands, build, fleet, lint, target
+from exporter.derive import PRESSURE_STATES
 from exporter.thresholds import DEFAULT, Thresholds
 from tests.harness import REPO
 
@@ -129,7 +130,7 @@ def test_bands_and_descriptions_come_from_thresholds():
         built = {name: json.loads(build.render(d)) for name, d in build.build_all(thresholds).items()}
         for dashboard in built.values():
             usage = [(None, "green"), (thresholds.low_water_ratio, "yellow"), (thresholds.high_water_ratio, "red")]
-            assert steps(panel(dashboard, "KV usage") if False else _timeseries(dashboard, "KV usage")) == usage
+            assert steps(_timeseries(dashboard, "KV usage")) == usage
             assert steps(_stat(dashboard, "KV usage")) == usage
             assert steps(panel(dashboard, "Preemption rate")) == [
                 (None, "green"), (thresholds.thrashing_preemptions_per_second, "red"),
@@ -171,7 +172,7 @@ def test_counts_where_one_is_a_problem_turn_red_at_one():
     assert [steps(states, ref)[-1][1] for ref in "BCD"] == ["yellow", "red", "dark-red"]
 
 
-def test_configuration_moves_bands_and_names_the_label_variables(tmp_path):
+def test_configuration_moves_bands_and_names_the_label_variables(tmp_path, capsys):
     config = tmp_path / "exporter.yml"
     config.write_text(
         "labels: {region: eu}\n"
@@ -190,8 +191,9 @@ def test_configuration_moves_bands_and_names_the_label_variables(tmp_path):
     assert 'tier=~"$tier"' in _stat(built, "KV usage")["targets"][0]["expr"]
 
     config.write_text("pressure: {no_such_threshold: 1}\n")
-    with pytest.raises(KeyError):
-        build.settings_from(config)
+    assert build.main(["--config", str(config), "--out", str(tmp_path / "not-written")]) == 2
+    assert "pressure.no_such_threshold: unknown key" in capsys.readouterr().err
+    assert not (tmp_path / "not-written").exists()
     config.write_text("pressure: {}\n")
     assert build.settings_from(config)[1] == build.DEFAULT_STATIC_LABELS
 
@@ -245,3 +247,14 @@ def test_ratios_divide_sums():
     assert re.fullmatch(
         r"sum \(rate\(kvcache_prefix_cache_hit_tokens_total\{[^}]*\}\[\$__rate_interval\]\)\) / "
         r"\(sum \(rate\(kvcache_prefix_cache_queried_tokens_total\{[^}]*\}\[\$__rate_interval\]\)\) > 0\)", hit)
+
+
+def test_pressure_state_codes_follow_the_exporters_states():
+    assert set(bands.STATE_COLORS) == set(PRESSURE_STATES)
+    for name in FILES:
+        timeline = panel(committed(name), "Pressure state over time")
+        [mapping] = timeline["fieldConfig"]["defaults"]["mappings"]
+        assert [mapping["options"][str(code)]["text"] for code in range(len(PRESSURE_STATES))] == list(PRESSURE_STATES)
+        expr = timeline["targets"][0]["expr"]
+        for code, state in enumerate(PRESSURE_STATES):
+            assert f'state="{state}"}} * {code}' in expr

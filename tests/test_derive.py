@@ -40,6 +40,13 @@ def test_pages_round_up_to_whole_pages():
     assert gauges["used_blocks"] == 3
 
 
+def test_bytes_from_tokens_when_the_architecture_is_known():
+    gauges = derive.kv_gauges(rank(usage_ratio=0.5, capacity_blocks=1000, block_size_tokens=16), 131072)
+    assert gauges["bytes_per_token"] == 131072
+    assert gauges["capacity_bytes"] == 16000 * 131072
+    assert gauges["used_bytes"] == 8000 * 131072
+
+
 def test_missing_inputs_stay_absent():
     gauges = derive.kv_gauges(rank(usage_ratio=0.5, requests_running=0))
     assert set(gauges) == {"usage_ratio", "requests_running"}

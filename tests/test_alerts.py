@@ -1,0 +1,313 @@
+"""The shipped alert rules, runbook and Alertmanager configuration, checked with Debian's promtool and amtool."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts import generate
+from exporter.thresholds import DEFAULT, Thresholds
+from tests.harness import REPO, require_binary
+
+ALERTS = REPO / "alerts"
+UNIT_TESTS = sorted((ALERTS / "tests").glob("*.test.yml"))
+EXPECTED_ALERTS = {
+    "KVCacheShortageQueueing", "KVCachePreemptionStorm", "KVCacheNearlyFull", "KVCachePrefixHitRateDrop",
+    "KVCacheQueueDominatesTTFT", "KVCacheTargetDown", "KVCacheExporterAbsent",
+}
+# Alerts about one engine's KV (their descriptions name target and model); the other two are
+# about polling, where a target without answers has no model.
+PER_MODEL_ALERTS = EXPECTED_ALERTS - {"KVCacheTargetDown", "KVCacheExporterAbsent"}
+
+
+def run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def shipped_alerts() -> list[dict]:
+    rules = yaml.safe_load((ALERTS / "kvcache-rules.yml").read_text())
+    return [rule for group in rules["groups"] for rule in group["rules"] if "alert" in rule]
+
+
+# --- the rule file -------------------------------------------------------------------------
+
+def test_committed_rule_file_is_what_the_generator_builds():
+    committed = (ALERTS / "kvcache-rules.yml").read_text()
+    assert committed == generate.render(generate.build()), "run `python -m alerts.generate` and commit the result"
+
+
+def test_generator_cli_writes_the_same_file(tmp_path):
+    out = tmp_path / "rules.yml"
+    assert generate.main(["--output", str(out)]) == 0
+    assert out.read_text() == (ALERTS / "kvcache-rules.yml").read_text()
+
+
+@pytest.mark.parametrize("variant", ["shipped", "time-scale-20", "overridden"])
+def test_promtool_check_rules_passes(tmp_path, variant):
+    if variant == "shipped":
+        path = ALERTS / "kvcache-rules.yml"
+    else:
+        path = tmp_path / "rules.yml"
+        thresholds = (Thresholds(high_water_ratio=0.8, prefix_hit_baseline_offset="1d") if variant == "overridden"
+                      else generate.compress(DEFAULT, 20))
+        path.write_text(generate.render(generate.build(thresholds)))
+    result = run(require_binary("promtool"), "check", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 17 rules found" in result.stdout
+
+
+def test_rule_file_has_every_alert_with_severity_and_annotations():
+    alerts = shipped_alerts()
+    assert {a["alert"] for a in alerts} == EXPECTED_ALERTS
+    for rule in alerts:
+        assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
+        annotations = rule["annotations"]
+        assert set(annotations) == {"summary", "description", "runbook_url"}, rule["alert"]
+        assert annotations["runbook_url"] == f"{generate.RUNBOOK_URL_BASE}#{rule['alert'].lower()}"
+        if rule["alert"] in PER_MODEL_ALERTS:
+            for text in (annotations["summary"], annotations["description"]):
+                assert "$labels.target" in text and "$labels.model" in text, rule["alert"]
+    by_name = {(a["alert"], a["labels"]["severity"]) for a in alerts}
+    assert ("KVCacheShortageQueueing", "critical") in by_name
+    assert {("KVCachePreemptionStorm", "warning"), ("KVCachePreemptionStorm", "critical")} <= by_name
+
+
+def contract_families() -> set[str]:
+    from exporter import contract
+
+    names = [*contract.RANK_GAUGES, *contract.COUNTERS, *contract.HISTOGRAMS, *contract.TARGET_FAMILIES,
+             contract.PRESSURE_STATE[0], contract.BUILD_INFO[0]]
+    return {contract.PREFIX + name for name in names}
+
+
+def test_rules_read_only_the_contract():
+    text = (ALERTS / "kvcache-rules.yml").read_text()
+    assert "vllm:" not in text and "sglang:" not in text
+    # Histograms are read through their _bucket and _count series.
+    families = {re.sub(r"_(bucket|count)$", "", name) for name in re.findall(r"\b(kvcache_[a-z0-9_]+)", text)}
+    assert len(families) >= 10
+    assert sorted(families - contract_families()) == []
+
+
+def test_headline_alert_builds_on_the_exporters_pressure_state():
+    rules = {r.get("record") or r.get("alert"): r for r in
+             yaml.safe_load((ALERTS / "kvcache-rules.yml").read_text())["groups"][0]["rules"]}
+    kv_queue = rules["kvcache:requests_waiting_for_kv:sum"]["expr"]
+    assert 'kvcache_pressure_state{state=~"saturated|thrashing"} == 1' in kv_queue
+    assert "kvcache_requests_waiting > 0" in kv_queue
+    shortage = rules["KVCacheShortageQueueing"]["expr"]
+    assert "kvcache:requests_waiting_for_kv:sum" in shortage and "kvcache_target_up" in shortage
+    assert rules["KVCacheShortageQueueing"]["for"] == DEFAULT.shortage_for
+
+
+# --- thresholds and overrides ---------------------------------------------------------------
+
+def test_config_overrides_flow_into_the_rules(tmp_path):
+    config = tmp_path / "exporter.yml"
+    config.write_text(yaml.safe_dump({
+        "poll_interval": "5s",
+        "pressure": {"high_water_ratio": 0.8, "preemption_storm_critical_per_second": 3, "shortage_for": "90s"},
+    }))
+    out = tmp_path / "rules.yml"
+    generate.main(["--config", str(config), "--output", str(out)])
+    alerts = {(r["alert"], r["labels"]["severity"]): r for g in yaml.safe_load(out.read_text())["groups"]
+              for r in g["rules"] if "alert" in r}
+    assert "kvcache:usage_ratio:max >= 0.8\n" in alerts[("KVCacheNearlyFull", "warning")]["expr"]
+    assert "kvcache:preemptions:rate > 3\n" in alerts[("KVCachePreemptionStorm", "critical")]["expr"]
+    assert alerts[("KVCacheShortageQueueing", "critical")]["for"] == "90s"
+    assert "above 3/s" in alerts[("KVCachePreemptionStorm", "critical")]["annotations"]["description"]
+
+
+def test_unknown_pressure_key_is_rejected(tmp_path):
+    config = tmp_path / "exporter.yml"
+    config.write_text("pressure: {high_water: 0.8}\n")
+    with pytest.raises(KeyError):
+        generate.main(["--config", str(config), "--output", str(tmp_path / "rules.yml")])
+
+
+def _shape(rules: dict) -> str:
+    """The rule file with every duration and number blanked out."""
+    text = json.dumps(rules)
+    text = re.sub(r"\b\d+(ms|s|m|h)\b", "D", text)
+    return re.sub(r"\b\d+(\.\d+)?\b", "N", text)
+
+
+def test_time_scale_builds_the_same_rules_on_a_faster_clock():
+    scaled = generate.build(generate.compress(DEFAULT, 20))
+    assert _shape(scaled) == _shape(generate.build())
+    alerts = {(r["alert"], r["labels"]["severity"]): r for r in scaled["groups"][0]["rules"] if "alert" in r}
+    assert alerts[("KVCacheShortageQueueing", "critical")]["for"] == "6s"    # 2m / 20
+    assert alerts[("KVCachePrefixHitRateDrop", "warning")]["for"] == "45s"   # 15m / 20
+    assert "[3s]" in alerts[("KVCacheShortageQueueing", "critical")]["expr"]  # 60s window / 20
+    assert "predict_linear(kvcache_usage_ratio[3s], 90)" in alerts[("KVCacheNearlyFull", "warning")]["expr"]
+    # Rates are per second of the faster clock: 20 times as many events per second.
+    assert "kvcache:preemptions:rate > 20\nand kvcache:requests_finished:rate >= 1" in \
+        alerts[("KVCachePreemptionStorm", "critical")]["expr"]
+    assert "kvcache:usage_ratio:max >= 0.9\n" in alerts[("KVCacheNearlyFull", "warning")]["expr"]
+    records = {r["record"]: r["expr"] for r in scaled["groups"][0]["rules"] if "record" in r}
+    assert "offset 3m" in records["kvcache:prefix_cache_hit_ratio:baseline"]  # 1h / 20
+
+
+def test_compress_knows_every_threshold():
+    """A new threshold must be a duration, a per-second rate or one of the known ratios."""
+    compressed = generate.compress(DEFAULT, 4)
+    unchanged = {f.name for f in dataclasses.fields(DEFAULT) if getattr(compressed, f.name) == getattr(DEFAULT, f.name)}
+    assert unchanged == {"high_water_ratio", "low_water_ratio", "prefix_hit_drop_fraction", "queue_share_of_ttft"}
+    assert compressed.shortage_for == "30s" and compressed.window_seconds == 15
+    assert compressed.thrashing_preemptions_per_second == pytest.approx(0.08)
+    with pytest.raises(ValueError):
+        generate.compress(DEFAULT, 0)
+
+
+def test_generator_cli_time_scale(tmp_path):
+    out = tmp_path / "rules.yml"
+    generate.main(["--time-scale", "20", "--output", str(out)])
+    assert out.read_text() == generate.render(generate.build(generate.compress(DEFAULT, 20)))
+
+
+@pytest.mark.parametrize("text,seconds", [("90s", 90), ("2m", 120), ("1h30m", 5400), ("500ms", 0.5), ("1d", 86400)])
+def test_parse_duration(text, seconds):
+    assert generate.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5", "1.5m", "m5", "2m x"])
+def test_parse_duration_rejects_malformed(text):
+    with pytest.raises(ValueError):
+        generate.parse_duration(text)
+
+
+@pytest.mark.parametrize("seconds,text", [(7200, "2h"), (90, "90s"), (120, "2m"), (0.25, "250ms"), (3, "3s")])
+def test_format_duration(seconds, text):
+    assert generate.format_duration(seconds) == text
+
+
+def test_runbook_url_base_is_a_setting(tmp_path):
+    out = tmp_path / "rules.yml"
+    generate.main(["--runbook-url-base", "https://wiki.example.org/kv", "--output", str(out)])
+    urls = {r["annotations"]["runbook_url"] for g in yaml.safe_load(out.read_text())["groups"]
+            for r in g["rules"] if "alert" in r}
+    assert urls == {f"https://wiki.example.org/kv#{name.lower()}" for name in EXPECTED_ALERTS}
+
+
+# --- runbook ----------------------------------------------------------------------------------
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading."""
+    slug = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return slug.replace(" ", "-")
+
+
+def test_every_runbook_url_points_to_a_runbook_section():
+    runbook = (ALERTS / "runbook.md").read_text()
+    anchors = {github_anchor(m) for m in re.findall(r"^#+ (.+)$", runbook, flags=re.M)}
+    for rule in shipped_alerts():
+        anchor = rule["annotations"]["runbook_url"].split("#", 1)[1]
+        assert anchor in anchors, f"runbook.md has no section for #{anchor}"
+
+
+def test_runbook_sections_say_how_to_confirm_and_what_to_change():
+    runbook = (ALERTS / "runbook.md").read_text()
+    sections = dict(re.findall(r"^## (KVCache\w+)\n(.*?)(?=^## |\Z)", runbook, flags=re.M | re.S))
+    assert set(sections) == EXPECTED_ALERTS
+    for name, body in sections.items():
+        assert "```promql" in body, f"{name}: no query to confirm it"
+        assert "Change:" in body, f"{name}: nothing says what to change"
+    remedies = ["max running requests", "gpu memory share", "max model length", "scale out",
+                "prefix-aware routing", "kv offload", "quantized kv cache"]
+    assert [r for r in remedies if r not in runbook.lower()] == []
+
+
+# --- promtool unit tests ----------------------------------------------------------------------
+
+def test_promtool_unit_tests_pass():
+    assert len(UNIT_TESTS) >= 5
+    result = run(require_binary("promtool"), "test", "rules", *map(str, UNIT_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(UNIT_TESTS)
+
+
+def test_unit_tests_cover_every_alert_firing_and_not_firing():
+    firing: dict[str, set[str]] = {}
+    quiet: set[str] = set()
+    for path in UNIT_TESTS:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                name = check["alertname"]
+                if check.get("exp_alerts"):
+                    firing.setdefault(name, set()).update(a["exp_labels"]["severity"] for a in check["exp_alerts"])
+                else:
+                    quiet.add(name)
+    assert set(firing) == EXPECTED_ALERTS
+    assert quiet == EXPECTED_ALERTS
+    assert firing["KVCachePreemptionStorm"] == {"warning", "critical"}
+
+
+def test_unit_tests_cover_the_named_situations():
+    names = " | ".join(case["name"] for path in UNIT_TESTS for case in yaml.safe_load(path.read_text())["tests"])
+    for situation in ("idle engine", "counter reset after a restart", "flaps", "concurrency-cap"):
+        assert situation in names, situation
+
+
+# --- Alertmanager -------------------------------------------------------------------------------
+
+def alertmanager_config() -> dict:
+    return yaml.safe_load((ALERTS / "alertmanager.yml").read_text())
+
+
+def test_amtool_accepts_the_alertmanager_config():
+    result = run(require_binary("amtool"), "check-config", str(ALERTS / "alertmanager.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize("labels,receiver", [
+    (["alertname=KVCacheShortageQueueing", "severity=critical", "target=llama-0"], "kvcache-page"),
+    (["alertname=KVCacheNearlyFull", "severity=warning", "target=llama-0"], "kvcache-chat"),
+    (["alertname=Unrelated", "target=llama-0"], "kvcache-relay"),
+])
+def test_routes_by_severity(labels, receiver):
+    result = run(require_binary("amtool"), "config", "routes", "test",
+                 f"--config.file={ALERTS / 'alertmanager.yml'}", f"--verify.receivers={receiver}", *labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == [receiver]
+
+
+def test_groups_by_target_and_model_and_inhibits_nearly_full_during_a_shortage():
+    config = alertmanager_config()
+    assert config["route"]["group_by"] == ["target", "model"]
+    assert {
+        "source_matchers": ['alertname="KVCacheShortageQueueing"'],
+        "target_matchers": ['alertname="KVCacheNearlyFull"'],
+        "equal": ["target"],
+    } in config["inhibit_rules"]
+
+
+SECRET_FIELDS = {"api_url", "routing_key", "service_key", "auth_password", "credentials", "password",
+                 "bearer_token", "slack_api_url", "smtp_auth_password", "api_key", "auth_secret"}
+
+
+def _keys(node, path=()):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield path + (key,), value
+            yield from _keys(value, path + (key,))
+    elif isinstance(node, list):
+        for item in node:
+            yield from _keys(item, path)
+
+
+def test_receivers_read_every_secret_from_a_file():
+    config = alertmanager_config()
+    keys = list(_keys(config))
+    inline = [".".join(path) for path, _ in keys if path[-1] in SECRET_FIELDS]
+    assert inline == [], f"secrets written into the config: {inline}"
+    file_fields = {path[-1] for path, _ in keys if path[-1].endswith("_file")}
+    assert {"slack_api_url_file", "smtp_auth_password_file", "routing_key_file", "credentials_file"} <= file_fields
+    kinds = {key for receiver in config["receivers"] for key in receiver if key.endswith("_configs")}
+    assert kinds == {"webhook_configs", "slack_configs", "email_configs", "pagerduty_configs"}

@@ -1,0 +1,122 @@
+"""The exporter, run against a local server replaying each fixture page, exposes the expected numbers."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import harness
+from tests.pageserver import PageServer, page
+
+FIXTURES = Path(__file__).parent / "fixtures"
+EXPECTED = {p.name.removesuffix(".expected.yml"): yaml.safe_load(p.read_text())
+            for p in sorted(FIXTURES.glob("*.txt.expected.yml"))}
+SPEC = Path(__file__).resolve().parents[2] / "shared" / "spec" / "metrics.md"
+README = Path(__file__).resolve().parents[1] / "README.md"
+HISTOGRAM_PARTS = ("_count", "_sum")
+
+
+def content_type(text: str) -> str:
+    if text.rstrip().endswith("# EOF"):
+        return "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    return "text/plain; version=0.0.4; charset=utf-8"
+
+
+@pytest.fixture(scope="module")
+def exposition(tmp_path_factory):
+    """One exporter polling every fixture page (plus one with a model architecture); its /metrics text."""
+    tmp = tmp_path_factory.mktemp("fixtures")
+    routes = {f"/{name}": page((FIXTURES / name).read_text(), content_type=content_type((FIXTURES / name).read_text()))
+              for name in EXPECTED}
+    with PageServer(routes) as server:
+        targets = [{"name": name, "url": server.url(f"/{name}")} for name in EXPECTED]
+        targets.append({"name": "with-architecture", "url": server.url("/vllm-v1.txt"),
+                        "labels": {"pool": "chat"},
+                        "model_architecture": {"layers": 32, "kv_heads": 8, "head_dim": 128}})
+        config = tmp / "exporter.yml"
+        config.write_text(yaml.safe_dump({"poll_interval": "1s", "labels": {"cluster": "test"}, "targets": targets}))
+        with harness.exporter(tmp, "--config", str(config)) as exporter:
+            harness.wait_until(lambda: harness.http_get(exporter.url + "/ready")[0] == 200, 15, what="ready")
+            status, text = harness.http_get(exporter.url + "/metrics")
+            assert status == 200
+            yield text
+
+
+@pytest.fixture(scope="module")
+def samples(exposition):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(exposition) for s in family.samples}
+
+
+def test_the_corpus_covers_both_engines():
+    assert {e["engine"] for e in EXPECTED.values()} == {"vllm", "sglang"}
+    assert len(EXPECTED) >= 8
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_fixture_values(samples, name):
+    expected = EXPECTED[name]
+    assert harness.value(samples, "kvcache_target_up", target=name) == 1.0
+    assert harness.value(samples, "kvcache_target_info", target=name, engine=expected["engine"]) == 1.0
+    for rank, values in expected["ranks"].items():
+        labels = {"target": name, "dp_rank": rank, "engine": expected["engine"], "model": expected["model"],
+                  "cluster": "test"}
+        for key, want in values.items():
+            got = harness.value(samples, "kvcache_" + key, **labels)
+            assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-6), f"{name} dp_rank={rank} {key}: {got} != {want}"
+    exposed_ranks = {dict(k[1])["dp_rank"] for k in harness.series(samples, "kvcache_usage_ratio", target=name)}
+    assert exposed_ranks == set(expected["ranks"])
+    for key in expected.get("absent") or ():
+        names = [f"kvcache_{key}{part}" for part in HISTOGRAM_PARTS] if "seconds" in key else [f"kvcache_{key}"]
+        for metric in names:
+            assert harness.series(samples, metric, target=name) == {}, f"{name}: {metric} must be absent"
+
+
+def test_pressure_state_is_one_hot(samples):
+    for name in EXPECTED:
+        for rank in EXPECTED[name]["ranks"]:
+            states = harness.series(samples, "kvcache_pressure_state", target=name, dp_rank=rank)
+            assert sorted(dict(k[1])["state"] for k in states) == ["ok", "saturated", "thrashing", "tight"]
+            assert sum(states.values()) == 1.0
+
+
+def test_bytes_series_follow_the_architecture(samples):
+    labels = {"target": "with-architecture", "dp_rank": "0", "pool": "chat"}
+    tokens = harness.value(samples, "kvcache_capacity_tokens", **labels)
+    assert harness.value(samples, "kvcache_bytes_per_token", **labels) == 131072
+    assert harness.value(samples, "kvcache_capacity_bytes", **labels) == tokens * 131072
+    used = harness.value(samples, "kvcache_used_tokens", **labels)
+    assert harness.value(samples, "kvcache_used_bytes", **labels) == used * 131072
+    assert harness.series(samples, "kvcache_bytes_per_token", target="vllm-v1.txt") == {}
+
+
+def test_promtool_check_metrics_is_silent(exposition):
+    result = subprocess.run([harness.require_binary("promtool"), "check", "metrics"], input=exposition,
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def contract_families() -> set[str]:
+    return set(re.findall(r"`(kvcache_[a-z0-9_]+)", SPEC.read_text()))
+
+
+def test_every_contract_family_is_exposed(exposition):
+    families = contract_families()
+    assert len(families) >= 30
+    exposed = set(re.findall(r"^# TYPE (kvcache_[a-z0-9_]+) ", exposition, re.MULTILINE))
+    # prometheus_client names counter families without `_total` in the TYPE line.
+    exposed |= {name + "_total" for name in exposed}
+    assert sorted(families - exposed) == []
+
+
+def test_every_contract_family_is_documented():
+    readme = README.read_text()
+    missing = [name for name in contract_families() if name not in readme]
+    assert missing == []
