@@ -60,9 +60,10 @@ def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str,
     if used_blocks is not None and blocks is not None:
         out["used_blocks"] = used_blocks
         out["free_blocks"] = blocks - used_blocks
-    if used_tokens is not None and tokens is not None:
+    if used_tokens is not None:
         out["used_tokens"] = used_tokens
-        out["free_tokens"] = max(0.0, tokens - used_tokens)
+        if tokens is not None:
+            out["free_tokens"] = max(0.0, tokens - used_tokens)
     running = given.get("requests_running")
     if used_tokens is not None and running:
         out["live_tokens_per_request"] = used_tokens / running
