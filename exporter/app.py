@@ -1,44 +1,129 @@
-"""Wires a Config into running parts: targets, the poll scheduler, the collector and the HTTP server."""
+"""Wires a Config into running parts: targets, the poll scheduler, the collector and the HTTP server,
+and swaps configurations on reload."""
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import replace
+from typing import Callable
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
-from .collector import KVCacheCollector
-from .config import Config
+from .collector import ExporterState, KVCacheCollector
+from .config import Config, ConfigError, TargetConfig
 from .fetch import FetchSettings
+from .probe import Prober
 from .scheduler import Scheduler
-from .server import MetricsServer
+from .server import MetricsServer, Request, Response
 from .target import Target
+from .webconfig import WebConfig
 
 log = logging.getLogger(__name__)
 
 
+def fetch_settings(config: Config, target: TargetConfig) -> FetchSettings:
+    return FetchSettings(timeout=config.timeout, max_bytes=config.max_response_bytes,
+                         bearer_token_file=target.bearer_token_file, ca_file=target.ca_file)
+
+
+def render(collector: KVCacheCollector, accept: str | None) -> Response:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    encoder, content_type = choose_encoder(accept)
+    return Response(200, encoder(registry), content_type)
+
+
 class Exporter:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, reload_config: Callable[[], Config] | None = None,
+                 web: WebConfig | None = None):
         self.config = config
-        settings = FetchSettings(timeout=config.timeout, max_bytes=config.max_response_bytes)
-        self.targets = [
-            Target(t, _with_credentials(settings, t), config.thresholds, config.labels) for t in config.targets
-        ]
+        self._reload_config = reload_config
+        self._reload_lock = threading.Lock()
+        self.state = ExporterState()
+        self.targets = [self._new_target(t, config) for t in config.targets]
         self.scheduler = Scheduler(self.targets, config.poll_interval)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(KVCacheCollector(lambda: self.targets, config.staleness))
-        self.server = MetricsServer(config.listen, self.registry, self.scheduler.ready.is_set)
+        self.prober = Prober(lambda: self.config, self._new_target)
+        self.collector = KVCacheCollector(lambda: self.targets, lambda: self.config.staleness, self.state)
+        self.server = MetricsServer(config.listen, {
+            ("GET", "/metrics"): lambda request: render(self.collector, request.headers.get("Accept")),
+            ("GET", "/probe"): self._probe,
+            ("GET", "/healthz"): lambda _: Response(200, b"ok\n"),
+            ("GET", "/ready"): self._ready,
+            ("POST", "/-/reload"): self._reload_route,
+            ("GET", "/"): lambda _: Response(200, b"kvcache-exporter: /metrics, /probe?target=URL, /healthz, /ready\n"),
+        }, web)
+
+    def _new_target(self, target: TargetConfig, config: Config) -> Target:
+        return Target(target, fetch_settings(config, target), config.thresholds, config.labels)
 
     def start(self) -> None:
         self.server.start()
         self.scheduler.start()
         log.info("kvcache-exporter listening on %s, polling %d target(s) every %gs",
                  self.config.listen, len(self.targets), self.config.poll_interval)
+        if not self.targets:
+            log.warning("no targets configured (--target, %s or a --config file): serving /probe only",
+                        "KVCACHE_EXPORTER_TARGETS")
 
     def stop(self) -> None:
         self.scheduler.stop()
         self.server.stop()
+        for target in self.targets + self.prober.forget_all():
+            target.close()
+
+    def _ready(self, _: Request) -> Response:
+        ready = self.scheduler.ready.is_set()
+        return Response(200 if ready else 503, b"ready\n" if ready else b"first poll cycle not done\n")
+
+    def _probe(self, request: Request) -> Response:
+        status, outcome = self.prober.probe(request.query, request.headers)
+        if status != 200:
+            return Response(status, outcome.encode() + b"\n")
+        return render(KVCacheCollector(lambda: [outcome], lambda: self.config.staleness), request.headers.get("Accept"))
+
+    def _reload_route(self, _: Request) -> Response:
+        ok, message = self.reload()
+        return Response(200 if ok else 500, message.encode() + b"\n")
+
+    def reload(self) -> tuple[bool, str]:
+        """Re-read the configuration; on any problem keep the running one and say why."""
+        if self._reload_config is None:
+            return False, "nothing to reload: no configuration file"
+        with self._reload_lock:
+            try:
+                config = self._reload_config()
+            except ConfigError as err:
+                self.state.reload_failed()
+                log.error("reload failed, keeping the running configuration: %s", err)
+                return False, f"reload failed: {err}"
+            self._apply(config)
+            self.state.reload_succeeded()
+            log.info("configuration reloaded: %d target(s)", len(self.targets))
+            return True, "reloaded"
+
+    def _apply(self, config: Config) -> None:
+        if config.listen != self.config.listen:
+            log.warning("listen address changes only at restart; still serving %s", self.config.listen)
+            config = replace(config, listen=self.config.listen)
+        kept = {_identity(self.config, t.config): t for t in self.targets}
+        targets = []
+        for target_config in config.targets:
+            target = kept.pop(_identity(config, target_config), None)
+            if target is None:
+                target = self._new_target(target_config, config)
+            else:  # the same engine polled the same way: keep its series, history and failure counts
+                target.update(target_config, config.thresholds, config.labels)
+            targets.append(target)
+        self.config = config
+        self.targets = targets
+        self.scheduler.interval = config.poll_interval
+        self.scheduler.replace_targets(targets)
+        for target in kept.values():
+            target.close()
 
 
-def _with_credentials(settings: FetchSettings, target) -> FetchSettings:
-    return replace(settings, bearer_token_file=target.bearer_token_file, ca_file=target.ca_file)
+def _identity(config: Config, target: TargetConfig) -> tuple:
+    """What makes a reloaded target the same one: its name, engine and how it is fetched."""
+    return target.name, target.engine, target.url, fetch_settings(config, target)

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from . import __version__, config as cfg
+from . import __version__, config as cfg, webconfig
 
 # Flag -> environment variable that sets it when the flag is not given.
 ENV = {
@@ -18,7 +18,12 @@ ENV = {
     "listen": "KVCACHE_EXPORTER_LISTEN",
     "poll_interval": "KVCACHE_EXPORTER_POLL_INTERVAL",
     "log_level": "KVCACHE_EXPORTER_LOG_LEVEL",
+    "web_config_file": "KVCACHE_EXPORTER_WEB_CONFIG",
 }
+
+
+def flag_name(dest: str) -> str:
+    return "--web.config.file" if dest == "web_config_file" else "--" + dest.replace("_", "-")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -27,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
         description="Polls vLLM and SGLang /metrics endpoints and exposes the engine-independent kvcache_* "
                     "contract. Subcommand: `kvcache-exporter kv-math --help` for KV memory arithmetic.",
         epilog="Each flag can also be set from its environment variable: "
-               + ", ".join(f"--{k.replace('_', '-')}: {v}" for k, v in ENV.items())
+               + ", ".join(f"{flag_name(k)}: {v}" for k, v in ENV.items())
                + " (comma-separated URLs).",
     )
     p.add_argument("--config", metavar="FILE", help="YAML configuration file")
@@ -35,6 +40,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", metavar="HOST:PORT", help=f"where to serve /metrics (default {cfg.DEFAULT_LISTEN})")
     p.add_argument("--poll-interval", metavar="DURATION", help="how often to poll each target (default 5s)")
     p.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error (default info)")
+    p.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
+                   help="TLS and basic auth for this endpoint, in the exporter-toolkit web-config.yml format")
     p.add_argument("--demo", action="store_true",
                    help="start a simulated vLLM and a simulated SGLang engine and poll them (no GPU needed)")
     p.add_argument("--version", action="version", version=f"kvcache-exporter {__version__}")
@@ -47,7 +54,7 @@ def load(args: argparse.Namespace, environ: dict[str, str]) -> cfg.Config:
     def given(name: str):
         value = getattr(args, name)
         if value is not None:
-            return "command line", f"--{name.replace('_', '-')}", value
+            return "command line", flag_name(name), value
         if environ.get(ENV[name]):
             return "environment", ENV[name], environ[ENV[name]]
         return None
@@ -92,30 +99,38 @@ def main(argv: list[str] | None = None) -> int:
             from . import demo
 
             return demo.run(args)
-        config = load(args, dict(os.environ))
+        environ = dict(os.environ)
+        config = load(args, environ)
+        web = webconfig.load(given_web_config) if (given_web_config := _web_config_path(args, environ)) else None
     except cfg.ConfigError as err:
         print(f"kvcache-exporter: {err}", file=sys.stderr)
         return 2
-    if not config.targets:
-        print("kvcache-exporter: command line: --target: no targets: give --target URL, "
-              f"{ENV['target']} or a --config file with `targets:` (or try --demo)", file=sys.stderr)
-        return 2
-    return serve(config)
+    reload_config = (lambda: load(args, environ)) if (args.config or environ.get(ENV["config"])) else None
+    return serve(config, reload_config, web)
 
 
-def serve(config: cfg.Config) -> int:
+def _web_config_path(args: argparse.Namespace, environ: dict[str, str]) -> str | None:
+    return args.web_config_file or environ.get(ENV["web_config_file"]) or None
+
+
+def serve(config: cfg.Config, reload_config=None, web: "webconfig.WebConfig | None" = None) -> int:
+    """Run until SIGTERM or SIGINT; SIGHUP reloads the configuration file."""
     from .app import Exporter
 
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    exporter = Exporter(config)
+    exporter = Exporter(config, reload_config, web)
     try:
         exporter.start()
     except OSError as err:
         print(f"kvcache-exporter: listen {config.listen}: {err.strerror or err}", file=sys.stderr)
         return 2
-    stop = threading.Event()
+    stop, hangup = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    signal.signal(signal.SIGHUP, lambda *_: hangup.set())
+    while not stop.wait(0.2):
+        if hangup.is_set():
+            hangup.clear()
+            exporter.reload()
     exporter.stop()
     return 0

@@ -16,10 +16,28 @@ from .target import FAILURE_REASONS, Target
 P = contract.PREFIX
 
 
+class ExporterState:
+    """The exporter's own state worth exposing: the outcome of configuration reloads."""
+
+    def __init__(self) -> None:
+        self.reload_ok = True
+        self.reload_time = time.time()
+
+    def reload_succeeded(self) -> None:
+        self.reload_ok, self.reload_time = True, time.time()
+
+    def reload_failed(self) -> None:
+        self.reload_ok = False
+
+
 class KVCacheCollector(Collector):
-    def __init__(self, targets: Callable[[], Iterable[Target]], staleness: float):
+    """The contract for `targets`; with `state`, the exporter's own series too (the /probe output has none)."""
+
+    def __init__(self, targets: Callable[[], Iterable[Target]], staleness: Callable[[], float],
+                 state: ExporterState | None = None):
         self._targets = targets
-        self.staleness = staleness
+        self._staleness = staleness
+        self._state = state
 
     def collect(self) -> Iterator[Metric]:
         now = time.time()
@@ -30,15 +48,22 @@ class KVCacheCollector(Collector):
                 families[name] = Metric(P + name, help_text, kind)
             return families[name]
 
-        build = family(contract.BUILD_INFO[0], "gauge", contract.BUILD_INFO[1])
-        build.add_sample(P + "exporter_build_info", {"version": __version__}, 1.0)
+        if self._state is not None:
+            for name, (kind, help_text, value) in {
+                contract.BUILD_INFO[0]: ("gauge", contract.BUILD_INFO[1], 1.0),
+                contract.RELOAD_OK[0]: ("gauge", contract.RELOAD_OK[1], float(self._state.reload_ok)),
+                contract.RELOAD_TIME[0]: ("gauge", contract.RELOAD_TIME[1], self._state.reload_time),
+            }.items():
+                labels = {"version": __version__} if name == contract.BUILD_INFO[0] else {}
+                family(name, kind, help_text).add_sample(P + name, labels, value)
         for name, (kind, help_text) in contract.TARGET_FAMILIES.items():
             family(name, kind, help_text)
+        staleness = self._staleness()
         for target in self._targets():
-            self._target_series(target, family, now)
+            self._target_series(target, family, now, staleness)
         yield from families.values()
 
-    def _target_series(self, target: Target, family, now: float) -> None:
+    def _target_series(self, target: Target, family, now: float, staleness: float) -> None:
         outcome = target.outcome
         base = {"target": target.name, "engine": outcome.engine, **target.labels}
         family("target_up", "", "").add_sample(P + "target_up", base, 1.0 if outcome.up else 0.0)
@@ -55,7 +80,7 @@ class KVCacheCollector(Collector):
         family("target_info", "", "").add_sample(
             P + "target_info", {**base, "url": target.config.url, "version": ""}, 1.0)
         # Values older than the staleness period vanish rather than freeze at their last reading.
-        if outcome.last_success is None or now - outcome.last_success > self.staleness:
+        if outcome.last_success is None or now - outcome.last_success > staleness:
             return
         for rank_name, rank in outcome.ranks.items():
             labels = {"target": target.name, "engine": outcome.engine, "model": outcome.model,

@@ -60,3 +60,7 @@ TARGET_FAMILIES = {
     "target_info": ("gauge", "1, with the target's URL, detected engine and engine version where known."),
 }
 BUILD_INFO = ("exporter_build_info", "1, with the exporter's version.")
+RELOAD_OK = ("exporter_config_last_reload_successful", "1 if the last configuration reload succeeded (or none was "
+             "tried), 0 if it failed and the previous configuration is still running.")
+RELOAD_TIME = ("exporter_config_last_reload_success_timestamp_seconds", "Unix time of the last successful "
+               "configuration load.")

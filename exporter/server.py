@@ -1,25 +1,46 @@
-"""The exporter's own HTTP endpoint: /metrics, /healthz, /ready."""
+"""The exporter's own HTTP endpoint: routes, optional TLS and basic auth (webconfig)."""
 
 from __future__ import annotations
 
 import gzip
 import logging
+import ssl
 import threading
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
+from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+from .webconfig import WebConfig
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Route = Callable[[Request], Response]
+
+
 class MetricsServer:
-    def __init__(self, listen: str, registry: CollectorRegistry, is_ready: Callable[[], bool]):
+    def __init__(self, listen: str, routes: dict[tuple[str, str], Route], web: WebConfig | None = None):
         host, _, port = listen.rpartition(":")
-        handler = type("Handler", (_Handler,), {"registry": registry, "is_ready": staticmethod(is_ready)})
-        self.httpd = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)), handler)
-        self.httpd.daemon_threads = True
+        handler = type("Handler", (_Handler,), {"routes": routes, "web": web or WebConfig()})
+        self.httpd = _Server((host.strip("[]") or "0.0.0.0", int(port)), handler)
+        self.httpd.tls = (web or WebConfig()).tls
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
 
     @property
@@ -34,38 +55,67 @@ class MetricsServer:
         self.httpd.server_close()
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request, client_address) -> None:
+        # The TLS handshake runs here, in the connection's own thread, so a slow or plain-HTTP
+        # client cannot hold up the accept loop.
+        if self.tls is not None:
+            try:
+                request.settimeout(10)
+                request = self.tls.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError) as err:
+                log.debug("TLS handshake with %s failed: %s", client_address[0], err)
+                request.close()
+                return
+        super().finish_request(request, client_address)
+
+    def handle_error(self, request, client_address) -> None:
+        log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+
+
 class _Handler(BaseHTTPRequestHandler):
-    registry: CollectorRegistry
-    is_ready: Callable[[], bool]
+    routes: dict[tuple[str, str], Route]
+    web: WebConfig
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept"))
-            body = encoder(self.registry)
-            headers = {"Content-Type": content_type}
-            if "gzip" in self.headers.get("Accept-Encoding", ""):
-                body = gzip.compress(body, compresslevel=1)
-                headers["Content-Encoding"] = "gzip"
-            self._reply(200, body, headers)
-        elif path == "/healthz":
-            self._reply(200, b"ok\n")
-        elif path == "/ready":
-            ready = self.is_ready()
-            self._reply(200 if ready else 503, b"ready\n" if ready else b"first poll cycle not done\n")
-        elif path == "/":
-            self._reply(200, b"kvcache-exporter: see /metrics\n")
-        else:
-            self._reply(404, b"not found\n")
+        self._dispatch("GET")
 
-    def _reply(self, status: int, body: bytes, headers: dict | None = None) -> None:
-        self.send_response(status)
-        for name, value in (headers or {"Content-Type": "text/plain; charset=utf-8"}).items():
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        url = urlsplit(self.path)
+        if not self.web.authorized(self.headers.get("Authorization")):
+            self._send(Response(401, b"unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="kvcache-exporter"'}))
+            return
+        route = self.routes.get((method, url.path))
+        if route is None:
+            known = any(path == url.path for _, path in self.routes)
+            self._send(Response(405 if known else 404, b"method not allowed\n" if known else b"not found\n"))
+            return
+        request = Request(method, url.path, parse_qs(url.query), dict(self.headers.items()))
+        try:
+            response = route(request)
+        except Exception:  # a bug in one route must not take the endpoint down
+            log.exception("error serving %s", url.path)
+            response = Response(500, b"internal error\n")
+        if "gzip" in self.headers.get("Accept-Encoding", "") and len(response.body) > 1024:
+            response.body = gzip.compress(response.body, compresslevel=1)
+            response.headers["Content-Encoding"] = "gzip"
+        self._send(response)
+
+    def _send(self, response: Response) -> None:
+        self.send_response(response.status)
+        self.send_header("Content-Type", response.content_type)
+        for name, value in response.headers.items():
             self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(response.body)))
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(response.body)
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 (inherited signature)
         log.debug("%s %s", self.address_string(), format % args)

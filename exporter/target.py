@@ -35,16 +35,20 @@ class PollFailed(Exception):
 
 class Target:
     def __init__(self, config: TargetConfig, settings: FetchSettings, thresholds: Thresholds, static_labels: dict):
-        self.config = config
-        self.labels = {**static_labels, **config.labels}
-        self.thresholds = thresholds
         self.fetcher = Fetcher(config.url, settings)
         self.failures = dict.fromkeys(FAILURE_REASONS, 0)
         self.outcome = PollOutcome(engine="" if config.engine == "auto" else config.engine)
         self._histories: dict[str, derive.History] = {}
+        self._last_reason: str | None = None
+        self.update(config, thresholds, static_labels)
+
+    def update(self, config: TargetConfig, thresholds: Thresholds, static_labels: dict) -> None:
+        """A reload that keeps the target: new labels, thresholds or architecture, same state."""
+        self.config = config
+        self.thresholds = thresholds
+        self.labels = {**static_labels, **config.labels}
         # KV bytes of one token of the whole model (all TP shards): a pool's tokens span every shard.
         self.bytes_per_token = config.kv_layout.bytes_per_token() if config.kv_layout else None
-        self._last_reason: str | None = None
 
     @property
     def name(self) -> str:

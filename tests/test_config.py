@@ -128,8 +128,10 @@ def test_bad_environment_value_names_the_variable():
     (["--config", "{tmp}/exporter.yml"], "kvcache-exporter: {tmp}/exporter.yml: targets[0].url: is required\n"),
     (["--target", "localhost:8000"], "kvcache-exporter: command line: --target: must be an http:// or https:// URL, "
                                      "got 'localhost:8000'\n"),
-    ([], "kvcache-exporter: command line: --target: no targets: give --target URL, KVCACHE_EXPORTER_TARGETS or a "
-         "--config file with `targets:` (or try --demo)\n"),
+    (["--target", "http://a:1/m", "--listen", "10490"],
+     "kvcache-exporter: command line: --listen: expected HOST:PORT, got '10490'\n"),
+    (["--web.config.file", "{tmp}/exporter.yml"],
+     "kvcache-exporter: {tmp}/exporter.yml: targets: unknown key\n"),
 ])
 def test_the_process_prints_one_line_and_exits_2(tmp_path, argv, expected):
     write(tmp_path, "targets: [{name: x}]\n")

@@ -1,0 +1,78 @@
+"""Signals and reloads: a clean stop within 2 s, SIGHUP and /-/reload, a bad reload keeps the old config."""
+
+from __future__ import annotations
+
+import signal
+import time
+import urllib.request
+
+import yaml
+
+from tests import harness
+from tests.harness import scrape, value
+from tests.pageserver import PageServer, hang_before_headers, page
+from tests.test_exporter_faults import GOOD_PAGE
+
+
+def post(url: str) -> int:
+    request = urllib.request.Request(url, method="POST", data=b"")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_sigterm_and_sigint_stop_within_two_seconds_even_with_a_poll_hanging(tmp_path):
+    with PageServer({"/hang": hang_before_headers()}) as server:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with harness.exporter(tmp_path, "--target", server.url("/hang"), "--poll-interval", "10s") as exporter:
+                time.sleep(0.5)  # the first poll is now waiting on the hanging target (timeout 8 s)
+                started = time.monotonic()
+                exporter.signal(sig)
+                exporter.proc.wait(5)
+                assert time.monotonic() - started < 2.0
+                assert exporter.proc.returncode == 0
+
+
+def test_reload_keeps_unchanged_targets_and_rejects_a_bad_file(tmp_path):
+    with PageServer({"/a": page(GOOD_PAGE), "/b": page(GOOD_PAGE), "/c": page(GOOD_PAGE),
+                     "/down": page("oops", status=503)}) as server:
+        config = tmp_path / "exporter.yml"
+
+        def write(names: list[str], **extra):
+            config.write_text(yaml.safe_dump({"poll_interval": "0.3s", **extra,
+                                              "targets": [{"name": n, "url": server.url(f"/{n}")} for n in names]}))
+
+        write(["a", "b", "down"])
+        with harness.exporter(tmp_path, "--config", str(config)) as exporter:
+            harness.wait_until(lambda: value(scrape(exporter.url), "kvcache_target_scrape_failures_total",
+                                             target="down", reason="http_status") >= 3, 10, what="failures")
+            failures_before = value(scrape(exporter.url), "kvcache_target_scrape_failures_total",
+                                    target="down", reason="http_status")
+
+            write(["a", "down", "c"], labels={"cluster": "x"})  # b goes, c comes, a and down stay
+            exporter.signal(signal.SIGHUP)
+            harness.wait_until(lambda: harness.series(scrape(exporter.url), "kvcache_target_up", target="c"), 10,
+                               what="reload by SIGHUP")
+            samples = scrape(exporter.url)
+            assert harness.series(samples, "kvcache_target_up", target="b") == {}
+            # the kept target's counter went on from where it was: its state survived the reload
+            assert value(samples, "kvcache_target_scrape_failures_total", target="down",
+                         reason="http_status") >= failures_before
+            assert value(samples, "kvcache_usage_ratio", target="a", cluster="x") == 0.5
+            assert value(samples, "kvcache_exporter_config_last_reload_successful") == 1.0
+
+            config.write_text("targets: [{url: 'not a url'}]\n")
+            assert post(exporter.url + "/-/reload") == 500
+            samples = scrape(exporter.url)
+            assert value(samples, "kvcache_exporter_config_last_reload_successful") == 0.0
+            assert {dict(k[1])["target"] for k in harness.series(samples, "kvcache_target_up")} == {"a", "down", "c"}
+            assert "reload failed" in exporter.log_path.read_text()
+
+            write(["a"])
+            assert post(exporter.url + "/-/reload") == 200
+            samples = scrape(exporter.url)
+            assert value(samples, "kvcache_exporter_config_last_reload_successful") == 1.0
+            assert {dict(k[1])["target"] for k in harness.series(samples, "kvcache_target_up")} == {"a"}
+            assert exporter.proc.poll() is None
