@@ -15,7 +15,9 @@ from urllib.parse import urljoin, urlsplit
 import requests
 import urllib3.exceptions
 
-ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+# Text 0.0.4 only: prometheus_client ignores q-values and answers OpenMetrics to any Accept that
+# names it, and its recent versions then rewrite `vllm:` to `vllm_` on sample lines.
+ACCEPT = "text/plain;version=0.0.4"
 MAX_REDIRECTS = 3
 _CHUNK = 256 * 1024
 

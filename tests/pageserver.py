@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
+import struct
 import threading
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
@@ -61,6 +64,57 @@ def trickle(body: str, interval: float) -> Route:
             handler.wfile.flush()
 
     return route
+
+
+def reset_connection() -> Route:
+    """Closes the connection with a TCP reset before answering."""
+
+    def route(handler: BaseHTTPRequestHandler) -> None:
+        handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        handler.connection.close()
+        handler.close_connection = True
+
+    return route
+
+
+def redirect(location: str) -> Route:
+    def route(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(302)
+        handler.send_header("Location", location)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    return route
+
+
+def endless(chunk: bytes = b"# padding line of an endless page\n" * 1024) -> Route:
+    """Streams chunks (chunked encoding) until the client goes away: a page of unbounded size."""
+
+    def route(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        try:
+            for _ in range(1 << 30 // len(chunk)):
+                handler.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except OSError:
+            handler.close_connection = True
+
+    return route
+
+
+def gzip_bomb(expanded_bytes: int) -> Route:
+    """A small gzip body that inflates to `expanded_bytes` of newlines."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = b"\n" * (1 << 20)
+    body = b"".join(compressor.compress(block) for _ in range(expanded_bytes >> 20)) + compressor.flush()
+    return page(body, headers={"Content-Encoding": "gzip"})
+
+
+def alternating(*routes: Route) -> Route:
+    """Each request takes the next route in turn (a target that flaps)."""
+    turns = itertools.cycle(routes)
+    return lambda handler: next(turns)(handler)
 
 
 class PageServer:

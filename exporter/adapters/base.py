@@ -52,9 +52,17 @@ class Adapter:
                     names.add(name)
         self.wanted = frozenset(names)
 
+    # Re-exporters (SGLang's router, gRPC sidecars, Dynamo, Ray) rewrite the engine's colon prefix.
+    prefix_aliases: ClassVar[tuple[str, ...]] = ()
+
     def variants_of(self, names: tuple[str, ...]) -> list[str]:
-        """Spellings under which a declared name may appear; engines with aliases override."""
-        return list(names)
+        """Spellings under which a declared name may appear: as declared, then under each alias prefix."""
+        out = []
+        for name in names:
+            out.append(name)
+            head, sep, tail = name.partition(":")
+            out.extend(alias + tail for alias in self.prefix_aliases if sep)
+        return out
 
     def first_present(self, names: tuple[str, ...], samples: Samples, suffix: str = "") -> str | None:
         for name in names:

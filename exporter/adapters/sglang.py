@@ -14,6 +14,7 @@ _RETRACTION_COUNTER_ERA = ("sglang:full_token_usage", "sglang:kv_used_tokens")
 class SglangAdapter(Adapter):
     engine = "sglang"
     marker = r"sglang[:_]"
+    prefix_aliases = ("sglang_",)
     rank_label = "dp_rank"
     # With priority scheduling, priority="" is the total and other values are slices of it.
     base_match = {"priority": ""}
@@ -44,14 +45,6 @@ class SglangAdapter(Adapter):
         Series("e2e_request_latency_seconds", ("sglang:e2e_request_latency_seconds",), "histogram",
                sum_over=_STREAMING),
     )
-
-    def variants_of(self, names: tuple[str, ...]) -> list[str]:
-        # Re-exporters (the router's /engine_metrics, the gRPC sidecar) rewrite the colon.
-        out = []
-        for name in names:
-            out.append(name)
-            out.append("sglang_" + name.removeprefix("sglang:"))
-        return out
 
     def complete(self, samples: Samples, snapshot: Snapshot) -> None:
         for rank in snapshot.ranks.values():

@@ -11,7 +11,8 @@ _REQUEST_SLICES = ("priority",)
 
 class VllmAdapter(Adapter):
     engine = "vllm"
-    marker = r"vllm:"
+    marker = r"vllm[:_]"
+    prefix_aliases = ("vllm_",)
     rank_label = "engine"  # V1's data-parallel engine index; V0 has none
     extra_names = ("vllm:cache_config_info",)
     series = (

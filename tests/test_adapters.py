@@ -1,0 +1,37 @@
+"""Adapters: detection and spellings, directly on the fixture pages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter import adapters, parser
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def adapt(text: str):
+    adapter = adapters.detect(text)
+    return adapter, adapter.adapt(parser.parse(text, adapter.wanted))
+
+
+@pytest.mark.parametrize("page, engine", [("vllm-v1.txt", "vllm"), ("vllm-v0.txt", "vllm"),
+                                          ("sglang-0.5.txt", "sglang"), ("sglang-underscore.txt", "sglang")])
+def test_detection(page, engine):
+    assert adapters.detect((FIXTURES / page).read_text()).engine == engine
+
+
+def test_no_engine_detected_on_other_pages():
+    assert adapters.detect("# TYPE node_load1 gauge\nnode_load1 0.5\n") is None
+
+
+@pytest.mark.parametrize("page, colon, underscore", [("vllm-v1.txt", "vllm:", "vllm_"),
+                                                     ("sglang-0.5.txt", "sglang:", "sglang_")])
+def test_re_exported_spelling_reads_the_same(page, colon, underscore):
+    """Re-exporters (and prometheus_client's OpenMetrics escaping) write `vllm_` for `vllm:`."""
+    text = (FIXTURES / page).read_text()
+    _, original = adapt(text)
+    _, renamed = adapt(text.replace(colon, underscore))
+    assert renamed == original
+    assert len(original.ranks["0"].gauges) >= 5 and len(original.ranks["0"].histograms) >= 3
