@@ -38,7 +38,8 @@ class VllmAdapter(Adapter):
 
     def complete(self, samples: Samples, snapshot: Snapshot) -> None:
         """Capacity from `cache_config_info` labels: one block of `num_gpu_blocks` is the null block."""
-        for sample in samples.get("vllm:cache_config_info", ()):
+        name = self.first_present(("vllm:cache_config_info",), samples)
+        for sample in samples.get(name, ()) if name else ():
             labels = sample.labels
             # Before the `engine` label (#15755) one info series described every engine alike.
             ranks = [labels["engine"]] if "engine" in labels else list(snapshot.ranks) or ["0"]
