@@ -1,0 +1,33 @@
+"""Pages over time through parse -> adapt -> derive: the pressure state at every poll, as each
+sequence's sequence.yml says (with its reasoning)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter import adapters, derive, parser
+from exporter.thresholds import Thresholds
+
+SEQUENCES = sorted((Path(__file__).parent / "fixtures" / "sequences").iterdir())
+
+
+@pytest.mark.parametrize("directory", SEQUENCES, ids=lambda p: p.name)
+def test_pressure_state_along_the_sequence(directory):
+    spec = yaml.safe_load((directory / "sequence.yml").read_text())
+    thresholds = Thresholds.from_mapping(spec["thresholds"])
+    histories: dict = {}
+    states = []
+    for step in spec["pages"]:
+        text = (directory / step["page"]).read_text()
+        adapter = adapters.detect(text)
+        assert adapter.engine == spec["engine"]
+        snapshot = adapter.adapt(parser.parse(text, adapter.wanted))
+        ranks, histories = derive.derive(snapshot, histories, float(step["t"]), thresholds)
+        rank = ranks["0"]
+        assert rank.gauges["usage_ratio"] == step["usage_ratio"]
+        assert rank.values.counters.get("preemptions_total", 0.0) == step["preemptions_total"]
+        states.append(rank.pressure)
+    assert states == [step["state"] for step in spec["pages"]]
