@@ -197,6 +197,8 @@ def test_ports_bind_to_loopback_unless_grafana_is_opened_deliberately():
     }
     opened = published(resolved(GRAFANA_BIND_ADDRESS="0.0.0.0", GRAFANA_PORT="8443"))
     assert opened["grafana"] == [("0.0.0.0", 8443, 3000)]
+    assert service("grafana", GRAFANA_BIND_ADDRESS="0.0.0.0", GRAFANA_PORT="8443")["environment"][
+        "GF_SERVER_ROOT_URL"] == "http://localhost:8443/"
     assert {ip for name, ports in opened.items() if name != "grafana" for ip, _, _ in ports} == {"127.0.0.1"}
 
 
@@ -228,7 +230,8 @@ def test_exporter_is_configured_by_one_file_or_one_variable():
     default = service("exporter")
     assert host_path(default, "/etc/kvcache-exporter/exporter.yml") == DEPLOY / "exporter.yml"
     assert default["environment"]["KVCACHE_EXPORTER_TARGETS"] == ""
-    assert default["extra_hosts"] == ["host.docker.internal=host-gateway"]
+    # Compose versions print extra_hosts as host=ip or host:ip.
+    assert [entry.replace("=", ":", 1) for entry in default["extra_hosts"]] == ["host.docker.internal:host-gateway"]
 
     urls = "http://host.docker.internal:8000/metrics,http://10.0.0.12:30000/metrics"
     assert service("exporter", KVCACHE_EXPORTER_TARGETS=urls)["environment"]["KVCACHE_EXPORTER_TARGETS"] == urls
@@ -419,6 +422,12 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
+
+
+def healthcheck_command() -> list[str]:
+    """The exec-form command of the image's HEALTHCHECK."""
+    [args] = [args for name, args in dockerfile_instructions() if name == "HEALTHCHECK"]
+    return json.loads(args[args.index("CMD") + len("CMD"):])
 
 
 def test_hadolint_finds_nothing():
@@ -616,12 +625,12 @@ def test_alertmanager_secrets_from_files_and_the_environment(tmp_path):
     env = {"KVCACHE_SECRETS_SOURCE": str(source), "KVCACHE_SECRETS_DIR": str(target),
            "ALERTMANAGER_SECRET_SMTP_PASSWORD": "env-password",
            "ALERTMANAGER_SECRET_PAGERDUTY_ROUTING_KEY": "",
-           "ALERTMANAGER_SECRET_RELAY_TOKEN": "relay-token-value"}
+           "ALERTMANAGER_SECRET_RELAY_TOKEN": "relay $token \"quoted\""}
     result = run_script(script, env, "printf", "%s,", "--config.file=/etc/alertmanager/alertmanager.yml", "--x=")
     assert (result.returncode, result.stdout) == (0, "--config.file=/etc/alertmanager/alertmanager.yml,--x=,"), result.stderr
     files = {path.name: path.read_text() for path in target.iterdir()}
     assert files == {"slack-webhook-url": "https://hooks.example/file", "smtp-password": "env-password",
-                     "relay-token": "relay-token-value"}
+                     "relay-token": "relay $token \"quoted\""}
     assert {stat.S_IMODE(path.stat().st_mode) for path in target.iterdir()} == {0o600}
 
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
 from simulator.server import start_engine
 from tests import harness
-from tests.test_compose import (DATASOURCE_UID, DEMO_SERVICES, command_option, container_ports, host_path,
-                                load_launcher, provisioned, resolved, service_address_pattern)
+from tests.test_compose import (DATASOURCE_UID, DEMO_SERVICES, command_option, container_ports, healthcheck_command,
+                                host_path, load_launcher, provisioned, resolved, service_address_pattern)
 
 
 class Loopback:
@@ -86,6 +88,13 @@ def alertmanager_config(model: dict, net: Loopback, work: Path) -> Path:
     return write_yaml(work / "alertmanager.yml", net.rewrite(yaml.safe_load(source.read_text())))
 
 
+def run_healthcheck(env: dict[str, str]) -> int:
+    """The Dockerfile's HEALTHCHECK command, with this interpreter standing in for the image's python."""
+    argv = healthcheck_command()
+    assert argv[0] == "python"
+    return subprocess.run([sys.executable, *argv[1:]], env={**os.environ, **env}, capture_output=True).returncode
+
+
 def api(url: str) -> dict:
     status, body = harness.http_get(url)
     assert status == 200, f"GET {url}: {status} {body[:500]}"
@@ -113,12 +122,17 @@ def test_compose_configuration_runs_with_the_demo_engines(tmp_path):
 
     with contextlib.ExitStack() as stack:
         start_demo_engines(stack, model, net)
-        stack.enter_context(harness.exporter(tmp_path, "--config", str(exporter_config(model, net, tmp_path)),
-                                             port=net.local_ports["exporter"]))
+        exporter = stack.enter_context(harness.exporter(tmp_path, "--config", str(exporter_config(model, net, tmp_path)),
+                                                        port=net.local_ports["exporter"]))
         stack.enter_context(harness.alertmanager(tmp_path / "alertmanager", am_config,
                                                  port=net.local_ports["alertmanager"]))
         prometheus = stack.enter_context(harness.prometheus(tmp_path / "prometheus", prometheus_config(model, net),
                                                            port=net.local_ports["prometheus"]))
+
+        # The image's HEALTHCHECK passes on this exporter once it has polled, and fails where none listens.
+        healthy = {"KVCACHE_EXPORTER_LISTEN": exporter.url.removeprefix("http://")}
+        harness.wait_until(lambda: run_healthcheck(healthy) == 0, timeout=30, what="exporter HEALTHCHECK")
+        assert run_healthcheck({"KVCACHE_EXPORTER_LISTEN": f"127.0.0.1:{harness.free_port()}"}) != 0
 
         # Every scrape target of the compose configuration is up: the exporter, Prometheus, Alertmanager.
         targets = harness.wait_until(lambda: targets_all_up(prometheus.url), timeout=60, what="all targets up")
@@ -153,8 +167,10 @@ def test_compose_configuration_runs_with_the_demo_engines(tmp_path):
             up = harness.prom_vector(datasource_url, 'kvcache_target_up{job="kvcache-exporter"}')
             return sorted((labels["target"], labels["engine"], value) for labels, value in up) or None
 
-        assert harness.wait_until(engines_up, timeout=60, what="demo engines in Prometheus") == [
-            ("sim-sglang", "sglang", 1.0), ("sim-vllm", "vllm", 1.0)]
+        engines = harness.wait_until(engines_up, timeout=60, what="demo engines in Prometheus")
+        failures = harness.prom_vector(datasource_url, "kvcache_target_scrape_failures_total > 0")
+        assert engines == [("sim-sglang", "sglang", 1.0), ("sim-vllm", "vllm", 1.0)], (
+            "failed polls: " + str([(labels["target"], labels["reason"], value) for labels, value in failures]))
         usage = harness.prom_vector(datasource_url, 'kvcache_usage_ratio{job="kvcache-exporter"}')
         assert {labels["target"] for labels, _ in usage} == DEMO_SERVICES
         assert all(0.0 <= value <= 1.0 for _, value in usage)
