@@ -21,8 +21,13 @@ class ParseError(ValueError):
 
 class Sample(NamedTuple):
     name: str
-    labels: dict[str, str]  # shared between samples with the same label text: never mutate
+    label_text: str  # between the braces, as on the page; parsed only when asked (and then cached)
     value: float
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Shared between samples with the same label text: never mutate. Raises ParseError."""
+        return parse_labels(self.label_text) if self.label_text else {}
 
 
 _PAIR = r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"\s*'
@@ -34,6 +39,7 @@ _WELL_FORMED = (
     r'(?:\{((?:[^"}\n]++|"(?:[^"\\\n]++|\\.)*+")*+)\})?[ \t]++([^ \t\r\n]++)'
     r'(?:[ \t]++[^ \t\r\n#]++)?[ \t]*+(?:#[^\r\n]*+)?\r?(?=\n|\Z)'
 )
+_LEADING_BLANKS = re.compile(r"\n[ \t]+")
 _ESCAPES = re.compile(r"\\(.)")
 _ESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
 _ANY_SAMPLE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{|[ \t]+\S)", re.MULTILINE)
@@ -92,19 +98,22 @@ def _selector(names: frozenset[str]) -> re.Pattern[str]:
 
 
 def parse(text: str, names: frozenset[str]) -> dict[str, list[Sample]]:
-    """Samples whose name is in `names`, by name, in page order. Raises ParseError on a bad wanted line."""
+    """Samples whose name is in `names`, by name, in page order. Raises ParseError on a bad wanted line
+    (a bad label set inside it: when its labels are first read)."""
     found: dict[str, list[Sample]] = {}
     if not names:
         return found
-    for name, label_text, value, malformed in _selector(names).findall("\n" + text):
+    text = "\n" + text
+    if "\n " in text or "\n\t" in text:  # leading blanks are allowed; rare, so normalized only when present
+        text = _LEADING_BLANKS.sub("\n", text)
+    for name, label_text, value, malformed in _selector(names).findall(text):
         if not value:
             raise ParseError(f"bad sample line for {name}: {malformed[:80]!r}")
-        labels = parse_labels(label_text) if label_text else {}
         try:
             number = float(value)
         except ValueError:
             raise ParseError(f"bad sample value {value!r}") from None
-        found.setdefault(name, []).append(Sample(name, labels, number))
+        found.setdefault(name, []).append(Sample(name, label_text, number))
     return found
 
 

@@ -59,7 +59,10 @@ class Target:
         previous = self.outcome
         try:
             adapter, samples = self._read(self.fetcher.fetch())
-            snapshot = adapter.adapt(samples)
+            try:
+                snapshot = adapter.adapt(samples)
+            except parser.ParseError as err:  # a bad label set, found when the adapter reads it
+                raise PollFailed("parse", str(err)) from None
             if not snapshot.ranks:
                 raise PollFailed("unknown_engine", f"no {adapter.engine} series on the page")
             now = time.time()

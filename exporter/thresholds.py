@@ -23,7 +23,7 @@ class Thresholds:
     thrashing_preemptions_per_second: float = 0.02
     # Window over which the exporter and the rules look at counters and queues.
     window_seconds: float = 60.0
-    # KVCachePreemptionStorm: warning and critical rates (per second, 5-minute window).
+    # KVCachePreemptionStorm: warning and critical rates (per second, over `window_seconds`).
     preemption_storm_warning_per_second: float = 0.1
     preemption_storm_critical_per_second: float = 1.0
     # Finished requests per second below which rate-based alerts stay quiet (idle engine).

@@ -48,6 +48,7 @@ EDGE_CASES = {
     ),
     "CRLF": '# TYPE m gauge\r\nm{a="1"} 1\r\nm{a="2"} 2\r\n',
     "no final newline": 'm{a="1"} 1\nm{a="2"} 2',
+    "leading blanks": '# TYPE m gauge\n  m{a="1"} 1\n\tm{a="2"} 2\n',
     "created families": (
         "# TYPE c counter\nc_total{a=\"1\"} 4.0\n# HELP c_created x\n# TYPE c_created gauge\n"
         'c_created{a="1"} 1.75e+09\n'
@@ -88,7 +89,8 @@ def test_a_name_is_never_a_prefix_match():
 ])
 def test_bad_wanted_lines_raise_parse_error(text):
     with pytest.raises(parser.ParseError):
-        parser.parse(text, frozenset({"m"}))
+        found = parser.parse(text, frozenset({"m"}))
+        [sample.labels for samples in found.values() for sample in samples]  # label sets are read lazily
 
 
 def test_bad_lines_of_unwanted_names_cost_nothing():

@@ -31,6 +31,9 @@ class Series:
 
 
 Samples = dict[str, list[Sample]]
+_UNSEEN = object()
+# Distinct (series, label set) pairs remembered; a fleet serving one model shares most of them.
+_SLICE_CACHE_LIMIT = 500_000
 
 
 class Adapter:
@@ -51,6 +54,7 @@ class Adapter:
                 else:
                     names.add(name)
         self.wanted = frozenset(names)
+        self._slices: dict[tuple, tuple | None] = {}
 
     # Re-exporters (SGLang's router, gRPC sidecars, Dynamo, Ray) rewrite the engine's colon prefix.
     prefix_aliases: ClassVar[tuple[str, ...]] = ()
@@ -74,24 +78,33 @@ class Adapter:
     def rank_of(self, labels: dict[str, str]) -> str:
         return labels.get(self.rank_label, "0")
 
-    def _matches(self, labels: dict[str, str], series: Series) -> bool:
-        for wanted in (self.base_match, series.match):
-            for key, value in wanted.items():
-                if labels.get(key, "") != value:
-                    return False
-        return True
+    def _slice_of(self, sample: Sample, series: Series, extra_key: str | None) -> tuple | None:
+        """(rank, breakdown slice[, extra label]) of a sample, or None when the series' filters reject it.
+        Label sets repeat from poll to poll, so the answer is cached by label text."""
+        cache_key = (series.concept, sample.label_text, extra_key)
+        slice_key = self._slices.get(cache_key, _UNSEEN)
+        if slice_key is _UNSEEN:
+            labels = sample.labels
+            slice_key = None
+            if all(labels.get(k, "") == v for wanted in (self.base_match, series.match) for k, v in wanted.items()):
+                slice_key = (self.rank_of(labels), tuple(labels.get(label, "") for label in series.sum_over))
+                if extra_key is not None:
+                    slice_key += (labels.get(extra_key, ""),)
+            if len(self._slices) >= _SLICE_CACHE_LIMIT:
+                self._slices.clear()
+            self._slices[cache_key] = slice_key
+        return slice_key
 
-    def _collapse(self, samples: list[Sample], series: Series, extra_key: str | None = None) -> dict[str, float]:
+    def _collapse(self, samples: list[Sample], series: Series, extra_key: str | None = None) -> dict:
         """Per rank: max over duplicate copies of each breakdown slice, then the sum over slices."""
         slices: dict[tuple, float] = {}
         for sample in samples:
-            if not self._matches(sample.labels, series):
+            key = self._slice_of(sample, series, extra_key)
+            if key is None:
                 continue
-            key = (self.rank_of(sample.labels), tuple(sample.labels.get(l, "") for l in series.sum_over))
-            if extra_key is not None:
-                key += (sample.labels.get(extra_key, ""),)
             value = sample.value
-            if key not in slices or value > slices[key] or math.isnan(slices[key]):
+            seen = slices.get(key)
+            if seen is None or value > seen or seen != seen:  # seen != seen: NaN loses to a number
                 slices[key] = value
         totals: dict = {}
         for key, value in slices.items():

@@ -1,0 +1,250 @@
+"""End to end on loopback: simulator -> exporter -> Prometheus (the shipped rules) -> Alertmanager
+(the shipped routing) -> an HTTP receiver inside the test that records every notification.
+
+Time is compressed TIME_SCALE times: the simulator runs that much faster than real time, and the
+exporter's pressure thresholds and the rule file are the shipped defaults on the same faster clock
+(`alerts.generate.compress`): `for: 2m` becomes 6s, the 60s window 3s, rates 20 times higher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts import generate
+from exporter.thresholds import DEFAULT
+from simulator.server import start_engine
+from tests import harness
+
+TIME_SCALE = 20
+COMPRESSED = generate.compress(DEFAULT, TIME_SCALE)
+SHORTAGE_FOR = generate.parse_duration(COMPRESSED.shortage_for)
+INTERVAL = "1s"  # exporter poll, Prometheus scrape and rule evaluation
+SEED = 7
+SECRETS = {"relay-token": "relay-secret", "pagerduty-routing-key": "pd-routing-key", "smtp-password": "smtp-secret"}
+SHIPPED_AM = harness.REPO / "alerts" / "alertmanager.yml"
+
+
+class Recorder:
+    """An HTTP server that records every POST: stands in for the webhook relay, Slack and PagerDuty."""
+
+    def __init__(self):
+        self.posts: list[tuple[str, dict, dict]] = []  # (path, headers, JSON body)
+        self._lock = threading.Lock()
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with recorder._lock:
+                    recorder.posts.append((self.path, dict(self.headers), body))
+                self.send_response(202)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def received(self, path: str) -> list[tuple[dict, dict]]:
+        with self._lock:
+            return [(headers, body) for p, headers, body in self.posts if p == path]
+
+    def webhook_alerts(self, alertname: str, target: str, status: str = "firing") -> list[tuple[dict, dict]]:
+        """(headers, alert) of every relay-webhook notification about that alert on that target."""
+        return [
+            (headers, alert)
+            for headers, body in self.received("/webhook")
+            for alert in body["alerts"]
+            if alert["labels"].get("alertname") == alertname and alert["labels"].get("target") == target
+            and alert["status"] == status
+        ]
+
+    def close(self):
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def write_secret(directory: Path, name: str, content: str) -> str:
+    path = directory / name
+    path.write_text(content)
+    return str(path)
+
+
+def alertmanager_test_config(shipped: dict, receiver_url: str, secrets_dir: Path) -> dict:
+    """The shipped Alertmanager config with only URLs, secret file paths and group timings changed."""
+    config = json.loads(json.dumps(shipped))  # deep copy; the YAML anchors are already expanded
+    secret = {name: write_secret(secrets_dir, name, value) for name, value in SECRETS.items()}
+    glob = config["global"]
+    glob["slack_api_url_file"] = write_secret(secrets_dir, "slack-webhook-url", f"{receiver_url}/slack")
+    glob["smtp_auth_password_file"] = secret["smtp-password"]
+    glob["smtp_smarthost"] = f"127.0.0.1:{harness.free_port()}"  # nothing listens: email fails, the rest goes on
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = f"{receiver_url}/webhook"
+            hook["http_config"]["authorization"]["credentials_file"] = secret["relay-token"]
+        for pager in receiver.get("pagerduty_configs", []):
+            pager["routing_key_file"] = secret["pagerduty-routing-key"]
+            pager["url"] = f"{receiver_url}/pagerduty"
+    config["route"].update(group_wait="1s", group_interval="2s")
+    return config
+
+
+def exporter_config(path: Path, target: str, url: str) -> Path:
+    path.write_text(yaml.safe_dump({
+        "poll_interval": INTERVAL,
+        "labels": {"cluster": "e2e"},
+        "pressure": dataclasses.asdict(COMPRESSED),
+        "targets": [{"name": target, "url": url, "engine": "vllm"}],
+    }))
+    return path
+
+
+def prometheus_config(rules: Path, alertmanager_url: str, exporter_ports: list[int]) -> dict:
+    return {
+        "global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL, "evaluation_interval": INTERVAL},
+        "rule_files": [str(rules)],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager_url.split("//")[1]]}]}]},
+        "scrape_configs": [{
+            "job_name": "kvcache-exporter",
+            "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in exporter_ports]}],
+        }],
+    }
+
+
+def diagnostics(prom_url: str, target: str) -> str:
+    """What Prometheus saw of a target, for failure messages."""
+    lines = []
+    for expr in (f'kvcache_pressure_state{{target="{target}"}} == 1', f'kvcache_requests_waiting{{target="{target}"}}',
+                 f'kvcache_usage_ratio{{target="{target}"}}', f'kvcache_target_up{{target="{target}"}}',
+                 f'ALERTS{{target="{target}"}}'):
+        try:
+            lines.append(f"{expr}: {harness.prom_vector(prom_url, expr)}")
+        except (OSError, ValueError) as err:
+            lines.append(f"{expr}: {err}")
+    return "\n".join(lines)
+
+
+@pytest.fixture
+def recorder():
+    rec = Recorder()
+    yield rec
+    rec.close()
+
+
+def test_shortage_notification_for_kv_saturation_and_none_for_concurrency_cap(tmp_path, recorder):
+    rules = tmp_path / "kvcache-rules.yml"
+    assert generate.main(["--time-scale", str(TIME_SCALE), "--output", str(rules)]) == 0
+    shipped = yaml.safe_load(SHIPPED_AM.read_text())
+    am_config = alertmanager_test_config(shipped, recorder.url, tmp_path)
+    assert am_config["route"]["routes"] == shipped["route"]["routes"]
+    assert am_config["inhibit_rules"] == shipped["inhibit_rules"]
+    am_path = tmp_path / "alertmanager.yml"
+    am_path.write_text(yaml.safe_dump(am_config, sort_keys=False))
+    exporter_ports = [harness.free_port(), harness.free_port()]
+    for log_dir in ("sat", "cap"):
+        (tmp_path / log_dir).mkdir()
+
+    with harness.alertmanager(tmp_path / "am", am_path) as am, \
+            harness.prometheus(tmp_path / "prom", prometheus_config(rules, am.url, exporter_ports)) as prom:
+
+        # Phase 1: kv-saturation. At this speed the pool is full and requests queue for KV within
+        # ~8s of wall time, for ~25s; the alert fires `for` (6s) after the exporter says so.
+        with start_engine("vllm-v1", "kv-saturation", speed=TIME_SCALE, seed=SEED) as engine, \
+                harness.exporter(tmp_path / "sat", "--config", str(exporter_config(
+                    tmp_path / "sat.yml", "llama-sat", engine.url)), port=exporter_ports[0]):
+            try:
+                harness.wait_until(lambda: recorder.webhook_alerts("KVCacheShortageQueueing", "llama-sat"),
+                                   timeout=60, interval=0.5, what="a KVCacheShortageQueueing notification")
+            except TimeoutError as err:
+                raise AssertionError(f"{err}\n{diagnostics(prom.url, 'llama-sat')}\n{am.log_tail(15)}") from None
+            model = engine.model_name
+
+        headers, alert = recorder.webhook_alerts("KVCacheShortageQueueing", "llama-sat")[0]
+        assert headers["Authorization"] == f"Bearer {SECRETS['relay-token']}"  # credentials_file was read
+        labels = alert["labels"]
+        assert {k: labels[k] for k in ("alertname", "severity", "target", "model", "engine", "cluster", "job")} == {
+            "alertname": "KVCacheShortageQueueing", "severity": "critical", "target": "llama-sat", "model": model,
+            "engine": "vllm", "cluster": "e2e", "job": "kvcache-exporter",
+        }
+        annotations = alert["annotations"]
+        assert annotations["summary"] == f"llama-sat (model {model}): requests are queueing because the KV cache is full"
+        waiting, rest = annotations["description"].split(" ", 1)
+        assert float(waiting) >= 1
+        assert rest.startswith(f"requests wait for KV on llama-sat (model {model}) while the engine answers. KV usage ")
+        assert "n/a" not in annotations["description"]
+        assert annotations["runbook_url"] == f"{generate.RUNBOOK_URL_BASE}#kvcacheshortagequeueing"
+
+        # The critical route also paged, with the routing key read from its file.
+        pages = [body for _, body in recorder.received("/pagerduty") if "llama-sat" in body["payload"]["summary"]]
+        assert pages and pages[0]["routing_key"] == SECRETS["pagerduty-routing-key"]
+        assert pages[0]["payload"]["severity"] == "critical"
+        # ... and posted to chat, through the Slack URL read from its file.
+        assert any("KVCacheShortageQueueing" in json.dumps(body) for _, body in recorder.received("/slack"))
+
+        # Phase 2: concurrency-cap. Requests queue behind the running cap while KV has room.
+        # Wait until the queue has been non-empty for three times the alert's `for`: a shortage
+        # alert would be firing and notified by then.
+        queued_for = 3 * SHORTAGE_FOR
+        queue_held = (f'min_over_time(sum without (dp_rank) (kvcache_requests_waiting{{target="llama-cap"}})'
+                      f'[{generate.format_duration(queued_for)}:{INTERVAL}]) > 0')
+        with start_engine("vllm-v1", "concurrency-cap", speed=TIME_SCALE, seed=SEED) as engine, \
+                harness.exporter(tmp_path / "cap", "--config", str(exporter_config(
+                    tmp_path / "cap.yml", "llama-cap", engine.url)), port=exporter_ports[1]):
+            try:
+                harness.wait_until(lambda: harness.prom_vector(prom.url, queue_held), timeout=60, interval=0.5,
+                                   what=f"a concurrency-cap queue held for {queued_for}s")
+            except TimeoutError as err:
+                raise AssertionError(f"{err}\n{diagnostics(prom.url, 'llama-cap')}") from None
+            time.sleep(3)  # one more evaluation, group_wait and delivery
+            alerts_seen = harness.prom_vector(
+                prom.url, 'count_over_time(ALERTS{alertname="KVCacheShortageQueueing",target="llama-cap"}[5m])')
+            cap_diagnostics = diagnostics(prom.url, "llama-cap")
+
+        assert alerts_seen == [], f"shortage alert pending or firing on the concurrency-cap run\n{cap_diagnostics}"
+        assert recorder.webhook_alerts("KVCacheShortageQueueing", "llama-cap") == []
+        assert [body for _, body in recorder.received("/pagerduty") if "llama-cap" in json.dumps(body)] == []
+
+
+def test_alertmanager_inhibits_nearly_full_during_a_shortage_on_the_same_target(tmp_path, recorder):
+    """The shipped inhibition, in a real Alertmanager fed through its API."""
+    am_path = tmp_path / "alertmanager.yml"
+    am_path.write_text(yaml.safe_dump(alertmanager_test_config(yaml.safe_load(SHIPPED_AM.read_text()), recorder.url, tmp_path)))
+
+    def alert(name: str, severity: str, target: str) -> dict:
+        return {"labels": {"alertname": name, "severity": severity, "target": target, "model": "m"},
+                "annotations": {"summary": f"{name} on {target}"}}
+
+    with harness.alertmanager(tmp_path / "am", am_path) as am:
+        body = json.dumps([alert("KVCacheShortageQueueing", "critical", "a"), alert("KVCacheNearlyFull", "warning", "a"),
+                           alert("KVCacheNearlyFull", "warning", "b")]).encode()
+        request = urllib.request.Request(f"{am.url}/api/v2/alerts", data=body,
+                                                 headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+
+        def states():
+            _, text = harness.http_get(f"{am.url}/api/v2/alerts")
+            return {(a["labels"]["alertname"], a["labels"]["target"]): a["status"]["state"] for a in json.loads(text)}
+
+        harness.wait_until(lambda: len(states()) == 3 and recorder.webhook_alerts("KVCacheNearlyFull", "b")
+                           and recorder.webhook_alerts("KVCacheShortageQueueing", "a"),
+                           timeout=20, what="the three alerts and the notifications for the shortage and target b")
+        time.sleep(1)  # the chat group of target a was due at the same time as target b's
+        assert states() == {("KVCacheShortageQueueing", "a"): "active", ("KVCacheNearlyFull", "a"): "suppressed",
+                            ("KVCacheNearlyFull", "b"): "active"}
+        assert recorder.webhook_alerts("KVCacheShortageQueueing", "a")
+        assert recorder.webhook_alerts("KVCacheNearlyFull", "a") == []
