@@ -1,17 +1,15 @@
-"""Wires a Config into running parts: targets, the poll scheduler, the collector and the HTTP server,
-and swaps configurations on reload."""
+"""Wires a Config into running parts: targets, the poll scheduler and the HTTP server, and swaps
+configurations on reload."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import replace
 from typing import Callable
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-
-from .collector import ExporterState, KVCacheCollector
+from . import __version__, contract, exposition
 from .config import Config, ConfigError, TargetConfig
 from .fetch import FetchSettings
 from .probe import Prober
@@ -28,11 +26,31 @@ def fetch_settings(config: Config, target: TargetConfig) -> FetchSettings:
                          bearer_token_file=target.bearer_token_file, ca_file=target.ca_file)
 
 
-def render(collector: KVCacheCollector, accept: str | None) -> Response:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    encoder, content_type = choose_encoder(accept)
-    return Response(200, encoder(registry), content_type)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ExporterState:
+    """The exporter's own series: its version and the outcome of configuration reloads."""
+
+    def __init__(self) -> None:
+        self.reload_ok = True
+        self.reload_time = time.time()
+
+    def reload_succeeded(self) -> None:
+        self.reload_ok, self.reload_time = True, time.time()
+
+    def reload_failed(self) -> None:
+        self.reload_ok = False
+
+    def lines(self) -> dict[str, str]:
+        return {
+            contract.BUILD_INFO[0]: exposition.line(contract.PREFIX + contract.BUILD_INFO[0],
+                                                    f'version="{__version__}"', 1.0),
+            contract.RELOAD_OK[0]: exposition.line(contract.PREFIX + contract.RELOAD_OK[0], "",
+                                                   float(self.reload_ok)),
+            contract.RELOAD_TIME[0]: exposition.line(contract.PREFIX + contract.RELOAD_TIME[0], "",
+                                                     self.reload_time),
+        }
 
 
 class Exporter:
@@ -45,9 +63,8 @@ class Exporter:
         self.targets = [self._new_target(t, config) for t in config.targets]
         self.scheduler = Scheduler(self.targets, config.poll_interval)
         self.prober = Prober(lambda: self.config, self._new_target)
-        self.collector = KVCacheCollector(lambda: self.targets, lambda: self.config.staleness, self.state)
         self.server = MetricsServer(config.listen, {
-            ("GET", "/metrics"): lambda request: render(self.collector, request.headers.get("Accept")),
+            ("GET", "/metrics"): self._metrics,
             ("GET", "/probe"): self._probe,
             ("GET", "/healthz"): lambda _: Response(200, b"ok\n"),
             ("GET", "/ready"): self._ready,
@@ -77,11 +94,16 @@ class Exporter:
         ready = self.scheduler.ready.is_set()
         return Response(200 if ready else 503, b"ready\n" if ready else b"first poll cycle not done\n")
 
+    def _metrics(self, _: Request) -> Response:
+        body = exposition.render((t.text for t in self.targets), time.time(), self.config.staleness,
+                                 self.state.lines())
+        return Response(200, body, CONTENT_TYPE)
+
     def _probe(self, request: Request) -> Response:
-        status, outcome = self.prober.probe(request.query, request.headers)
+        status, probed = self.prober.probe(request.query, request.headers)
         if status != 200:
-            return Response(status, outcome.encode() + b"\n")
-        return render(KVCacheCollector(lambda: [outcome], lambda: self.config.staleness), request.headers.get("Accept"))
+            return Response(status, probed.encode() + b"\n")
+        return Response(200, exposition.render([probed.text], time.time(), self.config.staleness), CONTENT_TYPE)
 
     def _reload_route(self, _: Request) -> Response:
         ok, message = self.reload()

@@ -55,7 +55,7 @@ TARGET_FAMILIES = {
     "target_up": ("gauge", "1 if the last poll of the target succeeded and parsed, else 0."),
     "target_scrape_duration_seconds": ("gauge", "Duration of the last poll of the target."),
     "target_last_success_timestamp_seconds": ("gauge", "Unix time of the last successful poll of the target."),
-    "target_scrape_failures": ("counter", "Failed polls of the target by reason (timeout, connect, http_status, "
+    "target_scrape_failures_total": ("counter", "Failed polls of the target by reason (timeout, connect, http_status, "
                                           "too_large, parse, unknown_engine)."),
     "target_info": ("gauge", "1, with the target's URL, detected engine and engine version where known."),
 }

@@ -1,4 +1,4 @@
-"""One configured target: fetch -> parse -> adapt -> derive, and the state the collector reads."""
+"""One target's pipeline: fetch -> parse -> adapt -> derive -> render, and the state it leaves."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from . import adapters, derive, parser
+from . import adapters, derive, exposition, parser
 from .config import TargetConfig
 from .fetch import FetchError, Fetcher, FetchSettings
 from .thresholds import Thresholds
@@ -17,11 +17,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class PollOutcome:
-    """What the collector shows for a target; replaced whole after every poll, never mutated."""
+    """The result of a target's latest poll; replaced whole after every poll, never mutated."""
 
     up: bool = False
     engine: str = ""
     model: str = ""
+    version: str = ""
     duration: float | None = None
     last_success: float | None = None  # unix time
     ranks: dict[str, derive.DerivedRank] = field(default_factory=dict)
@@ -47,8 +48,10 @@ class Target:
         self.config = config
         self.thresholds = thresholds
         self.labels = {**static_labels, **config.labels}
+        self._prefixes = exposition.Prefixes()  # label strings change with the labels
         # KV bytes of one token of the whole model (all TP shards): a pool's tokens span every shard.
         self.bytes_per_token = config.kv_layout.bytes_per_token() if config.kv_layout else None
+        self._render()
 
     @property
     def name(self) -> str:
@@ -68,7 +71,8 @@ class Target:
             now = time.time()
             ranks, self._histories = derive.derive(
                 snapshot, self._histories, now, self.thresholds, self.bytes_per_token)
-            outcome = PollOutcome(True, snapshot.engine, snapshot.model, time.monotonic() - started, now, ranks)
+            outcome = PollOutcome(True, snapshot.engine, snapshot.model, snapshot.version,
+                                  time.monotonic() - started, now, ranks)
             if self._last_reason is not None:
                 log.info("target %s recovered", self.name)
                 self._last_reason = None
@@ -78,7 +82,13 @@ class Target:
             log.exception("target %s: unexpected error while reading its page", self.name)
             outcome = self._failed(previous, "parse", "unexpected error", started)
         self.outcome = outcome
+        self._render()
         return outcome
+
+    def _render(self) -> None:
+        # Rendered here, in the poll worker, so that a scrape of /metrics only joins text.
+        self.text = exposition.render_target(self.name, self.labels, self.config.url, self.outcome, self.failures,
+                                             self._prefixes)
 
     def _read(self, body: bytes):
         try:
@@ -101,8 +111,8 @@ class Target:
         if reason != self._last_reason:  # log a change of state, not every failed poll
             log.warning("target %s: poll failed (%s): %s", self.name, reason, detail)
             self._last_reason = reason
-        # Keep the last good values; the collector hides them once they are older than the staleness period.
-        return PollOutcome(False, previous.engine, previous.model, time.monotonic() - started,
+        # Keep the last good values; the exposition hides them once they are older than the staleness period.
+        return PollOutcome(False, previous.engine, previous.model, previous.version, time.monotonic() - started,
                            previous.last_success, previous.ranks)
 
     def close(self) -> None:

@@ -53,7 +53,8 @@ def test_lint_catches(expr, problem):
 @pytest.mark.parametrize("expr", [
     'sum by (le) (increase(kvcache_queue_time_seconds_bucket{target=~"$target"}[$__rate_interval]))',
     "sum(rate(kvcache_preemptions_total[$__rate_interval] offset 1h)) * 60",
-    "histogram_quantile(0.99, sum by (le, target) (rate(kvcache_inter_token_latency_seconds_bucket[$__rate_interval])))",
+    "histogram_quantile(0.99, sum by (le, target) "
+    "(rate(kvcache_inter_token_latency_seconds_bucket[$__rate_interval])))",
     "time() - max by (target) (kvcache_target_last_success_timestamp_seconds)",
     'count(kvcache_target_up{engine=~"$engine"} == 0) or vector(0)',
     'max(kvcache_usage_ratio{target="a:8000"})',

@@ -39,9 +39,11 @@ def exposition(tmp_path_factory):
                         "labels": {"pool": "chat"},
                         "model_architecture": {"layers": 32, "kv_heads": 8, "head_dim": 128}})
         config = tmp / "exporter.yml"
-        config.write_text(yaml.safe_dump({"poll_interval": "1s", "labels": {"cluster": "test"}, "targets": targets}))
+        config.write_text(yaml.safe_dump({"poll_interval": "2s", "labels": {"cluster": "test"}, "targets": targets}))
         with harness.exporter(tmp, "--config", str(config)) as exporter:
-            harness.wait_until(lambda: harness.http_get(exporter.url + "/ready")[0] == 200, 15, what="ready")
+            # every target answered once (on a busy machine a first poll may time out and be retried)
+            harness.wait_until(lambda: all(v == 1.0 for v in harness.series(
+                harness.scrape(exporter.url), "kvcache_target_up").values()), 30, what="every target up")
             status, text = harness.http_get(exporter.url + "/metrics")
             assert status == 200
             yield text

@@ -1,0 +1,42 @@
+"""KV cache / fleet: every target at once, one line per target; a click on a line opens it."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import dashboard as models
+
+from exporter.thresholds import Thresholds
+
+from dashboards import target, variables
+from dashboards.layout import Row, assemble
+from dashboards.promql import Scope
+from dashboards.signals import exporter_health, kv, latency, prefix_cache, pressure
+from dashboards.view import View
+
+UID = "kvcache-fleet"
+TITLE = "KV cache / fleet"
+FILENAME = "kvcache-fleet.json"
+
+
+def build(thresholds: Thresholds, static_labels: tuple[str, ...]) -> models.Dashboard:
+    labels = (*static_labels, "engine", "model", "target")
+    v = View(Scope(labels), split=("target",), per="per target", legend="{{target}}", thresholds=thresholds,
+             drill_down=(target.drill_down_link(static_labels),))
+    rows = [
+        Row("Overview", ((exporter_health.targets_up(v), kv.usage_now(v), kv.free_tokens_now(v),
+                          pressure.targets_per_state(v), pressure.preemptions_per_minute(v),
+                          prefix_cache.hit_ratio_now(v), pressure.waiting_now(v)),)),
+        Row("KV", ((kv.usage(v), kv.free_tokens(v), kv.free_blocks(v)),
+                   (kv.live_tokens_per_request(v), kv.capacity(v)))),
+        Row("Pressure", ((pressure.states_over_time(v), pressure.waiting(v), pressure.preemption_rate(v)),)),
+        Row("Prefix cache", ((prefix_cache.hit_ratio(v), prefix_cache.hit_vs_queried(v),
+                              prefix_cache.hit_ratio_vs_baseline(v)),)),
+        Row("Latency", ((latency.ttft(v), latency.itl(v), latency.queue_time(v)), (latency.queue_share_of_ttft(v),))),
+        Row("Exporter health", ((exporter_health.target_up_over_time(v), exporter_health.poll_duration(v),
+                                 exporter_health.poll_failures(v)),)),
+    ]
+    return assemble(
+        UID, TITLE,
+        "KV-cache capacity, pressure, prefix cache and latency of every engine the exporter polls. "
+        "Click a target's line to open KV cache / target.",
+        variables.label_filters(labels), rows,
+    )

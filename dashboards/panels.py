@@ -1,0 +1,129 @@
+"""Grafana panels with the house conventions applied once.
+
+Every panel reads the `datasource` variable, has a unit, a description and colour bands;
+a query may carry its own bands (a stat showing several values, each with its own red).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as dashboard_builders
+from grafana_foundation_sdk.builders import heatmap as heatmap_builders
+from grafana_foundation_sdk.builders import prometheus
+from grafana_foundation_sdk.builders import stat as stat_builders
+from grafana_foundation_sdk.builders import statetimeline
+from grafana_foundation_sdk.builders import timeseries as timeseries_builders
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as models
+from grafana_foundation_sdk.models import heatmap as heatmap_models
+from grafana_foundation_sdk.models import prometheus as prometheus_models
+
+from dashboards import bands
+
+DATASOURCE_VARIABLE = "datasource"
+DATASOURCE = common.DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VARIABLE}}}")
+
+# Every description says what the panel shows, then this, then what to do about it.
+RED_ADVICE = "When it is red:"
+
+STAT_HEIGHT = 4
+GRAPH_HEIGHT = 8
+REF_IDS = "ABCDEFGH"
+
+
+def describe(shows: str, when_red: str) -> str:
+    return f"{shows}\n\n{RED_ADVICE} {when_red}"
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+    steps: bands.Steps | None = None  # this query's own colour bands, over the panel's
+
+
+@dataclass(frozen=True)
+class Link:
+    """A data link on a panel's series (the URL may use ${__field.labels.*} and variables)."""
+
+    title: str
+    url: str
+
+
+def _with_basics(panel, title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
+                 links: tuple[Link, ...], query_format: prometheus_models.PromQueryFormat | None = None):
+    if len(queries) > len(REF_IDS):
+        raise ValueError(f"{title}: at most {len(REF_IDS)} queries per panel")
+    panel.title(title).description(description).unit(unit).datasource(DATASOURCE)
+    panel.thresholds(bands.config(steps))
+    for ref_id, query in zip(REF_IDS, queries):
+        target = (prometheus.Dataquery().datasource(DATASOURCE).ref_id(ref_id)
+                  .expr(query.expr).legend_format(query.legend))
+        if query_format is not None:
+            target.format(query_format)
+        panel.with_target(target)
+        if query.steps is not None:
+            own_bands = models.DynamicConfigValue("thresholds", bands.config(query.steps).build())
+            panel.override_by_query(ref_id, [own_bands])
+    if links:
+        panel.data_links([dashboard_builders.DashboardLink(link.title).url(link.url) for link in links])
+    return panel
+
+
+def stat(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
+         mappings: list[models.ValueMapping] | None = None, min_max: tuple[float, float] | None = None):
+    """A current value (the last one in range), coloured by its band."""
+    panel = stat_builders.Panel().height(STAT_HEIGHT)
+    panel.reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    panel.color_mode(common.BigValueColorMode.BACKGROUND).graph_mode(common.BigValueGraphMode.AREA)
+    panel.text_mode(common.BigValueTextMode.VALUE_AND_NAME if len(queries) > 1 else common.BigValueTextMode.AUTO)
+    if mappings:
+        panel.mappings(mappings)
+    if min_max:
+        panel.min(min_max[0]).max(min_max[1])
+    return _with_basics(panel, title, description, unit, queries, steps, links=())
+
+
+def timeseries(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
+               links: tuple[Link, ...] = (), min_max: tuple[float, float] | None = None):
+    """Lines over time; a band with more than one step is drawn as threshold lines."""
+    panel = timeseries_builders.Panel().height(GRAPH_HEIGHT).line_width(1).fill_opacity(10)
+    panel.legend(common_builders.VizLegendOptions().display_mode(common.LegendDisplayMode.TABLE)
+                 .placement(common.LegendPlacement.BOTTOM).show_legend(True).calcs(["lastNotNull", "max"]))
+    panel.tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
+                  .sort(common.SortOrder.DESCENDING))
+    if len(steps) > 1:
+        panel.thresholds_style(common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.LINE))
+    if min_max:
+        panel.min(min_max[0]).max(min_max[1])
+    return _with_basics(panel, title, description, unit, queries, steps, links)
+
+
+def state_timeline(title: str, description: str, query: Query, mappings: list[models.ValueMapping],
+                   links: tuple[Link, ...] = ()):
+    """One lane per series; the value is a code that `mappings` names and colours."""
+    panel = statetimeline.Panel().height(GRAPH_HEIGHT).mappings(mappings).merge_values(True)
+    panel.show_value(common.VisibilityMode.NEVER).fill_opacity(80)
+    panel.color_scheme(dashboard_builders.FieldColor().mode(models.FieldColorModeId.THRESHOLDS))
+    return _with_basics(panel, title, description, "none", [query], bands.neutral(), links)
+
+
+def heatmap(title: str, description: str, unit: str, query: Query):
+    """Pre-bucketed histogram data: one column per interval, one cell per bucket."""
+    panel = heatmap_builders.Panel().height(GRAPH_HEIGHT).calculate(False)
+    panel.y_axis(heatmap_builders.YAxisConfig().unit(unit))
+    panel.cell_values(heatmap_builders.CellValues().unit("count:requests"))
+    panel.color(heatmap_builders.HeatmapColorOptions().mode(heatmap_models.HeatmapColorMode.SCHEME).scheme("Oranges")
+                .scale(heatmap_models.HeatmapColorScale.EXPONENTIAL).exponent(0.5).steps(64))
+    return _with_basics(panel, title, description, unit, [query], bands.neutral(), (),
+                        query_format=prometheus_models.PromQueryFormat.HEATMAP)
+
+
+def value_names(names: dict[int, tuple[str, str]]) -> list[models.ValueMapping]:
+    """Value mapping from codes to (text, colour)."""
+    return [models.ValueMap({
+        str(code): models.ValueMappingResult(text=text, color=color, index=index)
+        for index, (code, (text, color)) in enumerate(names.items())
+    })]

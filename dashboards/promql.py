@@ -1,0 +1,118 @@
+"""PromQL over the kvcache_* contract, written once for both dashboards.
+
+The rules the lint test checks are made here, so a panel cannot get them wrong by hand:
+counters appear only inside rate()/increase() over $__rate_interval, a ratio is a quotient
+of sums with a guarded denominator (never an average of per-target ratios, never lifetime
+counters), and a quantile is taken over `sum by (le, ...)` of bucket rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RATE_INTERVAL = "$__rate_interval"
+
+# Series the exporter keeps about itself and its polls carry `target`, `engine` and the
+# static labels, but no `model` or `dp_rank` (see the contract's "The exporter itself").
+EXPORTER_SERIES_PREFIX = "kvcache_target_"
+PER_TARGET_ONLY_LABELS = frozenset({"model", "dp_rank"})
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The labels a dashboard's variables filter on; each variable is named after its label."""
+
+    labels: tuple[str, ...]
+
+    def selector(self, metric: str, **fixed: str) -> str:
+        """`metric{label=~"$label", ..., fixed="value"}` for the labels this metric carries."""
+        labels = self.labels
+        if metric.startswith(EXPORTER_SERIES_PREFIX):
+            labels = tuple(label for label in labels if label not in PER_TARGET_ONLY_LABELS)
+        matchers = [f'{label}=~"${label}"' for label in labels]
+        matchers += [f'{label}="{value}"' for label, value in fixed.items()]
+        return f"{metric}{{{', '.join(matchers)}}}" if matchers else metric
+
+
+def _by(labels: tuple[str, ...]) -> str:
+    return f" by ({', '.join(labels)})" if labels else ""
+
+
+def total(scope: Scope, metric: str, by: tuple[str, ...] = (), **fixed: str) -> str:
+    """Sum of a gauge over the selection, kept apart by `by`."""
+    return f"sum{_by(by)} ({scope.selector(metric, **fixed)})"
+
+
+def highest(scope: Scope, metric: str, by: tuple[str, ...] = ()) -> str:
+    """Largest value of a gauge, for values every series repeats rather than adds (durations, timestamps)."""
+    return f"max{_by(by)} ({scope.selector(metric)})"
+
+
+def windowed(scope: Scope, counter: str, offset: str = "") -> str:
+    """The counter's per-second rate over Grafana's rate interval (optionally `offset` back in time)."""
+    shift = f" offset {offset}" if offset else ""
+    return f"rate({scope.selector(counter)}[{RATE_INTERVAL}]{shift})"
+
+
+def rate(scope: Scope, counter: str, by: tuple[str, ...] = (), offset: str = "") -> str:
+    """Per-second rate of a counter, summed over the selection and kept apart by `by`."""
+    return f"sum{_by(by)} ({windowed(scope, counter, offset)})"
+
+
+def ratio(numerator: str, denominator: str) -> str:
+    """numerator / denominator, with no result (rather than NaN or Inf) where the denominator is 0."""
+    return f"{numerator} / ({denominator} > 0)"
+
+
+def scaled(expr: str, factor: float) -> str:
+    return f"{expr} * {factor:g}"
+
+
+def rate_ratio(scope: Scope, part: str, whole: str, by: tuple[str, ...] = (), offset: str = "") -> str:
+    """Windowed share of one counter in another: sum(rate(part)) / sum(rate(whole))."""
+    return ratio(rate(scope, part, by, offset), rate(scope, whole, by, offset))
+
+
+def gauge_ratio(scope: Scope, part: str, whole: str, by: tuple[str, ...] = ()) -> str:
+    """sum(part) / sum(whole): the correct aggregate of a ratio of gauges across pools."""
+    return ratio(total(scope, part, by), total(scope, whole, by))
+
+
+def quantile(q: float, scope: Scope, histogram: str, by: tuple[str, ...] = ()) -> str:
+    """q-quantile of a contract histogram over the window, buckets summed across the selection."""
+    return f"histogram_quantile({q:g}, {bucket_rate(scope, histogram, by)})"
+
+
+def bucket_rate(scope: Scope, histogram: str, by: tuple[str, ...] = ()) -> str:
+    return f"sum by ({', '.join(('le', *by))}) ({windowed(scope, histogram + '_bucket')})"
+
+
+def bucket_increase(scope: Scope, histogram: str) -> str:
+    """Observations per bucket and interval, the input of a heatmap of pre-bucketed data."""
+    return f"sum by (le) (increase({scope.selector(histogram + '_bucket')}[{RATE_INTERVAL}]))"
+
+
+def at_least(expr: str, floor: float) -> str:
+    return f"({expr}) >= {floor:g}"
+
+
+def only_where(expr: str, condition: str, on: tuple[str, ...]) -> str:
+    """`expr` kept only for the label sets (on `on`) where `condition` has a result."""
+    return f"({expr}) and on ({', '.join(on)}) ({condition})"
+
+
+def rank_of_states(scope: Scope, metric: str, states: tuple[str, ...], by: tuple[str, ...]) -> str:
+    """Index in `states` of the current state (the one series at 1), worst over the rest of the labels.
+
+    The state-set gauge has one series per state at 1 or 0; multiplying each by its index and
+    taking the max leaves the index of the worst state any pool in the group is in.
+    """
+    ranked = " or ".join(
+        f"{scope.selector(metric, state=state)} * {index}" for index, state in enumerate(states)
+    )
+    return f"max{_by(by)} ({ranked})"
+
+
+def count_in_state(scope: Scope, metric: str, state: str, per: tuple[str, ...]) -> str:
+    """How many `per` groups (e.g. targets) have at least one pool in `state`; 0 when none."""
+    return f"sum (max{_by(per)} ({scope.selector(metric, state=state)}))"

@@ -1,0 +1,82 @@
+"""Prefix cache: the windowed hit ratio, the traffic behind it, and its drop against a baseline."""
+
+from __future__ import annotations
+
+from dashboards import bands, promql
+from dashboards.panels import Query, describe, stat, timeseries
+from dashboards.view import RATIO, TOKENS_PER_SECOND, View, percent
+
+HIT = "kvcache_prefix_cache_hit_tokens_total"
+
+QUERIED = "kvcache_prefix_cache_queried_tokens_total"
+
+
+def hit_ratio_now(v: View):
+    return stat(
+        "Prefix-cache hit ratio",
+        describe(
+            "Share of looked-up prompt tokens served from the prefix cache over the rate interval: "
+            "sum(rate(hit tokens)) / sum(rate(queried tokens)). Never a ratio of lifetime counters.",
+            "this stat has no absolute red: a good ratio depends on the workload. Hit ratio vs baseline "
+            "turns red when the ratio falls below its own baseline, the condition of KVCachePrefixHitRateDrop.",
+        ),
+        RATIO,
+        [Query(promql.rate_ratio(v.scope, "kvcache_prefix_cache_hit_tokens_total",
+                                 "kvcache_prefix_cache_queried_tokens_total"), "hit ratio")],
+        bands.neutral(),
+        min_max=(0, 1),
+    )
+
+
+def hit_ratio(v: View):
+    return timeseries(
+        f"Prefix-cache hit ratio {v.per}",
+        describe(
+            f"Windowed share of looked-up prompt tokens served from the prefix cache, {v.per}: "
+            "sum(rate(hit)) / sum(rate(queried)); no value without lookups.",
+            "no absolute red (it depends on the workload); see Hit ratio vs baseline. A drop with KV usage high "
+            "means live requests evict the cache.",
+        ),
+        RATIO,
+        [Query(promql.rate_ratio(v.scope, HIT, QUERIED, v.split), v.line())],
+        bands.neutral(),
+        v.drill_down,
+        min_max=(0, 1),
+    )
+
+
+def hit_vs_queried(v: View):
+    return timeseries(
+        "Prefix-cache hit vs queried tokens",
+        describe(
+            "Prompt tokens looked up in the prefix cache per second, and the part served from it, over the "
+            "whole selection.",
+            "no red band: it gives the hit ratio its weight. A ratio drop on tiny traffic here is noise.",
+        ),
+        TOKENS_PER_SECOND,
+        [Query(promql.rate(v.scope, QUERIED), "queried"), Query(promql.rate(v.scope, HIT), "hit")],
+        bands.neutral(),
+    )
+
+
+def hit_ratio_vs_baseline(v: View):
+    t = v.thresholds
+    offset = t.prefix_hit_baseline_offset
+    now = promql.rate_ratio(v.scope, HIT, QUERIED, v.split)
+    before = promql.rate_ratio(v.scope, HIT, QUERIED, v.split, offset=offset)
+    busy = promql.at_least(promql.rate(v.scope, QUERIED, v.split), t.traffic_floor_prefix_tokens_per_second)
+    return timeseries(
+        "Hit ratio vs baseline",
+        describe(
+            f"Prefix-cache hit ratio now as a fraction of the same ratio {offset} earlier, {v.per}, shown while "
+            f"it looks up at least {t.traffic_floor_prefix_tokens_per_second:g} prompt tokens/s (the "
+            "alert's traffic floor). Needs that much history.",
+            f"below {percent(t.prefix_hit_drop_fraction)} the cache serves much less than it did "
+            "(KVCachePrefixHitRateDrop): KV pressure evicting it, a prompt template or routing change, or a "
+            "restart that emptied it. Compare with KV usage and Evictable tokens.",
+        ),
+        RATIO,
+        [Query(promql.only_where(promql.ratio(now, before), busy, v.split), v.line())],
+        bands.hit_ratio_vs_baseline(t),
+        v.drill_down,
+    )

@@ -1,0 +1,53 @@
+"""KV cache / target: one target in detail, one line per data-parallel rank."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import dashboard as models
+
+from exporter.thresholds import Thresholds
+
+from dashboards import variables
+from dashboards.layout import Row, assemble
+from dashboards.panels import DATASOURCE_VARIABLE, Link
+from dashboards.promql import Scope
+from dashboards.signals import exporter_health, kv, latency, memory, prefix_cache, pressure
+from dashboards.view import View
+
+UID = "kvcache-target"
+TITLE = "KV cache / target"
+FILENAME = "kvcache-target.json"
+
+
+def drill_down_link(static_labels: tuple[str, ...]) -> Link:
+    """A data link that opens this dashboard on the series' target, keeping data source, filters and time."""
+    params = [f"${{{name}:queryparam}}" for name in (DATASOURCE_VARIABLE, *static_labels)]
+    params += ["var-target=${__field.labels.target}", "${__url_time_range}"]
+    return Link("Open ${__field.labels.target} in " + TITLE, f"/d/{UID}/kvcache-target?{'&'.join(params)}")
+
+
+def build(thresholds: Thresholds, static_labels: tuple[str, ...]) -> models.Dashboard:
+    labels = (*static_labels, "target")
+    v = View(Scope(labels), split=("target", "dp_rank"), per="per rank", legend="{{target}} dp{{dp_rank}}",
+             thresholds=thresholds)
+    rows = [
+        Row("Overview", ((exporter_health.targets_up(v), pressure.state_now(v), kv.usage_now(v),
+                          kv.free_tokens_now(v), pressure.preemptions_per_minute(v),
+                          prefix_cache.hit_ratio_now(v), pressure.waiting_now(v)),)),
+        Row("KV", ((kv.usage(v), kv.free_tokens(v), kv.free_blocks(v)),
+                   (kv.evictable_tokens(v), kv.live_tokens_per_request(v), kv.capacity(v)))),
+        Row("Pressure", ((pressure.states_over_time(v), pressure.running(v)),
+                         (pressure.waiting(v), pressure.preemption_rate(v)))),
+        Row("Prefix cache", ((prefix_cache.hit_ratio(v), prefix_cache.hit_vs_queried(v),
+                              prefix_cache.hit_ratio_vs_baseline(v)),)),
+        Row("Latency", ((latency.ttft(v), latency.itl(v), latency.queue_time(v)),
+                        (latency.ttft_heatmap(v), latency.queue_time_heatmap(v), latency.queue_share_of_ttft(v)))),
+        Row("KV memory", ((memory.bytes_per_token(v), memory.kv_bytes(v)),)),
+        Row("Exporter health", ((exporter_health.target_up_over_time(v), exporter_health.poll_duration(v),
+                                 exporter_health.poll_failures(v), exporter_health.since_last_good_poll(v)),)),
+    ]
+    return assemble(
+        UID, TITLE,
+        "One target's KV cache in detail: each data-parallel rank's pool, latency distributions, KV memory "
+        "and the exporter's polls of it. Reached from KV cache / fleet.",
+        variables.label_filters(labels, single=frozenset({"target"})), rows,
+    )

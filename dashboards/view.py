@@ -1,0 +1,53 @@
+"""What a dashboard looks at (`View`) and the units its panels use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.thresholds import Thresholds
+
+from dashboards.panels import Link
+from dashboards.promql import Scope
+
+# Units. Grafana's `count:<what>` prints a scaled count followed by <what>.
+RATIO = "percentunit"
+SECONDS = "s"
+BYTES = "bytes"
+TOKENS = "count:tokens"
+BLOCKS = "count:blocks"
+REQUESTS = "count:requests"
+TARGETS = "count:targets"
+TOKENS_PER_SECOND = "count:tokens/s"
+PREEMPTIONS_PER_SECOND = "count:preemptions/s"
+PREEMPTIONS_PER_MINUTE = "count:preemptions/min"
+FAILURES_PER_SECOND = "count:failures/s"
+
+# Exporter-health series exist once per target, whatever the view splits the pools by.
+PER_TARGET = ("target",)
+
+
+@dataclass(frozen=True)
+class View:
+    """What a dashboard looks at and how it splits it.
+
+    The fleet dashboard looks at many targets and keeps one line per target; the target
+    dashboard looks at one and keeps one line per data-parallel rank. Everything else about a
+    panel (query, unit, bands, the advice for when it is red) is the same signal.
+    """
+
+    scope: Scope
+    split: tuple[str, ...]  # labels that keep one line apart from another
+    per: str  # what one line is, for titles: "per target", "per rank"
+    legend: str  # legend of one such line
+    thresholds: Thresholds
+    drill_down: tuple[Link, ...] = ()  # data links on lines that carry a `target` label
+
+    def selector(self, metric: str, **fixed: str) -> str:
+        return self.scope.selector(metric, **fixed)
+
+    def line(self, what: str = "") -> str:
+        return f"{self.legend} {what}".strip()
+
+
+def percent(value: float) -> str:
+    return f"{value:.0%}"

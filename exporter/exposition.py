@@ -1,0 +1,162 @@
+"""Renders the kvcache_* contract as Prometheus text format 0.0.4.
+
+Each target's lines are rendered once, after its poll (in the poll worker), grouped by family;
+a scrape of /metrics then only concatenates them family by family. At 2,000 targets that keeps
+a scrape to a join of strings, where building prometheus_client Metric objects for every sample
+at every scrape takes seconds (bench/render.py measures both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from prometheus_client.utils import floatToGoString
+
+from . import contract
+from .derive import PRESSURE_STATES
+
+P = contract.PREFIX
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # the name in HELP and TYPE lines
+    kind: str
+    help: str
+
+    @property
+    def header(self) -> str:
+        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} {self.kind}\n"
+
+
+def _families() -> dict[str, Family]:
+    """Every family in the order they are exposed, keyed by the name without the prefix."""
+    families = {name: Family(P + name, "gauge", help_text) for name, help_text in (
+        contract.BUILD_INFO, contract.RELOAD_OK, contract.RELOAD_TIME)}
+    for name, (kind, help_text) in contract.TARGET_FAMILIES.items():
+        families[name] = Family(P + name, kind, help_text)
+    families.update({name: Family(P + name, "gauge", text) for name, text in contract.RANK_GAUGES.items()})
+    families.update({name: Family(P + name, "counter", text) for name, text in contract.COUNTERS.items()})
+    families.update({name: Family(P + name, "histogram", text) for name, text in contract.HISTOGRAMS.items()})
+    families[contract.PRESSURE_STATE[0]] = Family(P + contract.PRESSURE_STATE[0], "gauge", contract.PRESSURE_STATE[1])
+    return families
+
+
+FAMILIES = _families()
+
+
+def label_text(labels: dict[str, str]) -> str:
+    """`a="1",b="2"` with the text format's escapes."""
+    return ",".join(f'{name}="{_escape(value)}"' for name, value in labels.items())
+
+
+def _escape(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
+
+
+def number(value: float) -> str:
+    """A sample value as the text format writes it (repr is exact and short; Go spells the specials)."""
+    if value != value:
+        return "NaN"
+    if value in (_INF, -_INF):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+_INF = float("inf")
+
+
+def line(name: str, labels: str, value: float) -> str:
+    if not labels:
+        return f"{name} {number(value)}\n"
+    return f"{name}{{{labels}}} {number(value)}\n"
+
+
+class Prefixes(dict):
+    """`name{labels} ` strings of one target, built once and reused at every poll: only values change."""
+
+    def __missing__(self, key: tuple) -> str:
+        name, labels, extra = key
+        self[key] = prefix = f"{name}{{{labels}{extra}}} "
+        return prefix
+
+
+@dataclass(frozen=True)
+class TargetText:
+    """One target's lines by family: `status` always shows, `series` only while fresh."""
+
+    status: dict[str, str] = field(default_factory=dict)
+    series: dict[str, str] = field(default_factory=dict)
+    last_success: float | None = None
+
+
+def render_target(name: str, labels: dict[str, str], url: str, outcome, failures: dict[str, int],
+                  prefixes: Prefixes) -> TargetText:
+    """The lines of one target from its latest poll outcome (exporter.target.PollOutcome); `prefixes` is
+    the target's cache, to be replaced when its name or labels change."""
+    base = label_text({"target": name, "engine": outcome.engine, **labels})
+    status = {
+        "target_up": line(P + "target_up", base, 1.0 if outcome.up else 0.0),
+        "target_scrape_failures_total": "".join(
+            line(P + "target_scrape_failures_total", f'{base},reason="{reason}"', float(count))
+            for reason, count in failures.items()),
+        "target_info": line(P + "target_info", f'{base},url="{_escape(url)}",version="{_escape(outcome.version)}"',
+                            1.0),
+    }
+    if outcome.duration is not None:
+        status["target_scrape_duration_seconds"] = line(P + "target_scrape_duration_seconds", base, outcome.duration)
+    if outcome.last_success is not None:
+        status["target_last_success_timestamp_seconds"] = line(
+            P + "target_last_success_timestamp_seconds", base, outcome.last_success)
+    series: dict[str, list[str]] = {}
+    for rank_name, rank in outcome.ranks.items():
+        rank_labels = label_text({"target": name, "engine": outcome.engine, "model": outcome.model,
+                                  "dp_rank": rank_name, **labels})
+        for gauge, value in rank.gauges.items():
+            series.setdefault(gauge, []).append(prefixes[P + gauge, rank_labels, ""] + number(value) + "\n")
+        for counter, value in rank.values.counters.items():
+            series.setdefault(counter, []).append(prefixes[P + counter, rank_labels, ""] + number(value) + "\n")
+        for histogram_name, histogram in rank.values.histograms.items():
+            lines = series.setdefault(histogram_name, [])
+            bucket = P + histogram_name + "_bucket"
+            lines.extend(prefixes[bucket, rank_labels, _le(bound)] + number(count) + "\n"
+                         for bound, count in histogram.buckets)
+            lines.append(prefixes[P + histogram_name + "_count", rank_labels, ""] + number(histogram.count) + "\n")
+            lines.append(prefixes[P + histogram_name + "_sum", rank_labels, ""] + number(histogram.sum) + "\n")
+        if rank.pressure is not None:
+            series.setdefault(contract.PRESSURE_STATE[0], []).extend(
+                prefixes[P + "pressure_state", rank_labels, f',state="{state}"']
+                + ("1.0\n" if state == rank.pressure else "0.0\n")
+                for state in PRESSURE_STATES)
+    return TargetText(status, {family: "".join(lines) for family, lines in series.items()}, outcome.last_success)
+
+
+_LE: dict[float, str] = {}
+
+
+def _le(bound: float) -> str:
+    """The `le` label of a bucket, in Go's spelling like every other exporter's (cached: buckets repeat)."""
+    text = _LE.get(bound)
+    if text is None:
+        text = _LE[bound] = f',le="{floatToGoString(bound)}"'
+    return text
+
+
+def render(targets: Iterable[TargetText], now: float, staleness: float,
+           exporter_lines: dict[str, str] | None = None) -> bytes:
+    """The exposition of these targets; values older than `staleness` seconds are left out, never frozen."""
+    shown = [(t, t.last_success is not None and now - t.last_success <= staleness) for t in targets]
+    parts: list[str] = []
+    for key, family in FAMILIES.items():
+        chunks = [exporter_lines[key]] if exporter_lines and key in exporter_lines else []
+        for target, fresh in shown:
+            chunk = target.status.get(key) or (target.series.get(key) if fresh else None)
+            if chunk:
+                chunks.append(chunk)
+        if chunks:
+            parts.append(family.header)
+            parts.extend(chunks)
+    return "".join(parts).encode()
