@@ -23,7 +23,9 @@ log = logging.getLogger(__name__)
 
 def fetch_settings(config: Config, target: TargetConfig) -> FetchSettings:
     return FetchSettings(timeout=config.timeout, max_bytes=config.max_response_bytes,
-                         bearer_token_file=target.bearer_token_file, ca_file=target.ca_file)
+                         bearer_token_file=target.bearer_token_file, basic_auth_username=target.basic_auth_username,
+                         basic_auth_password_file=target.basic_auth_password_file, ca_file=target.ca_file,
+                         verify_tls=not target.tls_insecure_skip_verify)
 
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

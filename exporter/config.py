@@ -42,7 +42,10 @@ class TargetConfig:
     engine: str = "auto"
     labels: dict[str, str] = field(default_factory=dict)
     bearer_token_file: str | None = None
+    basic_auth_username: str | None = None
+    basic_auth_password_file: str | None = None
     ca_file: str | None = None
+    tls_insecure_skip_verify: bool = False
     kv_layout: KVLayout | None = None  # from `model_architecture:`; enables the *_bytes series
 
 
@@ -168,14 +171,40 @@ def _thresholds(source: str, value: Any) -> Thresholds:
     return Thresholds.from_mapping(reader.mapping)
 
 
-_TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "ca_file", "model_architecture"}
+_TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_auth", "ca_file",
+                "tls_insecure_skip_verify", "model_architecture"}
+
 _TOP_KEYS = {"poll_interval", "timeout", "staleness", "max_response_bytes", "labels", "pressure", "targets", "listen",
              "log_level"}
 
 
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {value!r}")
+    return value
+
+
+def _basic_auth(source: str, section: Any, key: str) -> tuple[str | None, str | None]:
+    if section is None:
+        return None, None
+    reader = _Reader(source, section, key)
+    if "password" in reader.mapping:
+        raise ConfigError(source, reader.key("password"), "secrets are not written in the configuration: "
+                                                          "put the password in a file and set password_file")
+    reader.reject_unknown({"username", "password_file"})
+    username, password_file = reader.get("username", _string), reader.get("password_file", _string)
+    if username is None or password_file is None:
+        raise ConfigError(source, key, "needs both username and password_file")
+    return username, password_file
+
+
 def _target(source: str, item: Any, path: str) -> TargetConfig:
     reader = _Reader(source, item, path)
+    if isinstance(item, dict) and "bearer_token" in item:
+        raise ConfigError(source, reader.key("bearer_token"), "secrets are not written in the configuration: "
+                                                              "put the token in a file and set bearer_token_file")
     reader.reject_unknown(_TARGET_KEYS)
+    username, password_file = _basic_auth(source, reader.mapping.get("basic_auth"), reader.key("basic_auth"))
     url = reader.get("url", _check_url)
     if url is None:
         raise ConfigError(source, reader.key("url"), "is required")
@@ -185,7 +214,10 @@ def _target(source: str, item: Any, path: str) -> TargetConfig:
         engine=reader.get("engine", _engine, "auto"),
         labels=reader.get("labels", _labels, {}),
         bearer_token_file=reader.get("bearer_token_file", _string),
+        basic_auth_username=username,
+        basic_auth_password_file=password_file,
         ca_file=reader.get("ca_file", _string),
+        tls_insecure_skip_verify=reader.get("tls_insecure_skip_verify", _boolean, False),
         kv_layout=_kv_layout(source, reader.mapping.get("model_architecture"), reader.key("model_architecture")),
     )
 

@@ -8,6 +8,7 @@ the same page (bench/http_client.py).
 
 from __future__ import annotations
 
+import base64
 import http.client
 import os
 import socket
@@ -38,6 +39,8 @@ class FetchSettings:
     timeout: float
     max_bytes: int
     bearer_token_file: str | None = None
+    basic_auth_username: str | None = None
+    basic_auth_password_file: str | None = None
     ca_file: str | None = None
     verify_tls: bool = True
 
@@ -69,6 +72,7 @@ class Fetcher:
         self._host, self._port = parts.hostname, parts.port
         self._tls = _tls_context(settings) if parts.scheme == "https" else None
         self._token = SecretFile(settings.bearer_token_file) if settings.bearer_token_file else None
+        self._password = SecretFile(settings.basic_auth_password_file) if settings.basic_auth_password_file else None
         self._connection: http.client.HTTPConnection | None = None
 
     def close(self) -> None:
@@ -79,11 +83,14 @@ class Fetcher:
     def fetch(self) -> bytes:
         deadline = time.monotonic() + self.settings.timeout
         headers = {"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": "kvcache-exporter"}
-        if self._token is not None:
-            try:
+        try:
+            if self._token is not None:
                 headers["Authorization"] = "Bearer " + self._token.read()
-            except OSError as err:
-                raise FetchError("connect", f"bearer token file: {err.strerror}") from None
+            elif self._password is not None:
+                pair = f"{self.settings.basic_auth_username}:{self._password.read()}".encode()
+                headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        except OSError as err:
+            raise FetchError("connect", f"credentials file {err.filename}: {err.strerror}") from None
         url = self.url
         for _ in range(MAX_REDIRECTS + 1):
             response = self._get(url, headers, deadline)
