@@ -36,8 +36,10 @@ _LABEL_SET = re.compile(f"(?:{_PAIR},)*(?:{_PAIR})?\\s*")
 # After the name: optional label set, value, optional timestamp, optional exemplar, optional CR.
 # Possessive quantifiers: a line that does not match fails at once instead of backtracking.
 _WELL_FORMED = (
-    r'(?:\{((?:[^"}\n]++|"(?:[^"\\\n]++|\\.)*+")*+)\})?[ \t]++([^ \t\r\n]++)'
-    r'(?:[ \t]++[^ \t\r\n#]++)?[ \t]*+(?:#[^\r\n]*+)?\r?(?=\n|\Z)'
+    # label set, "unrolled" (runs of plain characters between quoted values) so the regex engine
+    # moves through it in runs, not character by character
+    r'(?:\{([^"}\n]*+(?:"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"[^"}\n]*+)*+)\})?'
+    r'[ \t]++([^ \t\r\n]++)(?:[ \t]++[^ \t\r\n#]++)?[ \t]*+(?:#[^\r\n]*+)?\r?(?=\n|\Z)'
 )
 _LEADING_BLANKS = re.compile(r"\n[ \t]+")
 _ESCAPES = re.compile(r"\\(.)")
@@ -113,8 +115,14 @@ def parse(text: str, names: frozenset[str]) -> dict[str, list[Sample]]:
             number = float(value)
         except ValueError:
             raise ParseError(f"bad sample value {value!r}") from None
-        found.setdefault(name, []).append(Sample(name, label_text, number))
+        samples = found.get(name)
+        if samples is None:
+            samples = found[name] = []
+        samples.append(_new_sample(Sample, (name, label_text, number)))
     return found
+
+
+_new_sample = tuple.__new__  # Sample(...) without the Python-level __new__ of a NamedTuple: the hot loop
 
 
 def has_samples(text: str) -> bool:
