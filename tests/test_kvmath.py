@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -569,3 +571,24 @@ def test_cli_help_exits_0(capsys):
     code, out, _ = run(capsys, "--help")
     assert code == 0
     assert "--capacity-tokens" in out and "--config-json" in out
+
+
+def test_cli_reads_a_live_targets_capacity():
+    """`--target`: the capacity a running engine reports (vllm-v1 fixture: 29126 blocks x 16 tokens)."""
+    from tests.pageserver import PageServer, page
+
+    fixture = Path(__file__).parent / "fixtures" / "vllm-v1.txt"
+    with PageServer({"/metrics": page(fixture.read_text())}) as server:
+        args = [sys.executable, "-m", "exporter", "kv-math", "--layers", "32", "--kv-heads", "8", "--head-dim",
+                "128", "--seq-len", "8192", "--json"]
+        result = subprocess.run(args + ["--target", server.url("/metrics")], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+        answer = json.loads(result.stdout)
+        assert answer["capacity_tokens"] == 466016
+        assert answer["sequences_in_capacity"] == 466016 // 8192 == 56
+        failed = subprocess.run(args + ["--target", server.url("/missing")], capture_output=True, text=True,
+                                timeout=60)
+        assert failed.returncode == 1
+        assert failed.stderr.strip().endswith("poll failed (http_status)")
+        assert failed.stderr.count("\n") == 1
