@@ -35,3 +35,15 @@ def test_re_exported_spelling_reads_the_same(page, colon, underscore):
     _, renamed = adapt(text.replace(colon, underscore))
     assert renamed == original
     assert len(original.ranks["0"].gauges) >= 5 and len(original.ranks["0"].histograms) >= 3
+
+
+def test_every_adapter_concept_is_a_snapshot_concept_with_a_contract_family():
+    from exporter import contract, snapshot
+
+    kinds = {"gauge": snapshot.GAUGES, "counter": snapshot.COUNTERS, "histogram": snapshot.HISTOGRAMS}
+    families = {**contract.RANK_GAUGES, **contract.COUNTERS, **contract.HISTOGRAMS}
+    for adapter in adapters.ADAPTERS.values():
+        for series in adapter.series:
+            assert series.concept in kinds[series.kind], (adapter.engine, series.concept)
+            # every concept but the raw used-token input (exposed after derivation) has its own family
+            assert series.concept in families or series.concept == "used_tokens", series.concept
