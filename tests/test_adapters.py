@@ -45,5 +45,4 @@ def test_every_adapter_concept_is_a_snapshot_concept_with_a_contract_family():
     for adapter in adapters.ADAPTERS.values():
         for series in adapter.series:
             assert series.concept in kinds[series.kind], (adapter.engine, series.concept)
-            # every concept but the raw used-token input (exposed after derivation) has its own family
-            assert series.concept in families or series.concept == "used_tokens", series.concept
+            assert series.concept in families, series.concept
