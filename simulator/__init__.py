@@ -1,0 +1,5 @@
+"""A simulated vLLM / SGLang server: a KV-cache model behind an engine-shaped /metrics endpoint."""
+
+from .server import SimulatedEngine, start_engine
+
+__all__ = ["SimulatedEngine", "start_engine"]

@@ -1,0 +1,100 @@
+"""kvcache-sim: serve a simulated vLLM or SGLang /metrics endpoint.
+
+    kvcache-sim --flavor vllm-v1|vllm-v0|sglang --scenario NAME|FILE.yml [--listen HOST:PORT]
+                [--speed X] [--seed N] [--model NAME] [--tp N] [--dp N] [--log-level LEVEL]
+
+Prints `kvcache-sim <flavor> serving http://HOST:PORT/metrics` once listening, runs until
+SIGTERM or SIGINT. A bad argument or scenario file: one line on stderr, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from typing import NoReturn
+
+from .exposition import FLAVORS
+from .scenarios import BUILTIN_SCENARIOS, ScenarioError
+from .server import start_engine
+
+PROG = "kvcache-sim"
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: error: {message}\n")
+
+
+def _listen_address(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value!r}")
+    return number
+
+
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog=PROG, description="Serve a simulated vLLM or SGLang /metrics endpoint.")
+    parser.add_argument("--flavor", required=True, choices=list(FLAVORS), help="engine and version imitated")
+    parser.add_argument("--scenario", default="steady",
+                        help=f"built-in ({', '.join(BUILTIN_SCENARIOS)}) or a YAML scenario file")
+    parser.add_argument("--listen", type=_listen_address, metavar="HOST:PORT",
+                        help="default 127.0.0.1:8000 (vllm) or 127.0.0.1:30000 (sglang); port 0 picks a free one")
+    parser.add_argument("--speed", type=_positive_float, default=1.0,
+                        help="simulated seconds per wall second (default 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", help="served model name (the model_name label)")
+    parser.add_argument("--tp", type=_positive_int, default=1,
+                        help="tensor-parallel ranks (SGLang repeats its scheduler gauges per rank)")
+    parser.add_argument("--dp", type=_positive_int, default=1, help="data-parallel ranks, each with its own KV pool")
+    parser.add_argument("--log-level", default="WARNING",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], type=str.upper)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host, port = args.listen or ("127.0.0.1", FLAVORS[args.flavor].default_port)
+    try:
+        engine = start_engine(args.flavor, args.scenario, host=host, port=port, speed=args.speed,
+                              seed=args.seed, model=args.model, tp=args.tp, dp=args.dp)
+    except (ScenarioError, ValueError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{PROG}: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    print(f"{PROG} {args.flavor} serving {engine.url}", flush=True)
+    try:
+        stop.wait()
+    finally:
+        engine.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

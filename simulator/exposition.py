@@ -1,0 +1,371 @@
+"""Render simulated engine state in the exact /metrics shape of the engine imitated.
+
+One custom prometheus_client Collector per flavor reads the latest published `EngineState`, so
+`_created`, sample order and label sets can differ per flavor inside one process:
+
+- `vllm-v1`: vLLM >= 0.11 (a 2026 build: with `num_requests_waiting_by_reason`), one API
+  server, single-process client: `_created` on every counter and histogram child, labels
+  `engine` (the DP index) and `model_name`, histogram samples buckets, `_count`, `_sum`.
+  `num_preemptions_total` counts a preemption when the request is scheduled again; queue time
+  is observed when a request finishes. `python_*` families as in any single-process client
+  (`process_*` left out: it would not follow simulated restarts).
+- `vllm-v0`: the legacy names (`gpu_cache_usage_perc`, `gpu_prefix_cache_*`,
+  `time_per_output_token_seconds`), `model_name` only, no `_created` (V0 disabled it), TTFT
+  buckets up to 10 s, `cache_config_info` as an Info without `engine`. Prefix counters are in
+  tokens (builds before vLLM #18003 counted blocks). No data parallelism.
+- `sglang`: SGLang 0.5.19-era, multiprocess client: no `_created`, HELP "Multiprocess metric",
+  histogram `_sum` before its buckets and `_count` last, children in a different order on every
+  scrape. Scheduler gauges carry `engine_type, model_name, moe_ep_rank, pp_rank, tp_rank`
+  (+ `dp_rank` with dp > 1) and refresh as SGLang's do (prefill batches, every 40 decode steps,
+  30 s idle); every TP rank repeats them (`--enable-metrics-for-all-schedulers`), and the
+  per-rank counters and `queue_time_seconds` too. Tokenizer-side metrics carry
+  `engine_type, model_name` (+ `is_streaming="true"` on TTFT, e2e and the token counters),
+  are summed over DP ranks and appear on first use, like `num_retracted_requests_total`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+from prometheus_client.core import InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from .model import HistogramBuckets, Histogram, ModelSnapshot, Reporting
+
+VLLM_REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                                40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                     5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                    7.5, 10.0, 20.0, 40.0, 80.0)
+VLLM_ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+VLLM_V1_BUCKETS = HistogramBuckets(
+    ttft=VLLM_TTFT_BUCKETS, itl=VLLM_ITL_BUCKETS, e2e=VLLM_REQUEST_LATENCY_BUCKETS,
+    queue=VLLM_REQUEST_LATENCY_BUCKETS, iteration_tokens=VLLM_ITERATION_TOKEN_BUCKETS)
+# Before vLLM #15202 the TTFT buckets stopped at 10 s.
+VLLM_V0_BUCKETS = HistogramBuckets(
+    ttft=VLLM_TTFT_BUCKETS[:VLLM_TTFT_BUCKETS.index(10.0) + 1], itl=VLLM_ITL_BUCKETS,
+    e2e=VLLM_REQUEST_LATENCY_BUCKETS, queue=VLLM_REQUEST_LATENCY_BUCKETS,
+    iteration_tokens=VLLM_ITERATION_TOKEN_BUCKETS)
+SGLANG_BUCKETS = HistogramBuckets(
+    ttft=(0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400),
+    itl=(0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
+         0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000),
+    e2e=(0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200,
+         1800, 2400),
+    queue=(0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100, 200,
+           300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000),
+)
+
+SGLANG_DECODE_LOG_INTERVAL = 40
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """What a scrape renders: one model snapshot per DP rank, plus serving facts."""
+
+    model_name: str
+    tp: int
+    created_unix: float  # wall-clock start of the current engine generation
+    ranks: tuple[ModelSnapshot, ...]
+
+
+StateSource = Callable[[], EngineState]
+Series = list[tuple[dict[str, str], float]]
+Scheduler = tuple[dict[str, str], ModelSnapshot, int]  # (labels, DP rank's snapshot, scheduler pid)
+
+
+# -- sample builders shared by the flavors ------------------------------------------------------
+
+def gauge(name: str, doc: str, series: Series) -> Metric:
+    family = Metric(name, doc, "gauge")
+    for labels, value in series:
+        family.add_sample(name, labels, value)
+    return family
+
+
+def counter(name: str, doc: str, series: Series, created: float | None = None) -> Metric:
+    """`name` is the wire name with `_total`; the family is named without it, as the client does."""
+    base = name.removesuffix("_total")
+    family = Metric(base, doc, "counter")
+    for labels, value in series:
+        family.add_sample(base + "_total", labels, value)
+        if created is not None:
+            family.add_sample(base + "_created", labels, created)
+    return family
+
+
+def histogram(name: str, doc: str, series: list[tuple[dict[str, str], Histogram]],
+              created: float | None = None, multiprocess: bool = False) -> Metric:
+    """Single-process order: buckets, _count, _sum[, _created]; multiprocess: _sum, buckets, _count."""
+    family = Metric(name, doc, "histogram")
+    for labels, hist in series:
+        if multiprocess:
+            family.add_sample(name + "_sum", labels, hist.sum)
+        for bound, cumulative in hist.cumulative():
+            family.add_sample(name + "_bucket", {**labels, "le": floatToGoString(bound)}, cumulative)
+        family.add_sample(name + "_count", labels, hist.count)
+        if not multiprocess:
+            family.add_sample(name + "_sum", labels, hist.sum)
+        if created is not None:
+            family.add_sample(name + "_created", labels, created)
+    return family
+
+
+# -- vLLM ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class VllmDialect:
+    usage: str
+    prefix_cache: str  # name prefix of the prefix-cache counters
+    itl: str
+    engine_label: bool
+    created: bool
+    waiting_by_reason: bool
+    cache_config_as_info: bool
+    extra_cache_config: dict[str, str]  # CacheConfig fields of that era beyond the common ones
+
+
+VLLM_V1 = VllmDialect(usage="vllm:kv_cache_usage_perc", prefix_cache="vllm:prefix_cache_",
+                      itl="vllm:inter_token_latency_seconds", engine_label=True, created=True,
+                      waiting_by_reason=True, cache_config_as_info=False,
+                      extra_cache_config={"num_cpu_blocks": "None", "prefix_caching_hash_algo": "sha256"})
+VLLM_V0 = VllmDialect(usage="vllm:gpu_cache_usage_perc", prefix_cache="vllm:gpu_prefix_cache_",
+                      itl="vllm:time_per_output_token_seconds", engine_label=False, created=False,
+                      waiting_by_reason=False, cache_config_as_info=True,
+                      extra_cache_config={"cpu_offload_gb": "0", "is_attention_free": "False",
+                                          "num_cpu_blocks": "2048", "swap_space_bytes": "4294967296"})
+
+
+class VllmCollector(Collector):
+    def __init__(self, source: StateSource, dialect: VllmDialect):
+        self.source = source
+        self.dialect = dialect
+
+    def collect(self) -> Iterator[Metric]:
+        state, d = self.source(), self.dialect
+        created = state.created_unix if d.created else None
+        ranks = [(self._labels(state, index), snap) for index, snap in enumerate(state.ranks)]
+
+        def each(value: Callable[[ModelSnapshot], float]) -> Series:
+            return [(labels, float(value(snap))) for labels, snap in ranks]
+
+        def hist(name: str, doc: str, key: str) -> Metric:
+            return histogram(name, doc, [(labels, snap.histograms[key]) for labels, snap in ranks], created)
+
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                    each(lambda s: s.report.running))
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                    each(lambda s: s.report.waiting))
+        if d.waiting_by_reason:
+            # The simulator defers nothing: every waiting request waits for capacity.
+            yield gauge("vllm:num_requests_waiting_by_reason", "Number of requests waiting, by reason.",
+                        [({**labels, "reason": reason}, float(snap.report.waiting if reason == "capacity" else 0))
+                         for labels, snap in ranks for reason in ("capacity", "deferred")])
+        yield gauge(d.usage, "KV-cache usage. 1 means 100 percent usage.",
+                    each(lambda s: s.report.used_blocks / s.config.num_blocks))
+        yield counter(d.prefix_cache + "queries_total",
+                      "Prefix cache queries, in terms of number of queried tokens.",
+                      each(lambda s: s.counters.prefix_queried_tokens), created)
+        yield counter(d.prefix_cache + "hits_total", "Prefix cache hits, in terms of number of cached tokens.",
+                      each(lambda s: s.counters.prefix_hit_tokens), created)
+        yield counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
+                      each(lambda s: s.counters.preemptions_rescheduled), created)
+        yield counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
+                      each(lambda s: s.counters.prompt_tokens), created)
+        yield counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
+                      each(lambda s: s.counters.generation_tokens), created)
+        yield counter("vllm:request_success_total", "Count of successfully processed requests.",
+                      [({**labels, "finished_reason": reason},
+                        float(snap.counters.finished_requests if reason == "stop" else 0))
+                       for labels, snap in ranks for reason in ("stop", "length", "abort")], created)
+        yield hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                   "iteration_tokens")
+        yield hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft")
+        yield hist(d.itl, "Histogram of inter-token latency in seconds.", "itl")
+        yield hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e")
+        yield hist("vllm:request_queue_time_seconds",
+                   "Histogram of time spent in WAITING phase for request.", "queue")
+        yield self._cache_config(state)
+
+    def _labels(self, state: EngineState, index: int) -> dict[str, str]:
+        labels = {"model_name": state.model_name}
+        if self.dialect.engine_label:
+            labels["engine"] = str(index)
+        return labels
+
+    def _cache_config(self, state: EngineState) -> Metric:
+        doc = "Information of the LLMEngine CacheConfig"
+        infos = []
+        for index, snap in enumerate(state.ranks):
+            config = snap.config
+            info = {
+                "block_size": str(config.block_size),
+                "cache_dtype": "auto",
+                "enable_prefix_caching": str(config.enable_prefix_caching),
+                "gpu_memory_utilization": "0.9",
+                # vLLM counts the null block, which no request can use.
+                "num_gpu_blocks": str(config.num_blocks + 1),
+                "num_gpu_blocks_override": "None",
+                "sliding_window": "None",
+                **self.dialect.extra_cache_config,
+            }
+            if self.dialect.engine_label:
+                info["engine"] = str(index)
+            infos.append(info)
+        if self.dialect.cache_config_as_info:
+            family = InfoMetricFamily("vllm:cache_config", doc)
+            for info in infos:
+                family.add_metric([], info)
+            return family
+        return gauge("vllm:cache_config_info", doc, [(info, 1.0) for info in infos])
+
+
+# -- SGLang -------------------------------------------------------------------------------------
+
+# The multiprocess collector replaces every HELP text with this.
+MP = "Multiprocess metric"
+
+
+class SglangCollector(Collector):
+    def __init__(self, source: StateSource, seed: int = 0):
+        self.source = source
+        self._order_rng = random.Random(seed)
+        self._order_lock = threading.Lock()
+        # Scheduler processes have their own pids; `num_retracted_reqs` shows them.
+        self._pid_base = os.getpid() + 1
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.source()
+        schedulers = list(self._schedulers(state))
+        for family in (*self._scheduler_families(schedulers), *self._tokenizer_families(state)):
+            yield self._reorder(family)
+
+    def _schedulers(self, state: EngineState) -> Iterator[Scheduler]:
+        """Every scheduler that reports: each TP rank of each DP rank."""
+        for dp_rank, snap in enumerate(state.ranks):
+            for tp_rank in range(state.tp):
+                labels = {"engine_type": "unified", "model_name": state.model_name,
+                          "moe_ep_rank": "0", "pp_rank": "0", "tp_rank": str(tp_rank)}
+                if len(state.ranks) > 1:
+                    labels["dp_rank"] = str(dp_rank)
+                yield labels, snap, self._pid_base + dp_rank * state.tp + tp_rank
+
+    def _scheduler_families(self, schedulers: list[Scheduler]) -> Iterable[Metric]:
+        def each(value: Callable[[ModelSnapshot], float]) -> Series:
+            return [(labels, float(value(snap))) for labels, snap, _ in schedulers]
+
+        def tokens(blocks: Callable[[ModelSnapshot], int]) -> Callable[[ModelSnapshot], float]:
+            return lambda s: blocks(s) * s.config.block_size
+
+        yield gauge("sglang:num_running_reqs", MP, each(lambda s: s.report.running))
+        yield gauge("sglang:num_queue_reqs", MP, each(lambda s: s.report.waiting))
+        yield gauge("sglang:num_used_tokens", MP, each(tokens(lambda s: s.report.used_blocks)))
+        yield gauge("sglang:token_usage", MP,
+                    each(lambda s: round(s.report.used_blocks / s.config.num_blocks, 2)))
+        yield gauge("sglang:kv_used_tokens", MP, each(tokens(lambda s: s.report.used_blocks)))
+        yield gauge("sglang:kv_available_tokens", MP, each(tokens(lambda s: s.report.free_blocks)))
+        yield gauge("sglang:kv_evictable_tokens", MP, each(tokens(lambda s: s.report.evictable_blocks)))
+        yield gauge("sglang:max_total_num_tokens", MP, each(lambda s: s.config.capacity_tokens))
+        yield gauge("sglang:page_size", MP, each(lambda s: s.config.block_size))
+        yield gauge("sglang:num_pages", MP, each(lambda s: s.config.num_blocks))
+        yield gauge("sglang:cache_hit_rate", MP, each(lambda s: s.report.prefill_hit_ratio))
+        yield gauge("sglang:gen_throughput", MP, each(lambda s: s.report.generation_throughput))
+        yield gauge("sglang:utilization", MP, each(lambda s: 0.0))
+        yield gauge("sglang:fwd_occupancy", MP, each(lambda s: math.nan))
+        # A gauge left in multiprocess mode "all": one series per scheduler pid.
+        yield gauge("sglang:num_retracted_reqs", MP,
+                    [({**labels, "pid": str(pid)}, float(snap.report.preemptions_since_last))
+                     for labels, snap, pid in schedulers])
+        retracted = [(labels, snap, pid) for labels, snap, pid in schedulers if snap.counters.preemptions]
+        if retracted:
+            for name, value in (
+                ("sglang:num_retracted_requests_total", lambda s: s.counters.preemptions),
+                ("sglang:num_retracted_input_tokens_total", lambda s: s.counters.retracted_input_tokens),
+                ("sglang:num_retracted_output_tokens_total", lambda s: s.counters.retracted_output_tokens),
+            ):
+                yield counter(name, MP, [(labels, float(value(snap))) for labels, snap, _ in retracted])
+        yield counter("sglang:realtime_tokens_total", MP, [
+            ({**labels, "mode": mode}, float(getattr(snap.counters, field)))
+            for labels, snap, _ in schedulers
+            for mode, field in (("prefill_compute", "prefill_compute_tokens"),
+                                ("prefill_cache", "prefill_cache_tokens"), ("decode", "decode_tokens"))])
+        queued = [(labels, snap.histograms["queue"]) for labels, snap, _ in schedulers
+                  if snap.histograms["queue"].count]
+        if queued:
+            yield histogram("sglang:queue_time_seconds", MP, queued, multiprocess=True)
+
+    def _tokenizer_families(self, state: EngineState) -> Iterable[Metric]:
+        labels = {"engine_type": "unified", "model_name": state.model_name}
+        streaming = {**labels, "is_streaming": "true"}
+
+        def total(field: str) -> float:
+            return float(sum(getattr(s.counters, field) for s in state.ranks))
+
+        if total("finished_requests"):
+            yield counter("sglang:prompt_tokens_total", MP, [(streaming, total("finished_prompt_tokens"))])
+            yield counter("sglang:generation_tokens_total", MP,
+                          [(streaming, total("finished_generation_tokens"))])
+        if total("finished_cached_tokens"):
+            yield counter("sglang:cached_tokens_total", MP,
+                          [({**labels, "cache_source": "device"}, total("finished_cached_tokens"))])
+        for name, key, key_labels in (
+            ("sglang:time_to_first_token_seconds", "ttft", streaming),
+            ("sglang:inter_token_latency_seconds", "itl", labels),
+            ("sglang:e2e_request_latency_seconds", "e2e", streaming),
+        ):
+            merged = Histogram.merged([s.histograms[key] for s in state.ranks])
+            if merged.count:
+                yield histogram(name, MP, [(key_labels, merged)], multiprocess=True)
+
+    def _reorder(self, family: Metric) -> Metric:
+        """Shuffle whole children (a histogram child's samples stay together), as multiprocess files do."""
+        children: dict[tuple, list] = {}
+        for sample in family.samples:
+            key = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
+            children.setdefault(key, []).append(sample)
+        groups = list(children.values())
+        with self._order_lock:
+            self._order_rng.shuffle(groups)
+        family.samples = [sample for group in groups for sample in group]
+        return family
+
+
+# -- flavors ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Flavor:
+    name: str
+    reporting: Reporting
+    default_port: int
+    default_model: str
+    max_dp: int | None
+    make_collector: Callable[[StateSource, int], Collector]  # (state source, seed)
+    python_collectors: bool  # single-process clients also show python_* families
+
+
+FLAVORS: dict[str, Flavor] = {
+    "vllm-v1": Flavor(
+        name="vllm-v1",
+        reporting=Reporting(buckets=VLLM_V1_BUCKETS, queue_time_at_finish=True),
+        default_port=8000, default_model="meta-llama/Llama-3.1-8B-Instruct", max_dp=None,
+        make_collector=lambda source, seed: VllmCollector(source, VLLM_V1), python_collectors=True),
+    "vllm-v0": Flavor(
+        name="vllm-v0",
+        reporting=Reporting(buckets=VLLM_V0_BUCKETS, queue_time_at_finish=True),
+        default_port=8000, default_model="meta-llama/Llama-3.1-8B-Instruct", max_dp=1,
+        make_collector=lambda source, seed: VllmCollector(source, VLLM_V0), python_collectors=True),
+    "sglang": Flavor(
+        name="sglang",
+        reporting=Reporting(buckets=SGLANG_BUCKETS, queue_time_at_finish=False,
+                            report_every_decode_steps=SGLANG_DECODE_LOG_INTERVAL),
+        default_port=30000, default_model="meta-llama/Llama-3.1-8B-Instruct", max_dp=None,
+        make_collector=lambda source, seed: SglangCollector(source, seed), python_collectors=False),
+}

@@ -1,0 +1,560 @@
+"""A discrete-time model of one continuous-batching LLM server with a paged KV pool.
+
+Pure and deterministic: no threads, no I/O, no wall clock, no randomness. `EngineModel` is a
+function of the requests submitted to it (`workload.ArrivalProcess` draws those, seeded).
+
+- KV pool (`BlockPool`): `num_blocks` blocks of `block_size` tokens. A block is free, held by
+  running requests (ref-counted when shared), or cached-evictable: its content is kept for
+  prefix reuse but nobody holds it, so it counts as free and is evicted least-recently-used
+  first, as in vLLM and SGLang.
+- Prefix cache: full blocks get a content key. Blocks that lie wholly inside one of the shared
+  prefixes get the same key in every request, so a later request reuses them; other blocks are
+  keyed per request (a preempted request can find its own blocks again).
+- Scheduler (vLLM V1-like, FCFS): each step first gives every running request its next chunk
+  (prefill chunks or one decode token) within the token budget `max_num_batched_tokens`; a
+  running request that needs a block while the pool (free + evictable) is empty preempts the
+  most recently admitted request (freeing all its blocks; it recomputes later from the front
+  of the queue). Only in a step without preemption does the head of the waiting queue get
+  admitted, and only when the running cap `max_num_seqs` allows and all blocks of its prompt fit
+  next to a reserve for the output still to come: `reserve_ratio` x the remaining output tokens
+  of the running requests and the candidate. Like SGLang's `new_token_ratio`, the scheduler
+  grows bolder under pressure: the ratio starts at `reserve_ratio_init`, falls to
+  `reserve_ratio_min` over `reserve_decay_steps` steps in which the queue head waits for KV, and
+  returns to `reserve_ratio_init` once the queue is empty. So a filling pool first queues
+  requests, and preemptions follow once the reserve has worn thin.
+  (`reserve_ratio_init: 0` gives vLLM V1's reserve-free admission.)
+- Time: a step lasts `step_base_s + step_per_token_s * tokens_in_step`; TTFT, ITL, queue time and
+  end-to-end latency are read off this simulated clock.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, replace
+from typing import Hashable
+
+BlockKey = Hashable
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_blocks: int = 1024  # usable KV blocks (vLLM reports one more: the null block)
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    enable_prefix_caching: bool = True
+    step_base_s: float = 0.02
+    step_per_token_s: float = 0.00005
+    reserve_ratio_init: float = 0.5
+    reserve_ratio_min: float = 0.05
+    reserve_decay_steps: int = 3000
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def effective_max_model_len(self) -> int:
+        # A sequence longer than the pool could never finish, so no request may exceed it.
+        return min(self.max_model_len, self.capacity_tokens)
+
+
+@dataclass(frozen=True)
+class HistogramBuckets:
+    ttft: tuple[float, ...]
+    itl: tuple[float, ...]
+    e2e: tuple[float, ...]
+    queue: tuple[float, ...]
+    iteration_tokens: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """How an engine reports: histogram buckets and when gauges and queue time are recorded."""
+
+    buckets: HistogramBuckets
+    queue_time_at_finish: bool  # vLLM observes queue time when a request finishes; SGLang at first scheduling
+    report_every_decode_steps: int = 1  # gauges refresh on prefill steps and every N decode steps
+    report_idle_s: float = 30.0  # ... and after this long idle
+
+
+class Histogram:
+    """Cumulative-on-read histogram with fixed upper bounds (+Inf implied)."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, cumulative count) pairs, ending with (inf, count)."""
+        out, running = [], 0
+        for bound, n in zip((*self.bounds, math.inf), self.counts):
+            running += n
+            out.append((bound, running))
+        return out
+
+    def copy(self) -> "Histogram":
+        other = Histogram(self.bounds)
+        other.counts = list(self.counts)
+        other.sum, other.count = self.sum, self.count
+        return other
+
+    @staticmethod
+    def merged(histograms: list["Histogram"]) -> "Histogram":
+        """The sum of histograms with the same bounds (at least one)."""
+        total = histograms[0].copy()
+        for other in histograms[1:]:
+            total.counts = [a + b for a, b in zip(total.counts, other.counts)]
+            total.sum += other.sum
+            total.count += other.count
+        return total
+
+
+@dataclass
+class Counters:
+    preemptions: int = 0  # when they happen (SGLang counts retractions so)
+    preemptions_rescheduled: int = 0  # when the preempted request is scheduled again (vLLM counts so)
+    retracted_input_tokens: int = 0
+    retracted_output_tokens: int = 0
+    prefix_queried_tokens: int = 0  # prompt tokens looked up at first admission
+    prefix_hit_tokens: int = 0
+    prompt_tokens: int = 0  # when the prefill completes
+    generation_tokens: int = 0
+    finished_requests: int = 0
+    # Per finished request (SGLang's tokenizer counters).
+    finished_prompt_tokens: int = 0
+    finished_generation_tokens: int = 0
+    finished_cached_tokens: int = 0
+    # Tokens processed per step by kind (SGLang's realtime_tokens_total).
+    prefill_compute_tokens: int = 0
+    prefill_cache_tokens: int = 0
+    decode_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class GaugeReport:
+    """Scheduler gauges as last reported."""
+
+    running: int
+    waiting: int
+    used_blocks: int
+    evictable_blocks: int
+    free_blocks: int
+    waiting_reason: str | None
+    prefill_hit_ratio: float  # hit share of the last prefill batch; 0 on decode-only reports
+    generation_throughput: float  # tokens/s since the previous report
+    preemptions_since_last: int
+
+
+class Request:
+    __slots__ = (
+        "id", "arrival", "prompt_len", "output_len", "prefix_id", "prefix_len",
+        "generated", "computed", "blocks", "hit_tokens", "first_scheduled", "last_token_time",
+        "preempted_unreported",
+    )
+
+    def __init__(self, rid: int, arrival: float, prompt_len: int, output_len: int,
+                 prefix_id: int | None = None, prefix_len: int = 0):
+        self.id = rid
+        self.arrival = arrival
+        self.prompt_len = prompt_len
+        self.output_len = output_len
+        self.prefix_id = prefix_id
+        self.prefix_len = prefix_len if prefix_id is not None else 0
+        self.generated = 0
+        self.computed = 0  # tokens whose KV is in the pool
+        self.blocks: list[BlockKey | None] = []  # None: held but without a content key
+        self.hit_tokens = 0
+        self.first_scheduled: float | None = None
+        self.last_token_time = 0.0
+        self.preempted_unreported = False
+
+    @property
+    def target(self) -> int:
+        """Tokens whose KV must be computed before the next token comes out."""
+        return self.prompt_len + self.generated
+
+    def block_key(self, index: int, block_size: int) -> BlockKey:
+        if (index + 1) * block_size <= self.prefix_len:
+            return ("prefix", self.prefix_id, index)
+        return (self.id, index)
+
+
+class BlockPool:
+    """Paged KV pool: used (held) + evictable + free == capacity at all times."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.free = capacity
+        self.anonymous = 0  # held blocks without a content key (partial, or duplicate content)
+        self.held: dict[BlockKey, int] = {}  # keyed held block -> reference count
+        self.evictable: OrderedDict[BlockKey, None] = OrderedDict()  # least recently used first
+
+    @property
+    def used(self) -> int:
+        return self.anonymous + len(self.held)
+
+    @property
+    def available(self) -> int:
+        return self.free + len(self.evictable)
+
+    def is_cached(self, key: BlockKey) -> bool:
+        return key in self.held or key in self.evictable
+
+    def acquire_cached(self, key: BlockKey) -> None:
+        if key in self.evictable:
+            del self.evictable[key]
+            self.held[key] = 1
+        else:
+            self.held[key] += 1
+
+    def allocate(self) -> bool:
+        """Take an empty block, evicting the least recently used cached one if needed."""
+        if self.free:
+            self.free -= 1
+        elif self.evictable:
+            self.evictable.popitem(last=False)
+        else:
+            return False
+        self.anonymous += 1
+        return True
+
+    def seal(self, key: BlockKey) -> bool:
+        """Give a freshly filled anonymous block its content key, unless that content is already cached."""
+        if self.is_cached(key):
+            return False
+        self.anonymous -= 1
+        self.held[key] = 1
+        return True
+
+    def release(self, key: BlockKey | None) -> None:
+        if key is None:
+            self.anonymous -= 1
+            self.free += 1
+            return
+        refs = self.held[key] - 1
+        if refs:
+            self.held[key] = refs
+        else:
+            del self.held[key]
+            self.evictable[key] = None
+
+
+@dataclass
+class StepEvents:
+    """What one scheduler step did, for observers such as the invariant tests."""
+
+    available_at_preemption: list[int] = field(default_factory=list)
+    admitted: list[int] = field(default_factory=list)
+    readmitted: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ModelSnapshot:
+    config: EngineConfig
+    started_at: float
+    now: float
+    report: GaugeReport
+    counters: Counters
+    histograms: dict[str, Histogram]
+
+
+class EngineModel:
+    def __init__(self, config: EngineConfig, reporting: Reporting, start_time: float = 0.0):
+        self.config = config
+        self.reporting = reporting
+        self.started_at = start_time
+        self.now = start_time
+        self.pool = BlockPool(config.num_blocks)
+        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()
+        self.waiting_reason: str | None = None
+        self.reserve_ratio = config.reserve_ratio_init
+        self._inbox: deque[Request] = deque()
+        self.counters = Counters()
+        buckets = reporting.buckets
+        self.histograms = {
+            "ttft": Histogram(buckets.ttft),
+            "itl": Histogram(buckets.itl),
+            "e2e": Histogram(buckets.e2e),
+            "queue": Histogram(buckets.queue),
+            "iteration_tokens": Histogram(buckets.iteration_tokens),
+        }
+        self._decode_steps_since_report = 0
+        self._tokens_since_report = 0
+        self._preemptions_at_report = 0
+        self._report_time = start_time
+        self.report = self._make_report(prefill_hit_ratio=0.0)
+
+    # -- driving ---------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        """Queue a request that arrives at `request.arrival` (submit in arrival order)."""
+        self._inbox.append(request)
+
+    def advance_to(self, t: float, on_step=None) -> None:
+        """Run steps until the clock reaches `t` (the last step may end after it)."""
+        while self.now < t:
+            events = self.step(until=t)
+            if on_step is not None and events is not None:
+                on_step(self, events)
+
+    def step(self, until: float = math.inf) -> StepEvents | None:
+        """One scheduler iteration, or an idle jump (to the next arrival or `until`) returning None."""
+        while self._inbox and self._inbox[0].arrival <= self.now:
+            self.waiting.append(self._inbox.popleft())
+        if not self.running and not self.waiting:
+            self._idle(min(self._inbox[0].arrival if self._inbox else until, until))
+            return None
+
+        events = StepEvents()
+        budget = self.config.max_num_batched_tokens
+        batch: list[tuple[Request, int]] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            chunk = min(request.target - request.computed, budget)
+            if not self._reserve_blocks(request, request.computed + chunk, events):
+                break  # it was the last running request and preempted itself
+            batch.append((request, chunk))
+            budget -= chunk
+            index += 1
+        if events.available_at_preemption:
+            # As vLLM: a step that had to preempt schedules nothing new.
+            self.waiting_reason = "kv" if self.waiting else None
+        else:
+            self.waiting_reason = self._admit(batch, budget, events)
+        self._update_reserve_ratio()
+        self._execute(batch, events)
+        return events
+
+    def _idle(self, until: float) -> None:
+        refresh_at = self._report_time + self.reporting.report_idle_s
+        if refresh_at <= until:
+            self.now = max(self.now, refresh_at)
+            self.report = self._make_report(prefill_hit_ratio=0.0)
+        else:
+            self.now = max(self.now, until)
+
+    # -- scheduling ------------------------------------------------------------------------
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.config.block_size)
+
+    def _reserve_blocks(self, request: Request, tokens: int, events: StepEvents) -> bool:
+        """Make `request` hold blocks for `tokens` tokens, preempting from the back if the pool is empty."""
+        missing = self._blocks_for(tokens) - len(request.blocks)
+        while missing > 0:
+            if self.pool.allocate():
+                request.blocks.append(None)
+                missing -= 1
+                continue
+            victim = self.running.pop()
+            self._preempt(victim, events)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request, events: StepEvents) -> None:
+        events.available_at_preemption.append(self.pool.available)
+        counters = self.counters
+        counters.preemptions += 1
+        counters.retracted_input_tokens += request.prompt_len
+        counters.retracted_output_tokens += request.generated
+        self._release_all(request)
+        request.computed = 0
+        request.preempted_unreported = True
+        self.waiting.appendleft(request)
+
+    def _release_all(self, request: Request) -> None:
+        # Tail blocks first, so that they are evicted before the request's (shareable) head.
+        for key in reversed(request.blocks):
+            self.pool.release(key)
+        request.blocks = []
+
+    def _cached_head(self, request: Request) -> list[BlockKey]:
+        """Keys of the leading blocks already cached; at least one token is always left to compute."""
+        if not self.config.enable_prefix_caching:
+            return []
+        size = self.config.block_size
+        keys = []
+        for index in range((request.target - 1) // size):
+            key = request.block_key(index, size)
+            if not self.pool.is_cached(key):
+                break
+            keys.append(key)
+        return keys
+
+    def _update_reserve_ratio(self) -> None:
+        config = self.config
+        if not self.waiting:
+            self.reserve_ratio = config.reserve_ratio_init
+        elif self.waiting_reason == "kv":
+            step = (config.reserve_ratio_init - config.reserve_ratio_min) / config.reserve_decay_steps
+            self.reserve_ratio = max(config.reserve_ratio_min, self.reserve_ratio - step)
+
+    def _admit(self, batch: list[tuple[Request, int]], budget: int, events: StepEvents) -> str | None:
+        """Admit from the head of the queue (FCFS); return why the head still waits, if it does."""
+        pool, config = self.pool, self.config
+        if not self.waiting:
+            return None
+        output_to_come = sum(r.output_len - r.generated for r in self.running)
+        while self.waiting:
+            if budget <= 0:
+                return "budget"
+            if len(self.running) >= config.max_num_seqs:
+                return "cap"
+            request = self.waiting[0]
+            hits = self._cached_head(request)
+            missing = self._blocks_for(request.target) - len(hits)
+            hits_now_evictable = sum(1 for key in hits if key in pool.evictable)
+            output_to_come += request.output_len - request.generated
+            reserve = self._blocks_for(math.ceil(self.reserve_ratio * output_to_come)) if self.running else 0
+            if missing + reserve > pool.available - hits_now_evictable:
+                return "kv"
+            self.waiting.popleft()
+            for key in hits:
+                pool.acquire_cached(key)
+            for _ in range(missing):
+                pool.allocate()
+            request.blocks = hits + [None] * missing
+            hit_tokens = len(hits) * config.block_size
+            request.computed = hit_tokens
+            self.counters.prefill_cache_tokens += hit_tokens
+            if request.first_scheduled is None:
+                self._first_admission(request, hit_tokens)
+                events.admitted.append(request.id)
+            else:
+                if request.preempted_unreported:
+                    self.counters.preemptions_rescheduled += 1
+                    request.preempted_unreported = False
+                events.readmitted.append(request.id)
+            self.running.append(request)
+            chunk = min(request.target - request.computed, budget)
+            batch.append((request, chunk))
+            budget -= chunk
+        return None
+
+    def _first_admission(self, request: Request, hit_tokens: int) -> None:
+        request.first_scheduled = self.now
+        request.hit_tokens = hit_tokens
+        if self.config.enable_prefix_caching:
+            self.counters.prefix_queried_tokens += request.prompt_len
+            self.counters.prefix_hit_tokens += hit_tokens
+        if not self.reporting.queue_time_at_finish:
+            self.histograms["queue"].observe(self.now - request.arrival)
+
+    # -- execution -------------------------------------------------------------------------
+
+    def _execute(self, batch: list[tuple[Request, int]], events: StepEvents) -> None:
+        config, counters = self.config, self.counters
+        tokens = sum(chunk for _, chunk in batch)
+        end = self.now + config.step_base_s + config.step_per_token_s * tokens
+        prefill_tokens = 0
+        prefill_hits = 0
+        finished = False
+        for request, chunk in batch:
+            before = request.computed
+            request.computed = before + chunk
+            if config.enable_prefix_caching:
+                self._seal_full_blocks(request, before)
+            if request.generated and request.target - before == 1:
+                counters.decode_tokens += 1
+            else:
+                prefill_tokens += chunk
+                if before == request.hit_tokens and request.generated == 0:
+                    prefill_hits += before
+            if request.computed == request.target:
+                finished |= self._emit_token(request, end, events)
+        counters.prefill_compute_tokens += prefill_tokens
+        if finished:
+            self.running = [r for r in self.running if r.generated < r.output_len]
+        self.histograms["iteration_tokens"].observe(tokens)
+        self.now = end
+        self._after_step(prefill_tokens, prefill_hits)
+
+    def _seal_full_blocks(self, request: Request, computed_before: int) -> None:
+        size = self.config.block_size
+        for index in range(computed_before // size, request.computed // size):
+            if request.blocks[index] is None:
+                key = request.block_key(index, size)
+                if self.pool.seal(key):
+                    request.blocks[index] = key
+
+    def _emit_token(self, request: Request, now: float, events: StepEvents) -> bool:
+        """Record one output token of `request` at `now`; return True if the request finished."""
+        counters, histograms = self.counters, self.histograms
+        request.generated += 1
+        counters.generation_tokens += 1
+        self._tokens_since_report += 1
+        if request.generated == 1:
+            histograms["ttft"].observe(now - request.arrival)
+            counters.prompt_tokens += request.prompt_len
+        else:
+            histograms["itl"].observe(now - request.last_token_time)
+        request.last_token_time = now
+        if request.generated < request.output_len:
+            return False
+        self._release_all(request)
+        histograms["e2e"].observe(now - request.arrival)
+        if self.reporting.queue_time_at_finish:
+            histograms["queue"].observe(request.first_scheduled - request.arrival)
+        counters.finished_requests += 1
+        counters.finished_prompt_tokens += request.prompt_len
+        counters.finished_generation_tokens += request.generated
+        counters.finished_cached_tokens += request.hit_tokens
+        events.finished.append(request.id)
+        return True
+
+    # -- reporting -------------------------------------------------------------------------
+
+    def _after_step(self, prefill_tokens: int, prefill_hits: int) -> None:
+        if prefill_tokens:
+            total = prefill_tokens + prefill_hits
+            self.report = self._make_report(prefill_hit_ratio=prefill_hits / total)
+            return
+        self._decode_steps_since_report += 1
+        if self._decode_steps_since_report >= self.reporting.report_every_decode_steps:
+            self.report = self._make_report(prefill_hit_ratio=0.0)
+
+    def _make_report(self, prefill_hit_ratio: float) -> GaugeReport:
+        elapsed = self.now - self._report_time
+        report = GaugeReport(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            used_blocks=self.pool.used,
+            evictable_blocks=len(self.pool.evictable),
+            free_blocks=self.pool.free,
+            waiting_reason=self.waiting_reason,
+            prefill_hit_ratio=prefill_hit_ratio,
+            generation_throughput=self._tokens_since_report / elapsed if elapsed > 0 else 0.0,
+            preemptions_since_last=self.counters.preemptions - self._preemptions_at_report,
+        )
+        self._decode_steps_since_report = 0
+        self._tokens_since_report = 0
+        self._preemptions_at_report = self.counters.preemptions
+        self._report_time = self.now
+        return report
+
+    def snapshot(self) -> ModelSnapshot:
+        return ModelSnapshot(
+            config=self.config,
+            started_at=self.started_at,
+            now=self.now,
+            report=self.report,
+            counters=replace(self.counters),
+            histograms={name: h.copy() for name, h in self.histograms.items()},
+        )

@@ -1,0 +1,178 @@
+"""Run a simulated engine in real time x speed and serve its /metrics over HTTP.
+
+The model advances in a background thread and publishes an immutable `EngineState` after each
+tick; scrapes (each in its own thread) render the latest published state, so a scrape never
+blocks the model and the model never blocks a scrape. Several engines may run in one process.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
+
+from .exposition import FLAVORS, EngineState, Flavor
+from .scenarios import Scenario, ScenarioRun, load_scenario, override_engine
+
+logger = logging.getLogger(__name__)
+
+TICK_S = 0.05  # wall seconds between model advances
+MAX_WORK_PER_TICK_S = 0.25  # a model that falls behind still publishes this often
+
+
+class SimulatedEngine:
+    """A running simulated engine. Use `start_engine` to make one; stop it with `.stop()` or `with`."""
+
+    def __init__(self, flavor: Flavor, scenario: Scenario, *, host: str, port: int, speed: float,
+                 seed: int, model_name: str, tp: int, dp: int):
+        self.flavor = flavor.name
+        self.scenario = scenario
+        self.speed = speed
+        self.seed = seed
+        self.model_name = model_name
+        self.tp = tp
+        self._run = ScenarioRun(scenario, flavor.reporting, seed=seed, dp=dp)
+        self._started_monotonic = time.monotonic()
+        self._started_unix = time.time()
+        self._state = self._build_state()
+        self._stopping = threading.Event()
+
+        self.registry = CollectorRegistry()
+        if flavor.python_collectors:
+            GCCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
+        self.registry.register(flavor.make_collector(self.state, seed))
+
+        self._http = ThreadingHTTPServer((host, port), _handler_for(self.registry))
+        self._http.daemon_threads = True
+        self.host, self.port = self._http.server_address[:2]
+        self.url = f"http://{self.host}:{self.port}/metrics"
+        self._threads = [
+            threading.Thread(target=self._http.serve_forever, name=f"kvcache-sim-http-{self.port}", daemon=True),
+            threading.Thread(target=self._advance_forever, name=f"kvcache-sim-model-{self.port}", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- public --------------------------------------------------------------------------
+
+    @property
+    def sim_time(self) -> float:
+        """Simulated seconds since the engine started (as of the last published state)."""
+        return self._state.ranks[0].now
+
+    @property
+    def restarts(self) -> int:
+        return self._run.generation
+
+    def state(self) -> EngineState:
+        """The latest published state: what the next scrape renders."""
+        return self._state
+
+    def stop(self) -> None:
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._http.shutdown()
+        self._http.server_close()
+        for thread in self._threads:
+            thread.join()
+
+    def __enter__(self) -> "SimulatedEngine":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    # -- model thread --------------------------------------------------------------------
+
+    def _advance_forever(self) -> None:
+        while not self._stopping.wait(TICK_S):
+            target = (time.monotonic() - self._started_monotonic) * self.speed
+            deadline = time.monotonic() + MAX_WORK_PER_TICK_S
+            # Small slices, so that a model far behind still publishes and notices stop().
+            while self._run.now < target and time.monotonic() < deadline and not self._stopping.is_set():
+                self._run.advance_to(min(target, self._run.now + TICK_S * self.speed))
+            self._state = self._build_state()
+
+    def _build_state(self) -> EngineState:
+        generation_start = self._run.models[0].started_at
+        return EngineState(
+            model_name=self.model_name,
+            tp=self.tp,
+            created_unix=self._started_unix + generation_start / self.speed,
+            ranks=tuple(model.snapshot() for model in self._run.models),
+        )
+
+
+def encode(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
+    """OpenMetrics when the client asks for it, else text 0.0.4: the engines' negotiation."""
+    if "application/openmetrics-text" in accept:
+        # With its default escaping, prometheus_client 0.26 rewrites the colons of OpenMetrics
+        # sample names (not of HELP/TYPE) to underscores; the engines' clients keep them.
+        body = openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8)
+        return body, openmetrics.CONTENT_TYPE_LATEST
+    return generate_latest(registry), CONTENT_TYPE_PLAIN_0_0_4
+
+
+def _handler_for(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+    class MetricsHandler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = urlsplit(self.path).path
+            if path == "/metrics":
+                self._reply(200, *encode(registry, self.headers.get("Accept", "")))
+            elif path == "/health":
+                self._reply(200, b"", "text/plain; charset=utf-8")
+            else:
+                self._reply(404, b"Not Found\n", "text/plain; charset=utf-8")
+
+        def _reply(self, status: int, body: bytes, content_type: str) -> None:
+            compress = "gzip" in self.headers.get("Accept-Encoding", "") and body
+            if compress:
+                body = gzip.compress(body)
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            if compress:
+                self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's name)
+            logger.debug("%s %s", self.address_string(), format % args)
+
+    return MetricsHandler
+
+
+def start_engine(flavor: str, scenario: str | Scenario = "steady", host: str = "127.0.0.1", port: int = 0,
+                 speed: float = 1.0, seed: int = 0, model: str | None = None, tp: int = 1, dp: int = 1,
+                 **overrides) -> SimulatedEngine:
+    """Start a simulated engine serving GET /metrics and /health; returns once it is listening.
+
+    `scenario` is a built-in name, a YAML file path or a `Scenario`; `overrides` replace fields
+    of the scenario's engine sizing (`num_blocks=2048`, `max_num_seqs=8`, ...). Raises
+    ValueError (ScenarioError for scenario and override problems) on bad arguments.
+    """
+    if flavor not in FLAVORS:
+        raise ValueError(f"unknown flavor {flavor!r} (known: {', '.join(FLAVORS)})")
+    spec = FLAVORS[flavor]
+    if not speed > 0:
+        raise ValueError(f"speed must be > 0, got {speed!r}")
+    if tp < 1 or dp < 1:
+        raise ValueError(f"tp and dp must be >= 1, got tp={tp!r} dp={dp!r}")
+    if spec.max_dp is not None and dp > spec.max_dp:
+        raise ValueError(f"flavor {flavor} supports dp <= {spec.max_dp}, got {dp}")
+    if isinstance(scenario, str):
+        scenario = load_scenario(scenario)
+    if overrides:
+        scenario = override_engine(scenario, overrides)
+    return SimulatedEngine(spec, scenario, host=host, port=port, speed=speed, seed=seed,
+                           model_name=model or spec.default_model, tp=tp, dp=dp)
+

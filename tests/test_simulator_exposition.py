@@ -1,0 +1,254 @@
+"""The family and label shape of each simulated flavor, checked against the engine reference."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from simulator.exposition import (
+    FLAVORS, SGLANG_BUCKETS, VLLM_REQUEST_LATENCY_BUCKETS, VLLM_TTFT_BUCKETS, EngineState,
+)
+from simulator.scenarios import ScenarioRun, load_scenario
+
+CREATED = 1_750_000_000.0
+MODEL = "org/model-7b"
+
+
+def simulate(flavor: str, until: float, dp: int = 1, scenario: str = "kv-saturation", seed: int = 0) -> ScenarioRun:
+    run = ScenarioRun(load_scenario(scenario), FLAVORS[flavor].reporting, seed=seed, dp=dp)
+    run.advance_to(until)
+    return run
+
+
+class Page:
+    """One rendered scrape: raw text, plus samples by name and family types from prometheus_client's parser."""
+
+    def __init__(self, flavor: str, run: ScenarioRun, tp: int = 1):
+        state = EngineState(model_name=MODEL, tp=tp, created_unix=CREATED,
+                            ranks=tuple(model.snapshot() for model in run.models))
+        registry = CollectorRegistry()
+        registry.register(FLAVORS[flavor].make_collector(lambda: state, 0))
+        self.text = generate_latest(registry).decode()
+        self.samples: dict[str, list] = defaultdict(list)
+        self.types: dict[str, str] = {}
+        for family in text_string_to_metric_families(self.text):
+            self.types[family.name] = family.type
+            for sample in family.samples:
+                self.samples[sample.name].append(sample)
+
+    def value(self, name: str, **labels) -> float:
+        matches = [s.value for s in self.samples[name] if labels.items() <= s.labels.items()]
+        assert len(matches) == 1, f"{name}{labels}: {len(matches)} samples"
+        return matches[0]
+
+    def label_keys(self, name: str) -> set[frozenset]:
+        return {frozenset(s.labels) for s in self.samples[name]}
+
+
+# -- vLLM ---------------------------------------------------------------------------------------
+
+VLLM_COUNTERS = ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success")
+VLLM_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+                   "vllm:request_queue_time_seconds", "vllm:iteration_tokens_total")
+
+
+def test_vllm_v1_page_has_current_names_engine_labels_and_created():
+    run = simulate("vllm-v1", 300)
+    model = run.models[0]
+    page = Page("vllm-v1", run)
+    counters = (*VLLM_COUNTERS, "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+    histograms = (*VLLM_HISTOGRAMS, "vllm:inter_token_latency_seconds")
+    for name in counters:
+        assert page.types[name] == "counter"
+    for name in histograms:
+        assert page.types[name] == "histogram"
+    for name in (*counters, *histograms):
+        # Text 0.0.4 renders _created as a gauge family of its own, one sample per child.
+        created = page.samples[name + "_created"]
+        assert created and {s.value for s in created} == {CREATED}
+    for name in ("vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries_total",
+                 "vllm:time_per_output_token_seconds_count"):
+        assert name not in page.samples
+
+    base = {"engine", "model_name"}
+    for name, samples in page.samples.items():
+        if name.startswith("vllm:") and not name.startswith("vllm:cache_config_info"):
+            extra = {"le", "reason", "finished_reason"}
+            assert all(base <= set(s.labels) <= base | extra for s in samples), name
+            assert {s.labels["model_name"] for s in samples} == {MODEL}
+
+    report, counters_now = model.report, model.counters
+    assert page.value("vllm:kv_cache_usage_perc") == report.used_blocks / 1024
+    assert page.value("vllm:num_requests_waiting") == report.waiting > 0
+    assert page.value("vllm:num_requests_waiting_by_reason", reason="capacity") == report.waiting
+    assert page.value("vllm:num_requests_waiting_by_reason", reason="deferred") == 0
+    # vLLM counts a preemption once the victim is scheduled again, so the counter lags.
+    assert 0 < page.value("vllm:num_preemptions_total") == counters_now.preemptions_rescheduled
+    assert counters_now.preemptions_rescheduled <= counters_now.preemptions
+    assert page.value("vllm:prefix_cache_hits_total") == counters_now.prefix_hit_tokens > 0
+    finished = page.value("vllm:request_success_total", finished_reason="stop")
+    assert page.value("vllm:e2e_request_latency_seconds_count") == finished
+    assert page.value("vllm:request_queue_time_seconds_count") == finished  # observed at finish
+
+    info = page.samples["vllm:cache_config_info"]
+    assert len(info) == 1 and info[0].value == 1
+    assert "model_name" not in info[0].labels and info[0].labels["engine"] == "0"
+    assert info[0].labels["num_gpu_blocks"] == "1025"  # the pool's 1024 blocks + the null block
+    assert info[0].labels["block_size"] == "16" and info[0].labels["enable_prefix_caching"] == "True"
+
+
+def test_vllm_histograms_use_vllms_buckets_in_single_process_order():
+    page = Page("vllm-v1", simulate("vllm-v1", 300))
+    for name, bounds in (("vllm:time_to_first_token_seconds", VLLM_TTFT_BUCKETS),
+                         ("vllm:request_queue_time_seconds", VLLM_REQUEST_LATENCY_BUCKETS)):
+        les = [s.labels["le"] for s in page.samples[name + "_bucket"]]
+        assert les == [*map(str, map(float, bounds)), "+Inf"]
+        assert page.samples[name + "_bucket"][-1].value == page.value(name + "_count")
+        lines = [line.split("{")[0] for line in page.text.splitlines() if line.startswith(name + "_")]
+        assert lines[-4:] == [name + "_bucket", name + "_count", name + "_sum", name + "_created"]
+
+
+def test_vllm_v1_with_data_parallelism_labels_each_engine():
+    run = simulate("vllm-v1", 60, dp=2, scenario="steady")
+    page = Page("vllm-v1", run)
+    engines = {s.labels["engine"] for s in page.samples["vllm:num_requests_running"]}
+    assert engines == {"0", "1"}
+    assert {s.labels["engine"] for s in page.samples["vllm:cache_config_info"]} == {"0", "1"}
+    for index, model in enumerate(run.models):
+        assert page.value("vllm:prompt_tokens_total", engine=str(index)) == model.counters.prompt_tokens > 0
+
+
+def test_vllm_v0_page_has_legacy_names_model_name_only_and_no_created():
+    run = simulate("vllm-v0", 300)
+    page = Page("vllm-v0", run)
+    assert "_created" not in page.text
+    for name in ("vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries_total",
+                 "vllm:gpu_prefix_cache_hits_total", "vllm:time_per_output_token_seconds_count",
+                 *(n + "_total" for n in VLLM_COUNTERS[:3])):
+        assert page.samples[name], name
+    for name in ("vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
+                 "vllm:inter_token_latency_seconds_count", "vllm:num_requests_waiting_by_reason"):
+        assert name not in page.samples
+    for name, samples in page.samples.items():
+        if name.startswith("vllm:") and name != "vllm:cache_config_info":
+            assert all("engine" not in s.labels and s.labels["model_name"] == MODEL for s in samples)
+    ttft_les = [s.labels["le"] for s in page.samples["vllm:time_to_first_token_seconds_bucket"]]
+    assert ttft_les[-2:] == ["10.0", "+Inf"]  # before vLLM #15202
+    info = page.samples["vllm:cache_config_info"][0]
+    assert "# TYPE vllm:cache_config_info gauge" in page.text  # an Info in V0, a gauge on the wire
+    assert "engine" not in info.labels and info.labels["num_gpu_blocks"] == "1025"
+    assert page.value("vllm:gpu_cache_usage_perc") == run.models[0].report.used_blocks / 1024
+
+
+# -- SGLang -------------------------------------------------------------------------------------
+
+SCHEDULER_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+                    "sglang:num_used_tokens", "sglang:kv_used_tokens", "sglang:kv_available_tokens",
+                    "sglang:kv_evictable_tokens", "sglang:max_total_num_tokens", "sglang:page_size",
+                    "sglang:num_pages", "sglang:cache_hit_rate", "sglang:gen_throughput")
+SCHEDULER_LABELS = frozenset({"engine_type", "model_name", "moe_ep_rank", "pp_rank", "tp_rank"})
+TOKENIZER_LABELS = frozenset({"engine_type", "model_name"})
+
+
+def test_sglang_page_repeats_scheduler_state_per_tp_rank_in_multiprocess_shape():
+    run = simulate("sglang", 300)
+    model = run.models[0]
+    page = Page("sglang", run, tp=2)
+    assert "_created" not in page.text
+    helps = [line for line in page.text.splitlines() if line.startswith("# HELP")]
+    assert helps and all(line.endswith(" Multiprocess metric") for line in helps)
+
+    for name in SCHEDULER_GAUGES:
+        samples = page.samples[name]
+        assert page.label_keys(name) == {SCHEDULER_LABELS}, name
+        assert sorted(s.labels["tp_rank"] for s in samples) == ["0", "1"]
+        assert samples[0].value == samples[1].value, name  # repeated, never to be summed
+    capacity = page.value("sglang:max_total_num_tokens", tp_rank="0")
+    pages, page_size = page.value("sglang:num_pages", tp_rank="0"), page.value("sglang:page_size", tp_rank="0")
+    assert capacity == 16384 == pages * page_size
+    split = sum(page.value(f"sglang:kv_{kind}_tokens", tp_rank="0") for kind in ("used", "available", "evictable"))
+    assert split == capacity
+    assert page.value("sglang:token_usage", tp_rank="1") == round(model.report.used_blocks / 1024, 2)
+    assert page.value("sglang:num_used_tokens", tp_rank="1") == model.report.used_blocks * 16
+    assert all(s.value != s.value for s in page.samples["sglang:fwd_occupancy"])  # NaN
+
+    pids = {s.labels["pid"] for s in page.samples["sglang:num_retracted_reqs"]}
+    assert page.label_keys("sglang:num_retracted_reqs") == {SCHEDULER_LABELS | {"pid"}} and len(pids) == 2
+    for rank in ("0", "1"):
+        assert page.value("sglang:num_retracted_requests_total", tp_rank=rank) == model.counters.preemptions > 0
+        assert page.value("sglang:queue_time_seconds_count", tp_rank=rank) == model.histograms["queue"].count
+
+    streaming = TOKENIZER_LABELS | {"is_streaming"}
+    assert page.label_keys("sglang:prompt_tokens_total") == {streaming}
+    assert page.label_keys("sglang:time_to_first_token_seconds_count") == {streaming}
+    assert page.label_keys("sglang:inter_token_latency_seconds_count") == {TOKENIZER_LABELS}
+    assert page.label_keys("sglang:cached_tokens_total") == {TOKENIZER_LABELS | {"cache_source"}}
+    assert page.value("sglang:prompt_tokens_total") == model.counters.finished_prompt_tokens
+    assert page.value("sglang:cached_tokens_total", cache_source="device") == model.counters.finished_cached_tokens
+    assert page.value("sglang:e2e_request_latency_seconds_count") == model.counters.finished_requests
+    les = [s.labels["le"] for s in page.samples["sglang:time_to_first_token_seconds_bucket"]]
+    assert les == [*map(str, map(float, SGLANG_BUCKETS.ttft)), "+Inf"]
+
+
+def test_sglang_histograms_put_sum_before_buckets_and_count_last():
+    page = Page("sglang", simulate("sglang", 300), tp=2)
+    for name in ("sglang:queue_time_seconds", "sglang:e2e_request_latency_seconds"):
+        children: dict[str, list[str]] = defaultdict(list)
+        for line in page.text.splitlines():
+            if line.startswith(name + "_"):
+                labels = re.sub(r'le="[^"]*",?', "", line[line.index("{"):line.index("}")])
+                children[labels].append(line.split("{")[0].removeprefix(name))
+        assert children
+        for suffixes in children.values():
+            assert suffixes[0] == "_sum" and suffixes[-1] == "_count"
+            assert set(suffixes[1:-1]) == {"_bucket"}
+
+
+def test_sglang_child_order_changes_between_scrapes():
+    run = simulate("sglang", 60, scenario="steady")
+    state = EngineState(model_name=MODEL, tp=4, created_unix=CREATED, ranks=(run.models[0].snapshot(),))
+    registry = CollectorRegistry()
+    registry.register(FLAVORS["sglang"].make_collector(lambda: state, 0))
+    orders = set()
+    for _ in range(10):
+        page = generate_latest(registry).decode()
+        orders.add(tuple(re.findall(r'^sglang:num_running_reqs\{.*tp_rank="(\d)"', page, re.MULTILINE)))
+    assert all(sorted(order) == ["0", "1", "2", "3"] for order in orders)
+    assert len(orders) > 1
+
+
+def test_sglang_families_appear_on_first_use():
+    fresh = Page("sglang", simulate("sglang", 0))
+    assert fresh.samples["sglang:num_running_reqs"] and fresh.samples["sglang:max_total_num_tokens"]
+    for name in ("sglang:num_retracted_requests_total", "sglang:prompt_tokens_total",
+                 "sglang:cached_tokens_total", "sglang:time_to_first_token_seconds_count",
+                 "sglang:queue_time_seconds_count"):
+        assert name not in fresh.samples
+
+    serving = Page("sglang", simulate("sglang", 60))  # requests finish, nothing retracted yet
+    assert serving.samples["sglang:prompt_tokens_total"] and serving.samples["sglang:cached_tokens_total"]
+    assert "sglang:num_retracted_requests_total" not in serving.samples
+    assert {s.value for s in serving.samples["sglang:num_retracted_reqs"]} == {0}
+
+
+def test_sglang_with_data_parallelism_labels_ranks_and_sums_tokenizer_counters():
+    run = simulate("sglang", 60, dp=2, scenario="steady")
+    page = Page("sglang", run, tp=2)
+    assert page.label_keys("sglang:num_running_reqs") == {SCHEDULER_LABELS | {"dp_rank"}}
+    ranks = {(s.labels["dp_rank"], s.labels["tp_rank"]) for s in page.samples["sglang:num_running_reqs"]}
+    assert ranks == {("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")}
+    assert page.label_keys("sglang:prompt_tokens_total") == {TOKENIZER_LABELS | {"is_streaming"}}
+    total = sum(model.counters.finished_prompt_tokens for model in run.models)
+    assert page.value("sglang:prompt_tokens_total") == total > 0
+
+
+@pytest.mark.parametrize("flavor", list(FLAVORS))
+def test_every_flavor_renders_an_idle_engine(flavor):
+    page = Page(flavor, simulate(flavor, 0))
+    usage_name = {"vllm-v1": "vllm:kv_cache_usage_perc", "vllm-v0": "vllm:gpu_cache_usage_perc",
+                  "sglang": "sglang:token_usage"}[flavor]
+    assert [s.value for s in page.samples[usage_name]] == [0.0]

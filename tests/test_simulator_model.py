@@ -1,0 +1,263 @@
+"""Invariants of the simulator's engine model over long seeded runs, and its building blocks."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter as Multiset
+from dataclasses import asdict, replace
+
+import pytest
+
+from simulator.exposition import FLAVORS
+from simulator.model import BlockPool, EngineConfig, EngineModel, Request, StepEvents
+from simulator.scenarios import BUILTIN_SCENARIOS, ScenarioRun, load_scenario
+from simulator.workload import ArrivalProcess, LengthDist, Workload
+
+# Full block-ownership reconciliation is O(pool); do it on every Nth step.
+RECONCILE_EVERY = 50
+
+
+class InvariantChecker:
+    """Checks every step of every model of a run; fails on the first violation."""
+
+    def __init__(self, flavor: str):
+        self.reporting = FLAVORS[flavor].reporting
+        self.admitted: set[int] = set()
+        self.finished: set[int] = set()
+        self.last_counters: dict[int, dict[str, int]] = {}
+        self.steps: Multiset = Multiset()
+        self.first_admissions: Multiset = Multiset()
+        self.preemptions = 0
+        self.max_running = 0
+
+    def __call__(self, model: EngineModel, events: StepEvents) -> None:
+        pool, config = model.pool, model.config
+        assert pool.free >= 0 and pool.anonymous >= 0
+        assert pool.used + len(pool.evictable) + pool.free == pool.capacity == config.num_blocks
+        assert len(model.running) <= config.max_num_seqs
+        self.max_running = max(self.max_running, len(model.running))
+        # A preemption only ever happens when nothing is free and nothing can be evicted.
+        assert events.available_at_preemption == [0] * len(events.available_at_preemption)
+        self.preemptions += len(events.available_at_preemption)
+
+        for rid in events.admitted:
+            assert rid not in self.admitted, f"request {rid} admitted twice"
+            self.admitted.add(rid)
+        for rid in events.readmitted:
+            assert rid in self.admitted and rid not in self.finished
+        for rid in events.finished:
+            assert rid in self.admitted and rid not in self.finished, f"request {rid} finished twice"
+            self.finished.add(rid)
+
+        key = id(model)
+        self.steps[key] += 1
+        self.first_admissions[key] += len(events.admitted)
+        counters = dict(vars(model.counters))
+        previous = self.last_counters.get(key, {name: 0 for name in counters})
+        for name, value in counters.items():
+            assert value >= previous[name], f"{name} went down: {previous[name]} -> {value}"
+        self.last_counters[key] = counters
+        self._check_histograms(model, key)
+        if self.steps[key] % RECONCILE_EVERY == 0:
+            self._reconcile_blocks(model)
+
+    def _check_histograms(self, model: EngineModel, key: int) -> None:
+        counters, hist = model.counters, model.histograms
+        assert hist["e2e"].count == counters.finished_requests
+        expected_queue = counters.finished_requests if self.reporting.queue_time_at_finish \
+            else self.first_admissions[key]
+        assert hist["queue"].count == expected_queue
+        # Every output token is either a first token (TTFT) or follows one (ITL).
+        assert hist["ttft"].count + hist["itl"].count == counters.generation_tokens
+        assert hist["ttft"].count >= counters.finished_requests
+        assert hist["iteration_tokens"].count == self.steps[key]
+        assert sum(hist["e2e"].counts) == hist["e2e"].count
+
+    @staticmethod
+    def _reconcile_blocks(model: EngineModel) -> None:
+        """The pool's books agree with what the running requests hold, and the queue holds nothing."""
+        pool, size = model.pool, model.config.block_size
+        refs: Multiset = Multiset()
+        anonymous = 0
+        for request in model.running:
+            assert -(-request.computed // size) <= len(request.blocks) <= -(-request.target // size)
+            for key in request.blocks:
+                if key is None:
+                    anonymous += 1
+                else:
+                    refs[key] += 1
+        assert anonymous == pool.anonymous
+        assert dict(refs) == pool.held
+        assert not set(pool.held) & set(pool.evictable)
+        assert all(not request.blocks for request in model.waiting)
+
+
+SCENARIO_FLAVOR_SEEDS = [
+    (scenario, flavor, seed)
+    for seed_base, scenario in enumerate(BUILTIN_SCENARIOS)
+    for offset, flavor in enumerate(FLAVORS)
+    for seed in [seed_base * 10 + offset]
+]
+
+
+@pytest.mark.parametrize("scenario,flavor,seed", SCENARIO_FLAVOR_SEEDS)
+def test_invariants_hold_over_a_full_cycle(scenario, flavor, seed):
+    sc = load_scenario(scenario)
+    checker = InvariantChecker(flavor)
+    run = ScenarioRun(sc, FLAVORS[flavor].reporting, seed=seed)
+    # A full cycle and into the repeat, so that every phase change (and restart) is crossed.
+    run.advance_to(sc.cycle_s + 30, on_step=checker)
+
+    assert sum(checker.steps.values()) > 10_000
+    assert len(checker.finished) > 500
+    assert checker.max_running > 0
+    if scenario == "kv-saturation":
+        assert checker.preemptions > 100  # the exhaustion check above was exercised
+    if scenario == "concurrency-cap":
+        assert checker.max_running == sc.engine.max_num_seqs
+    if scenario == "restart":
+        assert run.generation == 1  # at 180 s; the repeat from 360 s restarts again only at 540 s
+
+
+def test_data_parallel_ranks_share_the_arrivals_and_keep_the_invariants():
+    sc = load_scenario("steady")
+    checker = InvariantChecker("sglang")
+    run = ScenarioRun(sc, FLAVORS["sglang"].reporting, seed=9, dp=2)
+    run.advance_to(300, on_step=checker)
+    finished = [model.counters.finished_requests for model in run.models]
+    assert len(run.models) == 2 and min(finished) > 0.4 * sum(finished)
+    assert sum(finished) == len(checker.finished) > 700
+
+
+def test_result_does_not_depend_on_how_time_is_cut_up():
+    reporting = FLAVORS["vllm-v1"].reporting
+    sc = load_scenario("kv-saturation")
+    whole = ScenarioRun(sc, reporting, seed=3)
+    whole.advance_to(400)
+    pieces = ScenarioRun(sc, reporting, seed=3)
+    t = 0.0
+    rng = random.Random(1)
+    while t < 400:
+        t = min(400, t + rng.uniform(0.01, 7))
+        pieces.advance_to(t)
+    assert asdict(whole.models[0].counters) == asdict(pieces.models[0].counters)
+    assert whole.models[0].counters.preemptions > 0
+    assert whole.models[0].histograms["ttft"].counts == pieces.models[0].histograms["ttft"].counts
+
+
+def test_same_seed_same_run_and_other_seed_other_run():
+    reporting = FLAVORS["sglang"].reporting
+    sc = load_scenario("steady")
+    counters = []
+    for seed in (5, 5, 6):
+        run = ScenarioRun(sc, reporting, seed=seed)
+        run.advance_to(120)
+        counters.append(asdict(run.models[0].counters))
+    assert counters[0] == counters[1]
+    assert counters[0] != counters[2]
+
+
+# -- building blocks ----------------------------------------------------------------------------
+
+def test_block_pool_evicts_least_recently_released_first_and_counts_evictable_as_available():
+    pool = BlockPool(3)
+    for _ in range(3):
+        assert pool.allocate()
+    assert not pool.allocate() and pool.available == 0
+    for key in ("a", "b", "c"):
+        assert pool.seal(key)
+    assert pool.used == 3
+    pool.release("b")
+    pool.release("a")
+    assert (pool.used, len(pool.evictable), pool.free, pool.available) == (1, 2, 0, 2)
+    assert pool.allocate()  # evicts "b", released first
+    assert not pool.is_cached("b") and pool.is_cached("a")
+    pool.acquire_cached("a")  # a hit takes it back out of the evictable set
+    assert pool.held == {"a": 1, "c": 1} and not pool.evictable and pool.available == 0
+
+
+def test_duplicate_content_stays_anonymous_and_returns_to_free():
+    pool = BlockPool(2)
+    pool.allocate()
+    pool.allocate()
+    assert pool.seal("x")
+    assert not pool.seal("x")  # a second copy of cached content is not cached again
+    assert (pool.anonymous, pool.held) == (1, {"x": 1})
+    pool.release(None)
+    assert pool.free == 1
+
+
+def _model(**config) -> EngineModel:
+    return EngineModel(EngineConfig(**config), FLAVORS["vllm-v1"].reporting)
+
+
+def test_shared_prefix_blocks_are_reused_and_hits_leave_one_token_to_compute():
+    model = _model(num_blocks=64, block_size=16)
+    first = Request(0, 0.0, prompt_len=64, output_len=4, prefix_id=7, prefix_len=64)
+    model.submit(first)
+    model.advance_to(5)
+    assert model.counters.finished_requests == 1
+    assert model.counters.prefix_hit_tokens == 0
+    # Same 64-token prefix, nothing else: all 4 blocks cached, but at most 63 tokens may hit.
+    second = Request(1, 5.0, prompt_len=64, output_len=4, prefix_id=7, prefix_len=64)
+    model.submit(second)
+    model.advance_to(10)
+    assert model.counters.prefix_queried_tokens == 128
+    assert model.counters.prefix_hit_tokens == 48
+    assert model.counters.finished_cached_tokens == 48
+
+
+def test_preemption_frees_the_newest_request_and_it_recomputes_later():
+    # 5 blocks of 4 tokens; two requests that each grow to 12 tokens (3 blocks) cannot both
+    # fit, and nothing holds room back for them (reserve_ratio_init 0: vLLM's admission).
+    model = _model(num_blocks=5, block_size=4, max_model_len=20, reserve_ratio_init=0.0, reserve_ratio_min=0.0,
+                   enable_prefix_caching=False)
+    model.submit(Request(0, 0.0, prompt_len=4, output_len=9))
+    model.submit(Request(1, 0.0, prompt_len=4, output_len=9))
+    events_seen = []
+    model.advance_to(10, on_step=lambda m, e: events_seen.append(e))
+    preempting = [e for e in events_seen if e.available_at_preemption]
+    assert preempting, "the pool ran out, so someone must have been preempted"
+    assert model.counters.preemptions >= 1
+    assert model.counters.preemptions_rescheduled == model.counters.preemptions  # both re-scheduled
+    assert model.counters.finished_requests == 2
+    assert model.pool.used == 0 and model.pool.free == 5
+
+
+def test_waiting_reason_tells_the_running_cap_from_kv():
+    capped = _model(num_blocks=256, max_num_seqs=1)
+    kv_bound = _model(num_blocks=8, block_size=16, max_model_len=128)
+    for model in (capped, kv_bound):
+        for rid in range(3):
+            model.submit(Request(rid, 0.0, prompt_len=60, output_len=60))
+        model.step()
+    assert (len(capped.running), capped.waiting_reason) == (1, "cap")
+    assert (len(kv_bound.running), kv_bound.waiting_reason) == (1, "kv")
+
+
+def test_latencies_come_from_the_step_clock():
+    # One request, prompt in one step: TTFT = one prefill step, ITL = one decode step each.
+    model = _model(step_base_s=0.01, step_per_token_s=0.001)
+    model.submit(Request(0, 0.0, prompt_len=100, output_len=3))
+    model.advance_to(1)
+    ttft, itl, e2e = (model.histograms[k] for k in ("ttft", "itl", "e2e"))
+    assert ttft.sum == pytest.approx(0.01 + 0.1)
+    assert (itl.count, itl.sum) == (2, pytest.approx(2 * 0.011))
+    assert e2e.sum == pytest.approx(0.11 + 0.022)
+
+
+def test_arrivals_follow_the_rate_and_respect_the_length_limits():
+    workload = Workload(arrival_rate=10.0, prompt_len=LengthDist(kind="uniform", low=100, high=5000),
+                        output_len=LengthDist(median=3000, sigma=1.0, low=1, high=9000),
+                        prefix_share=0.5, num_prefixes=3, prefix_len=256)
+    arrivals = ArrivalProcess(workload, random.Random(0), max_model_len=4096)
+    requests = arrivals.until(1000.0)
+    assert 9_500 < len(requests) < 10_500
+    assert all(r.prompt_len + r.output_len <= 4096 for r in requests)
+    assert all(r.output_len <= 2048 and r.prompt_len >= 1 for r in requests)
+    prefixed = [r for r in requests if r.prefix_id is not None]
+    assert 0.45 < len(prefixed) / len(requests) < 0.55
+    assert {r.prefix_id for r in prefixed} == {0, 1, 2}
+    assert all(r.prefix_len <= r.prompt_len for r in prefixed)
+    arrivals.set_workload(replace(workload, arrival_rate=0.0), 1000.0)
+    assert arrivals.until(1e9) == []

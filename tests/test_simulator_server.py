@@ -1,0 +1,188 @@
+"""The HTTP path and the CLI: real sockets on loopback, real scrapes, real signals."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from simulator import start_engine
+from simulator.workload import Workload
+from simulator.scenarios import Phase, Scenario, ScenarioError
+
+TIMEOUT_S = 30  # generous: the machine is shared; nothing here asserts speed
+
+
+def wait_for(condition, what: str):
+    deadline = time.monotonic() + TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def scrape(url: str, **headers) -> dict[str, list]:
+    response = requests.get(url, headers=headers, timeout=10)
+    assert response.status_code == 200
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+@pytest.mark.parametrize("flavor,usage_name", [
+    ("vllm-v1", "vllm:kv_cache_usage_perc"),
+    ("vllm-v0", "vllm:gpu_cache_usage_perc"),
+    ("sglang", "sglang:token_usage"),
+])
+def test_an_engine_serves_its_flavor_over_http(flavor, usage_name):
+    with start_engine(flavor, "kv-saturation", port=0, speed=50, seed=1, model="m", tp=2) as engine:
+        assert re.fullmatch(rf"http://127\.0\.0\.1:{engine.port}/metrics", engine.url) and engine.port > 0
+        wait_for(lambda: engine.sim_time >= 20, "20 simulated seconds")
+        response = requests.get(engine.url, timeout=10)
+        assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        samples = scrape(engine.url)
+        usage = samples[usage_name]
+        assert len(usage) == (2 if flavor == "sglang" else 1)  # SGLang repeats per TP rank
+        assert all(0 < s.value <= 1 and s.labels["model_name"] == "m" for s in usage)
+        assert ("vllm:prompt_tokens_created" in samples) == (flavor == "vllm-v1")
+
+        base = engine.url.removesuffix("/metrics")
+        assert requests.get(base + "/health", timeout=10).status_code == 200
+        assert requests.get(base + "/v1/models", timeout=10).status_code == 404
+
+        openmetrics = requests.get(engine.url, headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+                                   timeout=10)
+        assert openmetrics.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert openmetrics.text.endswith("# EOF\n")
+        names = {family.name for family in parse_openmetrics(openmetrics.text)}
+        assert usage_name in names  # colons survive OpenMetrics too
+
+        zipped = requests.get(engine.url, headers={"Accept-Encoding": "gzip"}, timeout=10)
+        assert zipped.headers["Content-Encoding"] == "gzip" and usage_name in zipped.text
+
+
+def test_two_engines_run_side_by_side_and_scrapes_do_not_stop_the_model():
+    with start_engine("vllm-v1", "steady", speed=30) as vllm, start_engine("sglang", "steady", speed=30) as sglang:
+        assert vllm.port != sglang.port
+        errors = []
+
+        def hammer(url):
+            try:
+                for _ in range(20):
+                    scrape(url)
+            except Exception as exc:  # reported below: a failed scrape must fail the test
+                errors.append(exc)
+
+        threads = [threading.Thread(target=hammer, args=(url,)) for url in (vllm.url, sglang.url) * 2]
+        for thread in threads:
+            thread.start()
+        start = vllm.sim_time
+        wait_for(lambda: vllm.sim_time > start + 5 and sglang.sim_time > 5, "both models advancing during scrapes")
+        for thread in threads:
+            thread.join()
+        assert not errors
+        assert "vllm:num_requests_running" in scrape(vllm.url) and "sglang:num_running_reqs" not in scrape(vllm.url)
+        assert "sglang:num_running_reqs" in scrape(sglang.url)
+
+
+def test_a_restart_resets_the_counters_and_moves_created():
+    # Busy for 100 s, then a restart into silence: after it every counter stays at zero.
+    busy = Workload(arrival_rate=5.0)
+    scenario = Scenario(name="restart-into-silence", then="hold", phases=(
+        Phase("busy", 100, busy), Phase("silent", 1, Workload(arrival_rate=0.0), restart=True)))
+    speed = 50
+    with start_engine("vllm-v1", scenario, speed=speed) as engine:
+        wait_for(lambda: engine.state().ranks[0].counters.prompt_tokens > 0, "traffic")
+        before = scrape(engine.url)
+        wait_for(lambda: engine.restarts == 1, "the restart")
+        after = scrape(engine.url)
+    assert before["vllm:prompt_tokens_total"][0].value > 0
+    assert after["vllm:prompt_tokens_total"][0].value == 0
+    assert after["vllm:e2e_request_latency_seconds_count"][0].value == 0
+    created_before = before["vllm:prompt_tokens_created"][0].value
+    created_after = after["vllm:prompt_tokens_created"][0].value
+    assert created_after - created_before == pytest.approx(100 / speed)
+
+
+def test_start_engine_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="unknown flavor 'tgi'"):
+        start_engine("tgi")
+    with pytest.raises(ValueError, match="supports dp <= 1"):
+        start_engine("vllm-v0", dp=2)
+    with pytest.raises(ValueError, match="speed must be > 0"):
+        start_engine("sglang", speed=0)
+    with pytest.raises(ScenarioError, match="engine.max_num_seqs"):
+        start_engine("sglang", max_num_seqs="many")
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+
+def run_cli(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "simulator.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_cli_serves_until_sigterm():
+    with run_cli("--flavor", "sglang", "--scenario", "concurrency-cap", "--listen", "127.0.0.1:0",
+                 "--speed", "20", "--seed", "3", "--model", "my-model", "--tp", "2") as process:
+        try:
+            line = process.stdout.readline()
+            match = re.fullmatch(r"kvcache-sim sglang serving (http://127\.0\.0\.1:\d+/metrics)\n", line)
+            assert match, line
+            samples = scrape(match.group(1))
+            assert {s.labels["model_name"] for s in samples["sglang:num_running_reqs"]} == {"my-model"}
+            assert len(samples["sglang:num_running_reqs"]) == 2
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=TIMEOUT_S) == 0
+            assert process.stderr.read() == ""
+        finally:
+            process.kill()
+
+
+def test_cli_stops_on_sigint_too():
+    with run_cli("--flavor", "vllm-v0", "--listen", "127.0.0.1:0") as process:
+        try:
+            assert process.stdout.readline().startswith("kvcache-sim vllm-v0 serving http://127.0.0.1:")
+            os.kill(process.pid, signal.SIGINT)
+            assert process.wait(timeout=TIMEOUT_S) == 0
+        finally:
+            process.kill()
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--flavor", "vllm-v1", "--scenario", "{file}"], r"{file}: phases\[0\]\.arrival_rate: must be >= 0, got -2"),
+    (["--flavor", "vllm-v1", "--scenario", "nope.yml"], r"nope\.yml: neither a built-in scenario"),
+    (["--flavor", "triton"], r"argument --flavor: invalid choice: 'triton'"),
+    (["--flavor", "sglang", "--listen", "localhost"], r"argument --listen: expected HOST:PORT"),
+    (["--flavor", "sglang", "--speed", "-1"], r"argument --speed: expected a number > 0"),
+    (["--flavor", "sglang", "--tp", "0"], r"argument --tp: expected an integer >= 1"),
+    (["--flavor", "vllm-v0", "--dp", "2"], r"flavor vllm-v0 supports dp <= 1"),
+])
+def test_cli_reports_a_bad_argument_in_one_line_with_exit_code_2(tmp_path, args, expected):
+    scenario = tmp_path / "bad.yml"
+    scenario.write_text("phases:\n  - duration_s: 10\n    arrival_rate: -2\n")
+    args = [arg.replace("{file}", str(scenario)) for arg in args]
+    with run_cli(*args) as process:
+        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
+    assert process.returncode == 2
+    assert stdout == ""
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert re.fullmatch(rf"kvcache-sim: error: {expected.replace('{file}', re.escape(str(scenario)))}.*\n", stderr)
+
+
+def test_cli_reports_a_port_in_use_in_one_line():
+    with start_engine("vllm-v1") as engine, run_cli("--flavor", "vllm-v1", "--listen",
+                                                     f"127.0.0.1:{engine.port}") as process:
+        _, stderr = process.communicate(timeout=TIMEOUT_S)
+    assert process.returncode == 2
+    assert re.fullmatch(rf"kvcache-sim: error: cannot listen on 127\.0\.0\.1:{engine.port}: .+\n", stderr)
