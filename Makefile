@@ -1,7 +1,7 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
 PYTHON ?= python3
 
-.PHONY: demo test install deps dashboards alerts bench
+.PHONY: demo test install deps dashboards alerts kubernetes bench
 
 demo: install
 	$(PYTHON) -m exporter --demo
@@ -22,6 +22,10 @@ dashboards:
 
 alerts:
 	$(PYTHON) -m alerts.generate
+
+# After `make alerts` and `make dashboards`: the manifests embed both.
+kubernetes:
+	$(PYTHON) -m deploy.kubernetes.generate
 
 bench: install
 	$(PYTHON) -m bench.run

@@ -1,0 +1,77 @@
+"""What a Kubernetes deployment of the exporter is made of: names, namespace, replicas, image, and
+how engine pods are found. Every manifest and the plain Prometheus scrape config read these."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exporter.config import DEFAULT_LISTEN, DEFAULT_POLL_INTERVAL
+from exporter.config import ENGINES as EXPORTER_ENGINES
+
+REPO = Path(__file__).resolve().parents[2]
+NAME = "kvcache-exporter"
+PORT = int(DEFAULT_LISTEN.rsplit(":", 1)[1])
+PORT_NAME = "http"
+# Prometheus probes each engine at the exporter's own default poll cadence, so an engine is
+# polled as often in probe mode as in poll mode.
+PROBE_INTERVAL_SECONDS = DEFAULT_POLL_INTERVAL
+# Pod labels that name the engine; a later key wins. The Gateway API Inference Extension's key,
+# then llm-d's newer one. Values other than the exporter's engines leave the engine to detection.
+ENGINE_LABELS = ("inference.networking.k8s.io/engine-type", "llm-d.ai/engine-type")
+DEFAULT_ENGINE = "auto"  # the exporter recognises the engine from its page
+ENGINES = tuple(engine for engine in EXPORTER_ENGINES if engine != DEFAULT_ENGINE)
+DEFAULT_POD_SELECTOR = "kvcache-exporter/probe=true"
+# Names of the container ports that serve an engine's /metrics (vLLM and SGLang serve it on their API port).
+ENGINE_PORT_NAMES = ("http", "metrics")
+ENGINE_METRICS_PATH = "/metrics"
+
+
+def project_version() -> str:
+    """The version in pyproject.toml: the image tag, the same whether or not the package is installed."""
+    with open(REPO / "pyproject.toml", "rb") as handle:
+        return tomllib.load(handle)["project"]["version"]
+
+
+def default_image() -> str:
+    return f"ghcr.io/kvcache-exporter/kvcache-exporter:{project_version()}"
+
+
+def meta_label(pod_label: str) -> str:
+    """The discovery meta label under which Prometheus shows a pod label."""
+    return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", pod_label)
+
+
+def seconds(value: float) -> str:
+    """A duration as Prometheus and the exporter read it."""
+    return f"{value:g}s"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    namespace: str = "monitoring"
+    replicas: int = 2
+    image: str = field(default_factory=default_image)
+    pod_selector: str = DEFAULT_POD_SELECTOR
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {self.replicas}")
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The labels that select the exporter's pods (and so are fixed for the StatefulSet's life)."""
+        return {"app.kubernetes.io/name": NAME, "app.kubernetes.io/component": "exporter"}
+
+    def metadata(self, name: str = NAME, component: str = "exporter", labels: dict | None = None,
+                 annotations: dict | None = None) -> dict:
+        metadata = {"name": name, "namespace": self.namespace, "labels": {
+            "app.kubernetes.io/name": NAME, "app.kubernetes.io/component": component,
+            "app.kubernetes.io/part-of": NAME, **(labels or {})}}
+        return {**metadata, "annotations": annotations} if annotations else metadata
+
+    def replica_address(self, ordinal: int | str) -> str:
+        """Replica `ordinal` through the headless Service: StatefulSet pods have stable DNS names."""
+        return f"{NAME}-{ordinal}.{NAME}.{self.namespace}.svc:{PORT}"
