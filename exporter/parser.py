@@ -30,9 +30,10 @@ class Sample(NamedTuple):
         return parse_labels(self.label_text) if self.label_text else {}
 
 
-_PAIR = r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"\s*'
+# Possessive throughout: a label set of mostly blanks must not send the regex engine backtracking.
+_PAIR = r'\s*+([a-zA-Z_][a-zA-Z0-9_]*+)\s*+=\s*+"((?:[^"\\\n]++|\\.)*+)"\s*+'
 _LABEL_PAIR = re.compile(_PAIR)
-_LABEL_SET = re.compile(f"(?:{_PAIR},)*(?:{_PAIR})?\\s*")
+_LABEL_SET = re.compile(f"(?:{_PAIR},)*+(?:{_PAIR})?+\\s*+")
 # After the name: optional label set, value, optional timestamp, optional exemplar, optional CR.
 # Possessive quantifiers: a line that does not match fails at once instead of backtracking.
 _WELL_FORMED = (
@@ -61,7 +62,7 @@ def parse_labels(text: str) -> dict[str, str]:
     if labels is not None:
         return labels
     if _LABEL_SET.fullmatch(text) is None:
-        raise ParseError(f"bad label set {{{text}}}")
+        raise ParseError(f"bad label set {{{text[:80]}}}")
     labels = {name: _unescape(value) if "\\" in value else value for name, value in _LABEL_PAIR.findall(text)}
     if len(_label_cache) >= _LABEL_CACHE_LIMIT:
         _label_cache.clear()

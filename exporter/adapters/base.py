@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from ..parser import Sample
+from ..parser import ParseError, Sample
 from ..snapshot import Histogram, RankValues, Snapshot
 
 Kind = Literal["gauge", "counter", "histogram"]
@@ -130,7 +130,7 @@ class Adapter:
                         getattr(rank(rank_name), target)[series.concept] = 0.0
                 continue
             for rank_name, value in self._collapse(samples[name], series).items():
-                if not math.isnan(value):
+                if math.isfinite(value):  # NaN and Inf are "no reading" (sentinels, unset timers), never a value
                     getattr(rank(rank_name), target)[series.concept] = value
         snapshot = Snapshot(engine=self.engine, model=self.model_of(samples), version="", ranks=ranks)
         self.complete(samples, snapshot)
@@ -151,7 +151,11 @@ class Adapter:
         counts = self._collapse(samples.get(name + "_count", []), series)
         per_rank: dict[str, list[tuple[float, float]]] = {}
         for (rank_name, le), value in buckets.items():
-            per_rank.setdefault(rank_name, []).append((float(le), value))
+            try:
+                bound = float(le)
+            except ValueError:
+                raise ParseError(f"{name}_bucket: bucket bound le={le!r} is not a number") from None
+            per_rank.setdefault(rank_name, []).append((bound, value))
         for rank_name, pairs in per_rank.items():
             pairs.sort()
             if not math.isinf(pairs[-1][0]) or rank_name not in sums:

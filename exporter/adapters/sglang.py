@@ -58,5 +58,6 @@ class SglangAdapter(Adapter):
             if rank is None:
                 continue
             for concept, label in (("capacity_blocks", "num_pages"), ("block_size_tokens", "page_size")):
-                if concept not in rank.gauges and sample.labels.get(label, "").isdigit():
-                    rank.gauges[concept] = float(sample.labels[label])
+                value = sample.labels.get(label, "")
+                if concept not in rank.gauges and value.isascii() and value.isdigit():
+                    rank.gauges[concept] = float(value)

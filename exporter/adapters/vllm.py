@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from .base import Adapter, Samples, Series
 from ..snapshot import RankValues, Snapshot
 
@@ -62,6 +64,7 @@ def _number(text: str | None) -> float | None:
     if not text or text == "None":
         return None
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         return None
+    return value if math.isfinite(value) else None
