@@ -44,8 +44,10 @@ class ExporterState:
     def reload_failed(self) -> None:
         self.reload_ok = False
 
-    def lines(self) -> dict[str, str]:
+    def lines(self, probed_targets: int) -> dict[str, str]:
         return {
+            contract.PROBED_TARGETS[0]: exposition.line(contract.PREFIX + contract.PROBED_TARGETS[0], "",
+                                                        float(probed_targets)),
             contract.BUILD_INFO[0]: exposition.line(contract.PREFIX + contract.BUILD_INFO[0],
                                                     f'version="{__version__}"', 1.0),
             contract.RELOAD_OK[0]: exposition.line(contract.PREFIX + contract.RELOAD_OK[0], "",
@@ -98,7 +100,7 @@ class Exporter:
 
     def _metrics(self, _: Request) -> Response:
         body = exposition.render((t.text for t in self.targets), time.time(), self.config.staleness,
-                                 self.state.lines())
+                                 self.state.lines(self.prober.probed()))
         return Response(200, body, CONTENT_TYPE)
 
     def _probe(self, request: Request) -> Response:

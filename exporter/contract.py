@@ -62,5 +62,7 @@ TARGET_FAMILIES = {
 BUILD_INFO = ("exporter_build_info", "1, with the exporter's version.")
 RELOAD_OK = ("exporter_config_last_reload_successful", "1 if the last configuration reload succeeded (or none was "
              "tried), 0 if it failed and the previous configuration is still running.")
+PROBED_TARGETS = ("exporter_probed_targets", "Engines probed through /probe whose state this exporter keeps (forgotten "
+                  "after the staleness period without a probe).")
 RELOAD_TIME = ("exporter_config_last_reload_success_timestamp_seconds", "Unix time of the last successful "
                "configuration load.")

@@ -54,9 +54,11 @@ def test_probe_keeps_history_and_forgets_idle_targets(tmp_path):
             _, down = probe(exporter, server.url("/down"))
             assert harness.value(down, "kvcache_target_up") == 0.0
             assert harness.value(down, "kvcache_target_scrape_failures_total", reason="http_status") == expected
-        time.sleep(2.5)  # longer than the staleness period: the target is forgotten, its counts start over
+        assert harness.value(harness.scrape(exporter.url), "kvcache_exporter_probed_targets") == 3.0
+        time.sleep(2.5)  # longer than the staleness period: the targets are forgotten, counts start over
         _, down = probe(exporter, server.url("/down"))
         assert harness.value(down, "kvcache_target_scrape_failures_total", reason="http_status") == 1.0
+        assert harness.value(harness.scrape(exporter.url), "kvcache_exporter_probed_targets") == 1.0
 
 
 def test_probe_rejects_bad_parameters(tmp_path):
