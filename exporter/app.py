@@ -45,16 +45,14 @@ class ExporterState:
         self.reload_ok = False
 
     def lines(self, probed_targets: int) -> dict[str, str]:
-        return {
-            contract.PROBED_TARGETS[0]: exposition.line(contract.PREFIX + contract.PROBED_TARGETS[0], "",
-                                                        float(probed_targets)),
-            contract.BUILD_INFO[0]: exposition.line(contract.PREFIX + contract.BUILD_INFO[0],
-                                                    f'version="{__version__}"', 1.0),
-            contract.RELOAD_OK[0]: exposition.line(contract.PREFIX + contract.RELOAD_OK[0], "",
-                                                   float(self.reload_ok)),
-            contract.RELOAD_TIME[0]: exposition.line(contract.PREFIX + contract.RELOAD_TIME[0], "",
-                                                     self.reload_time),
+        values = {
+            contract.BUILD_INFO: (f'version="{__version__}"', 1.0),
+            contract.RELOAD_OK: ("", float(self.reload_ok)),
+            contract.RELOAD_TIME: ("", self.reload_time),
+            contract.PROBED_TARGETS: ("", float(probed_targets)),
         }
+        return {name: exposition.line(contract.PREFIX + name, labels, value)
+                for (name, _), (labels, value) in values.items()}
 
 
 class Exporter:
