@@ -35,6 +35,8 @@ PER_TARGET = "without (dp_rank)"
 # kvcache_target_up has no model label; joining it with per-target series ignores model.
 UP_JOIN = "ignoring (model)"
 KV_BOUND_STATES = "saturated|thrashing"
+# The scrape job of the exporters' own /metrics, as compose, the Kubernetes manifests and docs/scaling.md name it.
+EXPORTER_JOB = "kvcache-exporter"
 # Annotation template fragments.
 WHERE = "{{ $labels.target }} (model {{ $labels.model }})"
 PER_SECOND = 'printf "%.2f"'  # rates read better as 0.25/s than as humanize's 250m/s
@@ -238,6 +240,17 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             f"{{{{ $value | humanizePercentage }}}} of the polls of {{{{ $labels.target }}}} "
             f"(engine {{{{ $labels.engine }}}}) failed over the last {w}; last good poll "
             f"{last_poll_age} ago. Its KV alerts are blind while it does not answer.",
+            runbook_base,
+        ),
+        # One replica of several gone (sharded probe mode): absent() still sees the others, and
+        # the engines of its shard vanish without a failed poll. Prometheus' own `up` tells.
+        alert(
+            "KVCacheExporterDown", "warning",
+            f'up{{job="{EXPORTER_JOB}"}} == 0',
+            t.target_down_for,
+            "{{ $labels.instance }}: a kvcache exporter replica does not answer",
+            f"Prometheus cannot scrape the kvcache exporter at {{{{ $labels.instance }}}} (job {EXPORTER_JOB}): "
+            "the engines it polls or probes have no KV-cache series and no KV alerts until it is back.",
             runbook_base,
         ),
         alert(

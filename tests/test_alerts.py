@@ -19,11 +19,11 @@ ALERTS = REPO / "alerts"
 UNIT_TESTS = sorted((ALERTS / "tests").glob("*.test.yml"))
 EXPECTED_ALERTS = {
     "KVCacheShortageQueueing", "KVCachePreemptionStorm", "KVCacheNearlyFull", "KVCachePrefixHitRateDrop",
-    "KVCacheQueueDominatesTTFT", "KVCacheTargetDown", "KVCacheExporterAbsent",
+    "KVCacheQueueDominatesTTFT", "KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent",
 }
-# Alerts about one engine's KV (their descriptions name target and model); the other two are
+# Alerts about one engine's KV (their descriptions name target and model); the other three are
 # about polling, where a target without answers has no model.
-PER_MODEL_ALERTS = EXPECTED_ALERTS - {"KVCacheTargetDown", "KVCacheExporterAbsent"}
+PER_MODEL_ALERTS = EXPECTED_ALERTS - {"KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent"}
 
 
 def run(*argv: str) -> subprocess.CompletedProcess:
@@ -59,7 +59,7 @@ def test_promtool_check_rules_passes(tmp_path, variant):
         path.write_text(generate.render(generate.build(thresholds)))
     result = run(require_binary("promtool"), "check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 17 rules found" in result.stdout
+    assert "SUCCESS: 18 rules found" in result.stdout  # 9 recording rules, 9 alerting (the storm twice)
 
 
 def test_rule_file_has_every_alert_with_severity_and_annotations():
