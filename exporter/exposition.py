@@ -26,8 +26,8 @@ class Family:
     help: str
 
     @property
-    def header(self) -> str:
-        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} {self.kind}\n"
+    def header(self) -> bytes:
+        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} {self.kind}\n".encode()
 
 
 def _families() -> dict[str, Family]:
@@ -86,10 +86,11 @@ class Prefixes(dict):
 
 @dataclass(frozen=True)
 class TargetText:
-    """One target's lines by family: `status` always shows, `series` only while fresh."""
+    """One target's lines by family, encoded: `status` always shows, `series` only while fresh.
+    Kept as bytes so that a scrape joins them once, with no second copy of the whole body."""
 
-    status: dict[str, str] = field(default_factory=dict)
-    series: dict[str, str] = field(default_factory=dict)
+    status: dict[str, bytes] = field(default_factory=dict)
+    series: dict[str, bytes] = field(default_factory=dict)
     last_success: float | None = None
 
 
@@ -131,7 +132,8 @@ def render_target(name: str, labels: dict[str, str], url: str, outcome, failures
                 prefixes[P + "pressure_state", rank_labels, f',state="{state}"']
                 + ("1.0\n" if state == rank.pressure else "0.0\n")
                 for state in PRESSURE_STATES)
-    return TargetText(status, {family: "".join(lines) for family, lines in series.items()}, outcome.last_success)
+    return TargetText({family: text.encode() for family, text in status.items()},
+                      {family: "".join(lines).encode() for family, lines in series.items()}, outcome.last_success)
 
 
 _LE: dict[float, str] = {}
@@ -149,9 +151,9 @@ def render(targets: Iterable[TargetText], now: float, staleness: float,
            exporter_lines: dict[str, str] | None = None) -> bytes:
     """The exposition of these targets; values older than `staleness` seconds are left out, never frozen."""
     shown = [(t, t.last_success is not None and now - t.last_success <= staleness) for t in targets]
-    parts: list[str] = []
+    parts: list[bytes] = []
     for key, family in FAMILIES.items():
-        chunks = [exporter_lines[key]] if exporter_lines and key in exporter_lines else []
+        chunks = [exporter_lines[key].encode()] if exporter_lines and key in exporter_lines else []
         for target, fresh in shown:
             chunk = target.status.get(key) or (target.series.get(key) if fresh else None)
             if chunk:
@@ -159,4 +161,4 @@ def render(targets: Iterable[TargetText], now: float, staleness: float,
         if chunks:
             parts.append(family.header)
             parts.extend(chunks)
-    return "".join(parts).encode()
+    return b"".join(parts)

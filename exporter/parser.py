@@ -42,7 +42,6 @@ _WELL_FORMED = (
     r'(?:\{([^"}\n]*+(?:"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"[^"}\n]*+)*+)\})?'
     r'[ \t]++([^ \t\r\n]++)(?:[ \t]++[^ \t\r\n#]++)?[ \t]*+(?:#[^\r\n]*+)?\r?(?=\n|\Z)'
 )
-_LEADING_BLANKS = re.compile(r"\n[ \t]+")
 _ESCAPES = re.compile(r"\\(.)")
 _ESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
 _ANY_SAMPLE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{|[ \t]+\S)", re.MULTILINE)
@@ -94,10 +93,11 @@ def _trie_pattern(names: Iterable[str]) -> str:
 
 @lru_cache(maxsize=64)
 def _selector(names: frozenset[str]) -> re.Pattern[str]:
-    # A line start is a newline (the caller puts one before the page). The name must end where
+    # A line start is a newline (the caller puts one before the page), then optional blanks. The
+    # pattern still begins with a literal the regex engine can search for fast. The name must end where
     # a label set or whitespace starts: `foo` never matches `foo_bar`. A wanted line that is not
     # well formed falls to the last group, which makes it a ParseError.
-    return re.compile(r"\n(" + _trie_pattern(names) + r")(?=[{ \t])(?:" + _WELL_FORMED + r"|([^\n]*))")
+    return re.compile(r"\n[ \t]*+(" + _trie_pattern(names) + r")(?=[{ \t])(?:" + _WELL_FORMED + r"|([^\n]*))")
 
 
 def parse(text: str, names: frozenset[str]) -> dict[str, list[Sample]]:
@@ -106,10 +106,7 @@ def parse(text: str, names: frozenset[str]) -> dict[str, list[Sample]]:
     found: dict[str, list[Sample]] = {}
     if not names:
         return found
-    text = "\n" + text
-    if "\n " in text or "\n\t" in text:  # leading blanks are allowed; rare, so normalized only when present
-        text = _LEADING_BLANKS.sub("\n", text)
-    for name, label_text, value, malformed in _selector(names).findall(text):
+    for name, label_text, value, malformed in _selector(names).findall("\n" + text):
         if not value:
             raise ParseError(f"bad sample line for {name}: {malformed[:80]!r}")
         try:

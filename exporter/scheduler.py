@@ -10,8 +10,10 @@ import time
 from .target import Target
 
 log = logging.getLogger(__name__)
-# Enough workers that a whole cycle of hanging targets (each bounded by the timeout) cannot starve the rest.
-MAX_WORKERS = 256
+# Up to this many polls hang (each for at most the timeout) before a healthy target waits for a
+# worker. More threads cost every poll: at 256 the GIL hand-offs took a fifth of the exporter's
+# CPU at 2,000 targets, at 16 they were gone (bench/, docs/performance.md).
+MAX_WORKERS = 64
 
 
 class WorkerPool:
