@@ -27,5 +27,6 @@ alerts:
 kubernetes:
 	$(PYTHON) -m deploy.kubernetes.generate
 
-bench: install
+bench:
+	$(PYTHON) -m pip install -q -e '.[bench]'
 	$(PYTHON) -m bench.run
