@@ -46,3 +46,26 @@ def test_every_adapter_concept_is_a_snapshot_concept_with_a_contract_family():
         for series in adapter.series:
             assert series.concept in kinds[series.kind], (adapter.engine, series.concept)
             assert series.concept in families, series.concept
+
+
+CRASHES = sorted((Path(__file__).resolve().parents[1] / "fuzz" / "crashes").glob("*.txt"))
+
+
+@pytest.mark.parametrize("page", CRASHES, ids=lambda p: p.name)
+def test_inputs_the_fuzzer_found_are_read_or_rejected_cleanly(page):
+    """Each once crashed the page path; now it yields a snapshot with only finite values, or a ParseError."""
+    from exporter import derive
+
+    text = page.read_text(encoding="utf-8", errors="replace")
+    adapter = adapters.detect(text)
+    try:
+        snapshot = adapter.adapt(parser.parse(text, adapter.wanted))
+    except parser.ParseError:
+        return
+    for rank in snapshot.ranks.values():
+        values = [*rank.gauges.values(), *rank.counters.values(), *derive.kv_gauges(rank).values()]
+        assert all(value == value and abs(value) != float("inf") for value in values), page.name
+
+
+def test_the_fuzzers_findings_are_kept():
+    assert len(CRASHES) >= 5
