@@ -1,7 +1,7 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
 PYTHON ?= python3
 
-.PHONY: demo test install deps dashboards alerts kubernetes bench
+.PHONY: demo test install deps dashboards alerts kubernetes bench fuzz
 
 demo: install
 	$(PYTHON) -m exporter --demo
@@ -30,3 +30,8 @@ kubernetes:
 bench:
 	$(PYTHON) -m pip install -q -e '.[bench]'
 	$(PYTHON) -m bench.run
+
+# Five minutes of coverage-guided fuzzing of the page path (fuzz/fuzz_parser.py says what it checks).
+fuzz:
+	$(PYTHON) -m pip install -q -e '.[fuzz]'
+	$(PYTHON) fuzz/fuzz_parser.py -max_total_time=300
