@@ -15,7 +15,6 @@ import contextlib
 import http.client
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -26,6 +25,7 @@ from exporter.fetch import ACCEPT, Fetcher, FetchSettings
 
 from . import pages
 from .fleet import Fleet
+from bench.parser_speed import best_of
 
 HEADERS = {"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": "bench"}
 
@@ -76,13 +76,7 @@ CLIENTS = {"requests.Session": requests_client, "urllib3": urllib3_client, "http
 def cpu_per_request(get: Get, count: int, rounds: int = 3) -> float:
     """CPU seconds of this process per call, the best of `rounds` rounds of `count` calls."""
     get()  # connect outside the timing
-    best = float("inf")
-    for _ in range(rounds):
-        started = time.process_time()
-        for _ in range(count):
-            get()
-        best = min(best, (time.process_time() - started) / count)
-    return best
+    return best_of(get, rounds, count)
 
 
 def main(argv: list[str]) -> int:

@@ -20,13 +20,14 @@ DEFAULT_PAGES = ("vllm-v1.txt", "vllm-dp-multiproc.txt", "sglang-0.5.txt")
 
 
 def best_of(function, repeat: int, number: int) -> float:
-    """Seconds per call, the best of `repeat` runs of `number` calls (the least disturbed run)."""
+    """CPU seconds of this process per call, the best of `repeat` runs of `number` calls (the least
+    disturbed run; CPU time rather than wall time, which other load on a shared machine stretches)."""
     best = float("inf")
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(number):
             function()
-        best = min(best, (time.perf_counter() - start) / number)
+        best = min(best, (time.process_time() - start) / number)
     return best
 
 
