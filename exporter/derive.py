@@ -25,6 +25,11 @@ class DerivedRank:
     pressure: str | None
 
 
+def _whole(value: float, rounding) -> float:
+    """A whole count; an overflowing product (absurd readings) stays infinite, to be dropped."""
+    return float(rounding(value)) if math.isfinite(value) else value
+
+
 def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str, float]:
     """Capacity, used and free in blocks and tokens, and live tokens per request, from what the engine gave.
 
@@ -45,15 +50,15 @@ def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str,
     used_blocks = None
     if used_tokens is not None:
         if blocks is not None and block:
-            used_blocks = min(blocks, float(math.ceil(used_tokens / block)))
+            used_blocks = min(blocks, _whole(used_tokens / block, math.ceil))
         if usage is None and tokens:
             usage = used_tokens / tokens
     elif usage is not None and blocks is not None:
-        used_blocks = float(round(usage * blocks))
+        used_blocks = _whole(usage * blocks, round)
         if block:
             used_tokens = used_blocks * block
     elif usage is not None and tokens is not None:
-        used_tokens = float(round(usage * tokens))
+        used_tokens = _whole(usage * tokens, round)
     for name, value in (("capacity_blocks", blocks), ("capacity_tokens", tokens), ("usage_ratio", usage)):
         if value is not None:
             out[name] = value
@@ -72,7 +77,8 @@ def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str,
         for name in ("capacity", "used"):
             if f"{name}_tokens" in out:
                 out[f"{name}_bytes"] = out[f"{name}_tokens"] * bytes_per_token
-    return out
+    # Finite readings can still multiply past float range: such a value is no value.
+    return {name: value for name, value in out.items() if math.isfinite(value)}
 
 
 def extend_history(history: History, now: float, value: float | None, window: float) -> History:

@@ -23,12 +23,15 @@ from pathlib import Path
 
 import atheris
 
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))  # the exporter of this checkout, whatever else is installed
+
 with atheris.instrument_imports(include=["exporter"]):
     from exporter import adapters, derive, parser
     from exporter.thresholds import DEFAULT
 
-HERE = Path(__file__).resolve().parent
-SEEDS = HERE.parent / "tests" / "fixtures"
+SEEDS = REPO / "tests" / "fixtures"
 CORPUS = HERE / "corpus"
 CRASHES = HERE / "crashes"
 # Fixed so that runs are reproducible; the pressure rate needs a history, which one poll does not have.
