@@ -49,6 +49,9 @@ EDGE_CASES = {
     "CRLF": '# TYPE m gauge\r\nm{a="1"} 1\r\nm{a="2"} 2\r\n',
     "no final newline": 'm{a="1"} 1\nm{a="2"} 2',
     "leading blanks": '# TYPE m gauge\n  m{a="1"} 1\n\tm{a="2"} 2\n',
+    # The fast selector stops a label set at its first `}`: here that leaves a line that looks whole
+    # (value 5, timestamp 7, a comment) but for the quotes, which send the page to the exact selector.
+    "brace and a sample-like tail inside a label value": 'm{a="x} 5 7 # ",b="}"} 1\nm{a="y"} 2\n',
     "created families": (
         "# TYPE c counter\nc_total{a=\"1\"} 4.0\n# HELP c_created x\n# TYPE c_created gauge\n"
         'c_created{a="1"} 1.75e+09\n'
@@ -86,6 +89,7 @@ def test_a_name_is_never_a_prefix_match():
     'm{a="1"} 1\nm{a="unterminated',   # truncated last line
     "m{a=\"1\"} not-a-number\n",
     'm{a=1} 2\n',                       # unquoted label value
+    'm{a="1" 1\nm{a="2"} 2\n',           # no closing brace: must not swallow the next line
 ])
 def test_bad_wanted_lines_raise_parse_error(text):
     with pytest.raises(parser.ParseError):
