@@ -19,18 +19,20 @@ VARIANTS = 8
 _NUMBER = re.compile(r"(?<=\} )(\d+(?:\.\d+)?(?:e[+-]\d+)?)$", re.MULTILINE)
 
 
+def variant(text: str, index: int) -> str:
+    """`text` with every sample value above 1 scaled by 1 + index/1000 (counters grow with the index)."""
+    scale = 1.0 + index / 1000
+
+    def bump(match: re.Match) -> str:
+        value = float(match.group(1))
+        return repr(value * scale) if value > 1 else match.group(1)
+
+    return _NUMBER.sub(bump, text)
+
+
 def variants(text: str, count: int = VARIANTS) -> list[bytes]:
     """`count` pages like `text` whose sample values grow from one variant to the next (counters stay monotonic)."""
-    out = []
-    for index in range(count):
-        scale = 1.0 + index / 1000
-
-        def bump(match: re.Match) -> str:
-            value = float(match.group(1))
-            return repr(value * scale) if value > 1 else match.group(1)
-
-        out.append(_NUMBER.sub(bump, text).encode())
-    return out
+    return [variant(text, index).encode() for index in range(count)]
 
 
 def response(body: bytes) -> bytes:

@@ -1,10 +1,12 @@
 """/metrics at fleet size, in isolation (no polls competing for the CPU): the exporter's join of
 text rendered at poll time, against prometheus_client building a Metric object for every sample
-at every scrape and writing them out with generate_latest.
+at every scrape and writing them out with generate_latest; and the gzip of that body at
+compression levels 1 (what the exporter uses) and 6 (zlib's default).
 
     python -m bench.render [--targets 100,500,1000,2000] [--page vllm-v1-35k]
 
-Every target serves the same page under its own name, read once through the exporter's pipeline.
+Every target serves the page under its own name with values of its own (as many variants as
+targets, so that gzip sees what a fleet sends), read once through the exporter's pipeline.
 """
 
 from __future__ import annotations
@@ -13,30 +15,47 @@ import argparse
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import adapters, derive, exposition, parser
+from exporter import adapters, derive, exposition, parser, server
 from exporter.target import FAILURE_REASONS, PollOutcome
 from exporter.thresholds import DEFAULT
 
-from . import pages
+from . import page_server, pages
 
 STALENESS = 60.0
 
 
 def target_texts(page: str, count: int, now: float) -> list[exposition.TargetText]:
-    """`count` targets named t-0, t-1, ... whose last poll read `page`."""
+    """`count` targets named t-0, t-1, ..., target i having last read variant i of `page`."""
     adapter = adapters.detect(page)
-    snapshot = adapter.adapt(parser.parse(page, adapter.wanted))
-    ranks, _ = derive.derive(snapshot, {}, now, DEFAULT, None)
-    outcome = PollOutcome(True, snapshot.engine, snapshot.model, snapshot.version, 0.01, now, ranks)
     failures = dict.fromkeys(FAILURE_REASONS, 0)
-    return [exposition.render_target(f"t-{i}", {}, f"http://10.0.0.1:8000/t/{i}/metrics", outcome, failures,
-                                     exposition.Prefixes()) for i in range(count)]
+    texts = []
+    for index in range(count):
+        snapshot = adapter.adapt(parser.parse(page_server.variant(page, index), adapter.wanted))
+        ranks, _ = derive.derive(snapshot, {}, now, DEFAULT, None)
+        outcome = PollOutcome(True, snapshot.engine, snapshot.model, snapshot.version, 0.01, now, ranks)
+        texts.append(exposition.render_target(f"t-{index}", {}, f"http://10.0.0.1:8000/t/{index}/metrics", outcome,
+                                              failures, exposition.Prefixes()))
+    return texts
+
+
+def gzip_seconds(parts: list[bytes], level: int) -> tuple[float, int]:
+    """CPU seconds and compressed size of the body at this level, in blocks as the server compresses it."""
+    compressed = 0
+
+    def run() -> None:
+        nonlocal compressed
+        compressor = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        compressed = sum(len(compressor.compress(block)) for block in server._blocks(parts))
+        compressed += len(compressor.flush())
+
+    return cpu_seconds(run), compressed
 
 
 class RebuildingCollector:
@@ -79,12 +98,14 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         page = pages.write_pages(Path(scratch))[args.page].read_text()
     now = time.time()
-    one = exposition.render(target_texts(page, 1, now), now, STALENESS).decode()
+    one = b"".join(exposition.render(target_texts(page, 1, now), now, STALENESS)).decode()
     print(f"/metrics of N targets serving {args.page}, CPU per scrape:")
-    print(f"{'targets':>8} {'MB':>7} {'exporter join ms':>17} {'prometheus_client ms':>21} {'ratio':>7}")
+    print(f"{'targets':>8} {'MB':>7} {'exporter join ms':>17} {'prometheus_client ms':>21} {'ratio':>7} "
+          f"{'gzip-1 ms':>10} {'gzip-1 MB':>10} {'gzip-6 ms':>10} {'gzip-6 MB':>10}")
     for count in (int(n) for n in args.targets.split(",")):
         texts = target_texts(page, count, now)
-        body = exposition.render(texts, now, STALENESS)
+        parts = exposition.render(texts, now, STALENESS)
+        body = b"".join(parts)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(RebuildingCollector(one, count))
         theirs_body = generate_latest(registry)
@@ -92,7 +113,10 @@ def main(argv: list[str]) -> int:
             raise SystemExit("the two renderings hold different numbers of samples")
         ours = cpu_seconds(lambda: exposition.render(texts, now, STALENESS))
         theirs = cpu_seconds(lambda: generate_latest(registry), rounds=1)
-        print(f"{count:8d} {len(body) / 1e6:7.1f} {ours * 1e3:17.1f} {theirs * 1e3:21.0f} {theirs / ours:6.0f}x")
+        fast, fast_size = gzip_seconds(parts, 1)
+        default, default_size = gzip_seconds(parts, 6)
+        print(f"{count:8d} {len(body) / 1e6:7.1f} {ours * 1e3:17.1f} {theirs * 1e3:21.0f} {theirs / ours:6.0f}x "
+              f"{fast * 1e3:10.0f} {fast_size / 1e6:10.2f} {default * 1e3:10.0f} {default_size / 1e6:10.2f}")
     return 0
 
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from ..parser import ParseError, Sample
+from ..parser import ParseError, Sample, parse_labels
 from ..snapshot import Histogram, RankValues, Snapshot
 
 Kind = Literal["gauge", "counter", "histogram"]
@@ -32,8 +32,8 @@ class Series:
 
 Samples = dict[str, list[Sample]]
 _UNSEEN = object()
-# Distinct (series, label set) pairs remembered; a fleet serving one model shares most of them.
-_SLICE_CACHE_LIMIT = 500_000
+# Distinct label sets remembered per series; a fleet serving one model shares most of them.
+_SLICE_CACHE_LIMIT = 50_000
 
 
 class Adapter:
@@ -54,7 +54,8 @@ class Adapter:
                 else:
                     names.add(name)
         self.wanted = frozenset(names)
-        self._slices: dict[tuple, tuple | None] = {}
+        self._spellings: dict[tuple, list[tuple[str, str]]] = {}
+        self._slices: dict[tuple, dict[str, tuple | None]] = {}  # by (concept, extra key), then label text
 
     # Re-exporters (SGLang's router, gRPC sidecars, Dynamo, Ray) rewrite the engine's colon prefix.
     prefix_aliases: ClassVar[tuple[str, ...]] = ()
@@ -69,46 +70,52 @@ class Adapter:
         return out
 
     def first_present(self, names: tuple[str, ...], samples: Samples, suffix: str = "") -> str | None:
-        for name in names:
-            for variant in self.variants_of((name,)):
-                if variant + suffix in samples:
-                    return variant
+        spellings = self._spellings.get((names, suffix))
+        if spellings is None:  # worked out once per adapter: this runs for every series at every poll
+            spellings = self._spellings[names, suffix] = [(v, v + suffix) for v in self.variants_of(names)]
+        for variant, name in spellings:
+            if name in samples:
+                return variant
         return None
 
     def rank_of(self, labels: dict[str, str]) -> str:
         return labels.get(self.rank_label, "0")
 
-    def _slice_of(self, sample: Sample, series: Series, extra_key: str | None) -> tuple | None:
-        """(rank, breakdown slice[, extra label]) of a sample, or None when the series' filters reject it.
-        Label sets repeat from poll to poll, so the answer is cached by label text."""
-        cache_key = (series.concept, sample.label_text, extra_key)
-        slice_key = self._slices.get(cache_key, _UNSEEN)
-        if slice_key is _UNSEEN:
-            labels = sample.labels
-            slice_key = None
-            if all(labels.get(k, "") == v for wanted in (self.base_match, series.match) for k, v in wanted.items()):
-                slice_key = (self.rank_of(labels), tuple(labels.get(label, "") for label in series.sum_over))
-                if extra_key is not None:
-                    slice_key += (labels.get(extra_key, ""),)
-            if len(self._slices) >= _SLICE_CACHE_LIMIT:
-                self._slices.clear()
-            self._slices[cache_key] = slice_key
-        return slice_key
+    def _slice_of(self, label_text: str, series: Series, extra_key: str | None) -> tuple | None:
+        """(output key, breakdown slice) of a label set, or None when the series' filters reject it. The
+        output key is the rank, or (rank, bucket bound) for the `le` of a histogram bucket."""
+        labels = parse_labels(label_text) if label_text else {}
+        if not all(labels.get(k, "") == v for wanted in (self.base_match, series.match) for k, v in wanted.items()):
+            return None
+        out_key = self.rank_of(labels)
+        if extra_key is not None:
+            bound = labels.get(extra_key, "")
+            try:
+                out_key = (out_key, float(bound))
+            except ValueError:
+                raise ParseError(f"{series.concept}: bucket bound {extra_key}={bound!r} is not a number") from None
+        return out_key, tuple(labels.get(label, "") for label in series.sum_over)
 
     def _collapse(self, samples: list[Sample], series: Series, extra_key: str | None = None) -> dict:
-        """Per rank: max over duplicate copies of each breakdown slice, then the sum over slices."""
+        """Per output key: max over duplicate copies of each breakdown slice, then the sum over slices.
+        Label sets repeat from poll to poll, so a label set's slice is cached by its text."""
+        cache = self._slices.get((series.concept, extra_key))
+        if cache is None or len(cache) >= _SLICE_CACHE_LIMIT:
+            cache = self._slices[series.concept, extra_key] = {}
         slices: dict[tuple, float] = {}
-        for sample in samples:
-            key = self._slice_of(sample, series, extra_key)
+        for _, label_text, value in samples:
+            key = cache.get(label_text, _UNSEEN)
+            if key is _UNSEEN:
+                key = cache[label_text] = self._slice_of(label_text, series, extra_key)
             if key is None:
                 continue
-            value = sample.value
             seen = slices.get(key)
             if seen is None or value > seen or seen != seen:  # seen != seen: NaN loses to a number
                 slices[key] = value
+        if len(slices) == len({out_key for out_key, _ in slices}):  # nothing to sum: one slice per key
+            return {out_key: value for (out_key, _), value in slices.items()}
         totals: dict = {}
-        for key, value in slices.items():
-            out_key = key[0] if extra_key is None else (key[0], key[2])
+        for (out_key, _), value in slices.items():
             totals[out_key] = totals.get(out_key, 0.0) + value
         return totals
 
@@ -150,11 +157,7 @@ class Adapter:
         sums = self._collapse(samples.get(name + "_sum", []), series)
         counts = self._collapse(samples.get(name + "_count", []), series)
         per_rank: dict[str, list[tuple[float, float]]] = {}
-        for (rank_name, le), value in buckets.items():
-            try:
-                bound = float(le)
-            except ValueError:
-                raise ParseError(f"{name}_bucket: bucket bound le={le!r} is not a number") from None
+        for (rank_name, bound), value in buckets.items():
             per_rank.setdefault(rank_name, []).append((bound, value))
         for rank_name, pairs in per_rank.items():
             pairs.sort()

@@ -1,0 +1,78 @@
+"""exporter.scheduler: every target once per interval, spread over the interval by its phase."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+
+from exporter.scheduler import Phases, Scheduler, phase_of
+
+
+class FakeTarget:
+    def __init__(self, name: str, hang: threading.Event | None = None):
+        self.name = name
+        self.polls = 0
+        self._hang = hang
+
+    def poll(self) -> None:
+        self.polls += 1
+        if self._hang is not None:
+            self._hang.wait()
+
+
+def test_phases_spread_a_fleet_evenly_over_the_interval():
+    slots = Counter(int(phase_of(f"engine-{i}") * 50) for i in range(2000))
+    # 40 per slot on average; a uniform hash keeps every slot within +-50 % (deterministic: fixed names)
+    assert len(slots) == 50
+    assert 20 <= min(slots.values()) and max(slots.values()) <= 60
+
+
+def test_a_phase_depends_on_the_name_only():
+    assert phase_of("engine-7") == phase_of("engine-7")
+    assert phase_of("engine-7") != phase_of("engine-8")
+    assert 0.0 <= phase_of("engine-7") < 1.0
+
+
+def test_every_target_falls_due_once_per_interval_however_the_time_is_cut():
+    targets = [FakeTarget(f"t{i}") for i in range(500)]
+    phases = Phases(targets)
+    rng = random.Random(3)
+    position, counts = 1.0, Counter()
+    while position < 5.0:
+        following = min(position + rng.uniform(0.0005, 0.3), 5.0)
+        counts.update(t.name for t in phases.due(position, following))
+        position = following
+    assert counts == Counter({t.name: 4 for t in targets})
+
+
+def test_a_window_of_a_whole_interval_or_more_gives_everyone_once():
+    targets = [FakeTarget(f"t{i}") for i in range(50)]
+    assert sorted(t.name for t in Phases(targets).due(2.3, 5.9)) == sorted(t.name for t in targets)
+
+
+def test_the_next_phase_is_the_nearest_one_ahead():
+    phases = Phases([FakeTarget(f"t{i}") for i in range(3)])
+    first, _, last = phases.phases
+    assert abs(phases.next_after(7 + first) - (phases.phases[1] - first)) < 1e-12
+    assert abs(phases.next_after(7 + last) - (1 + first - last)) < 1e-12  # wraps into the next interval
+    assert Phases([]).next_after(0.4) == 1.0
+
+
+def test_a_hanging_target_is_skipped_while_the_others_go_on():
+    hang = threading.Event()
+    healthy = [FakeTarget(f"t{i}") for i in range(10)]
+    stuck = FakeTarget("stuck", hang)
+    scheduler = Scheduler(healthy + [stuck], interval=0.2)
+    scheduler.start()
+    try:
+        time.sleep(1.5)  # the first round and about six intervals
+        assert not scheduler.ready.is_set()  # /ready waits for the whole first round
+        assert stuck.polls == 1  # never started again while its poll hangs
+        assert min(t.polls for t in healthy) >= 3
+        hang.set()
+        assert scheduler.ready.wait(5)
+    finally:
+        hang.set()
+        scheduler.stop()
