@@ -64,7 +64,7 @@ class Exporter:
         self.state = ExporterState()
         self.targets = [self._new_target(t, config) for t in config.targets]
         self.scheduler = Scheduler(self.targets, config.poll_interval)
-        self.prober = Prober(lambda: self.config, self._new_target)
+        self.prober = Prober(lambda: self.config, self._new_target, self.scheduler)
         self.server = MetricsServer(config.listen, {
             ("GET", "/metrics"): self._metrics,
             ("GET", "/probe"): self._probe,
@@ -87,10 +87,8 @@ class Exporter:
                         "KVCACHE_EXPORTER_TARGETS")
 
     def stop(self) -> None:
-        self.scheduler.stop()
+        self.scheduler.stop(closing=self.prober.forget_all())
         self.server.stop()
-        for target in self.targets + self.prober.forget_all():
-            target.close()
 
     def _ready(self, _: Request) -> Response:
         ready = self.scheduler.ready.is_set()
@@ -144,8 +142,7 @@ class Exporter:
         self.targets = targets
         self.scheduler.interval = config.poll_interval
         self.scheduler.replace_targets(targets)
-        for target in kept.values():
-            target.close()
+        self.scheduler.discard(kept.values())
 
 
 def _identity(config: Config, target: TargetConfig) -> tuple:

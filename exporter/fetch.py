@@ -1,19 +1,18 @@
 """HTTP GET of one target's page: persistent connection, hard deadline, size cap, same-host redirects.
 
 Knows HTTP and nothing of engines. Every failure is a FetchError whose `reason` is one of the
-`kvcache_target_scrape_failures_total` reasons. Built on http.client: at fleet scale the poll's
-HTTP cost dominates, and requests spends about eight times the CPU of http.client per GET of
-the same page (bench/http_client.py).
+`kvcache_target_scrape_failures_total` reasons. A small HTTP/1.1 client on asyncio streams: the
+exporter polls its whole fleet from one event loop thread, because poll threads contending for
+the GIL cost more CPU than the polls themselves (docs/performance.md); a GET costs about the same
+CPU as with http.client and far less than with requests (bench/http_client.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import http.client
 import os
-import socket
 import ssl
-import time
 import zlib
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
@@ -22,9 +21,9 @@ from urllib.parse import urljoin, urlsplit
 # names it, and its recent versions then rewrite `vllm:` to `vllm_` on sample lines.
 ACCEPT = "text/plain;version=0.0.4"
 MAX_REDIRECTS = 3
+MAX_HEAD_BYTES = 64 * 1024  # status line and headers
 _CHUNK = 256 * 1024
-# A kept-alive connection the server closed meanwhile fails on first use: retry once on a new one.
-_STALE_CONNECTION = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+_REDIRECTS = (301, 302, 303, 307, 308)
 
 
 class FetchError(Exception):
@@ -64,25 +63,38 @@ class SecretFile:
 
 
 class Fetcher:
+    """One target's connection. Every method runs in the event loop thread that polls the target."""
+
     def __init__(self, url: str, settings: FetchSettings):
         self.url = url
         self.settings = settings
         parts = urlsplit(url)
         self._scheme, self._netloc = parts.scheme, parts.netloc
-        self._host, self._port = parts.hostname, parts.port
+        self._host = parts.hostname
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._host_header = parts.netloc.rpartition("@")[2]
         self._tls = _tls_context(settings) if parts.scheme == "https" else None
         self._token = SecretFile(settings.bearer_token_file) if settings.bearer_token_file else None
         self._password = SecretFile(settings.basic_auth_password_file) if settings.basic_auth_password_file else None
-        self._connection: http.client.HTTPConnection | None = None
+        self._stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
     def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+        if self._stream is not None:
+            self._stream[1].close()
+            self._stream = None
 
-    def fetch(self) -> bytes:
-        deadline = time.monotonic() + self.settings.timeout
-        headers = {"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": "kvcache-exporter"}
+    async def fetch(self) -> bytes:
+        headers = self._headers()
+        try:
+            async with asyncio.timeout(self.settings.timeout):
+                return await self._follow(headers)
+        except TimeoutError:  # the deadline covers everything: connect, a trickled head, a trickled body
+            self.close()
+            raise FetchError("timeout", f"no complete response within {self.settings.timeout:g}s") from None
+
+    def _headers(self) -> str:
+        headers = {"Host": self._host_header, "Accept": ACCEPT, "Accept-Encoding": "gzip",
+                   "User-Agent": "kvcache-exporter"}
         try:
             if self._token is not None:
                 headers["Authorization"] = "Bearer " + self._token.read()
@@ -91,118 +103,157 @@ class Fetcher:
                 headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
         except OSError as err:
             raise FetchError("connect", f"credentials file {err.filename}: {err.strerror}") from None
+        return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+
+    async def _follow(self, headers: str) -> bytes:
         url = self.url
         for _ in range(MAX_REDIRECTS + 1):
-            response = self._get(url, headers, deadline)
-            if response.status in (301, 302, 303, 307, 308):
-                location = urljoin(url, response.getheader("Location", ""))
-                self._drain(response, deadline)
+            status, response_headers = await self._exchange(url, headers)
+            if status in _REDIRECTS:
+                location = urljoin(url, response_headers.get("location", ""))
+                await self._drain(status, response_headers)
                 target = urlsplit(location)
                 if (target.scheme, target.netloc) != (self._scheme, self._netloc):
                     raise FetchError("http_status", f"redirect to another host refused: {location}")
                 url = location
                 continue
-            if response.status != 200:
-                self._drain(response, deadline)
-                raise FetchError("http_status", f"HTTP {response.status}")
-            return self._read_body(response, deadline)
+            if status != 200:
+                await self._drain(status, response_headers)
+                raise FetchError("http_status", f"HTTP {status}")
+            return await self._body(status, response_headers, self.settings.max_bytes)
         raise FetchError("http_status", "too many redirects")
 
-    def _get(self, url: str, headers: dict, deadline: float) -> http.client.HTTPResponse:
+    async def _exchange(self, url: str, headers: str) -> tuple[int, dict[str, str]]:
+        """Send the GET and read the response's head, on the kept-alive connection if there is one."""
         parts = urlsplit(url)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        request = f"GET {path} HTTP/1.1\r\n{headers}\r\n".encode("latin-1")
         for attempt in (1, 2):
-            reused = self._connection is not None
-            connection = self._connect(deadline)
+            reused = self._stream is not None
             try:
-                connection.request("GET", path, headers=headers)
-                return connection.getresponse()
-            except _STALE_CONNECTION:
+                if self._stream is None:
+                    self._stream = await asyncio.open_connection(
+                        self._host, self._port, ssl=self._tls, limit=MAX_HEAD_BYTES,
+                        server_hostname=self._host if self._tls else None)
+                reader, writer = self._stream
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as err:
                 self.close()
-                if attempt == 2 or not reused:
-                    raise FetchError("connect", "connection closed by the target") from None
-            except (TimeoutError, socket.timeout):
+                nothing_read = not isinstance(err, asyncio.IncompleteReadError) or not err.partial
+                if reused and attempt == 1 and nothing_read:
+                    continue  # the target closed the kept-alive connection meanwhile: once more on a new one
+                raise FetchError("connect", "connection closed by the target") from None
+            except asyncio.LimitOverrunError:
                 self.close()
-                raise FetchError("timeout", f"no response within {self.settings.timeout:g}s") from None
+                raise FetchError("connect", f"response head longer than {MAX_HEAD_BYTES} bytes") from None
             except ssl.SSLError as err:
                 self.close()
                 raise FetchError("connect", f"TLS: {err.reason or err}") from None
-            except (OSError, http.client.HTTPException) as err:
+            except OSError as err:
                 self.close()
                 raise FetchError("connect", type(err).__name__) from None
+            return self._parse_head(head)
         raise AssertionError("unreachable")
 
-    def _connect(self, deadline: float) -> http.client.HTTPConnection:
-        remaining = max(deadline - time.monotonic(), 0.001)
-        if self._connection is None:
-            if self._tls is not None:
-                self._connection = http.client.HTTPSConnection(self._host, self._port, timeout=remaining,
-                                                               context=self._tls)
-            else:
-                self._connection = http.client.HTTPConnection(self._host, self._port, timeout=remaining)
-        else:
-            self._connection.timeout = remaining
-            if self._connection.sock is not None:
-                self._connection.sock.settimeout(remaining)
-        return self._connection
+    def _parse_head(self, head: bytes) -> tuple[int, dict[str, str]]:
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        version, _, rest = status_line.partition(" ")
+        if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+            self.close()
+            raise FetchError("connect", f"not an HTTP response: {status_line[:40]!r}")
+        headers = {}
+        for line in lines:
+            name, sep, value = line.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        connection = headers.get("connection", "").lower()
+        if connection == "close" or (version == "HTTP/1.0" and connection != "keep-alive"):
+            headers["connection"] = "close"
+        return int(rest[:3]), headers
 
-    def _drain(self, response: http.client.HTTPResponse, deadline: float) -> None:
+    async def _drain(self, status: int, headers: dict[str, str]) -> None:
         """Read a small body to keep the connection usable; a large one closes it instead."""
         try:
-            self._read_body(response, deadline, limit=64 * 1024)
+            await self._body(status, headers, limit=64 * 1024)
         except FetchError:
             self.close()
 
-    def _read_body(self, response: http.client.HTTPResponse, deadline: float, limit: int | None = None) -> bytes:
-        """Read the body within the deadline, decompressing gzip ourselves so that the cap counts
-        decompressed bytes and a compression bomb stops at the cap, not in memory."""
-        limit = self.settings.max_bytes if limit is None else limit
-        declared = response.getheader("Content-Length")
-        encoding = (response.getheader("Content-Encoding") or "identity").lower()
+    async def _body(self, status: int, headers: dict[str, str], limit: int) -> bytes:
+        """Read the body as framed (length, chunks, or until the target closes), decompressing gzip
+        ourselves so that the cap counts decompressed bytes and a compression bomb stops at the cap."""
+        encoding = headers.get("content-encoding", "identity").lower()
         if encoding not in ("identity", "gzip"):
             self.close()
             raise FetchError("parse", f"unsupported Content-Encoding {encoding}")
-        if encoding == "identity" and declared and declared.isdigit() and int(declared) > limit:
-            self.close()
-            raise FetchError("too_large", f"Content-Length {declared} exceeds {limit}")
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
-        sock = self._connection.sock if self._connection is not None else None
-        parts: list[bytes] = []
-        size = 0
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        declared = "0" if status in (204, 304) else headers.get("content-length")
+        if not chunked and declared is not None:
+            if not declared.isdigit():
+                self.close()
+                raise FetchError("connect", f"bad Content-Length {declared[:40]!r}")
+            if encoding == "identity" and int(declared) > limit:
+                self.close()
+                raise FetchError("too_large", f"Content-Length {declared} exceeds {limit}")
+        body = _Body(limit, encoding == "gzip")
+        reader = self._stream[0]
         try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise FetchError("timeout", f"body not complete within {self.settings.timeout:g}s")
-                if sock is not None:
-                    sock.settimeout(remaining)  # read1 does at most one socket read, so this bounds it
-                chunk = response.read1(_CHUNK)
-                if not chunk:
-                    break
-                if inflater is not None:
-                    chunk = inflater.decompress(chunk, limit - size + 1)
-                    if inflater.unconsumed_tail:
-                        raise FetchError("too_large", f"decompressed body exceeds {limit} bytes")
-                size += len(chunk)
-                if size > limit:
-                    raise FetchError("too_large", f"body exceeds {limit} bytes")
-                parts.append(chunk)
+            if chunked:
+                while size := int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16):
+                    await _read_exactly(reader, size, body)
+                    await reader.readexactly(2)
+                while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
+                    pass
+            elif declared is not None:
+                await _read_exactly(reader, int(declared), body)
+            else:  # no framing: the body ends when the target closes the connection
+                while chunk := await reader.read(_CHUNK):
+                    body.add(chunk)
+                headers["connection"] = "close"
         except FetchError:
             self.close()
             raise
-        except (TimeoutError, socket.timeout):
-            self.close()
-            raise FetchError("timeout", f"body not complete within {self.settings.timeout:g}s") from None
         except zlib.error:
             self.close()
             raise FetchError("parse", "corrupt gzip body") from None
-        except (OSError, http.client.HTTPException) as err:
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError) as err:
             self.close()
             raise FetchError("connect", f"connection broken: {type(err).__name__}") from None
-        response.close()  # read1 leaves a finished response open; the connection needs it closed for reuse
-        if response.will_close:
+        if headers.get("connection") == "close":
             self.close()
-        return b"".join(parts)
+        return body.bytes()
+
+
+class _Body:
+    """A response body as it arrives: inflated if gzip, and stopped at the cap."""
+
+    def __init__(self, limit: int, gzip: bool):
+        self.limit = limit
+        self.size = 0
+        self.parts: list[bytes] = []
+        self.inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzip else None
+
+    def add(self, chunk: bytes) -> None:
+        if self.inflater is not None:
+            chunk = self.inflater.decompress(chunk, self.limit - self.size + 1)
+            if self.inflater.unconsumed_tail:
+                raise FetchError("too_large", f"decompressed body exceeds {self.limit} bytes")
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise FetchError("too_large", f"body exceeds {self.limit} bytes")
+        self.parts.append(chunk)
+
+    def bytes(self) -> bytes:
+        return b"".join(self.parts)
+
+
+async def _read_exactly(reader: asyncio.StreamReader, size: int, body: _Body) -> None:
+    while size > 0:
+        chunk = await reader.read(min(size, _CHUNK))
+        if not chunk:
+            raise asyncio.IncompleteReadError(b"", size)
+        size -= len(chunk)
+        body.add(chunk)
 
 
 def _tls_context(settings: FetchSettings) -> ssl.SSLContext:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from .config import DEFAULT_MAX_BYTES, target_from_url
 from .fetch import FetchSettings
 from .target import Target
@@ -12,13 +14,17 @@ class TargetUnavailable(Exception):
     pass
 
 
+async def _poll_once(target: Target):
+    try:
+        return await target.poll()
+    finally:
+        target.close()
+
+
 def capacity_tokens(url: str, timeout: float = 10.0) -> int:
     """The engine's KV capacity in tokens, summed over its data-parallel pools."""
     target = Target(target_from_url(url), FetchSettings(timeout=timeout, max_bytes=DEFAULT_MAX_BYTES), DEFAULT, {})
-    try:
-        outcome = target.poll()
-    finally:
-        target.close()
+    outcome = asyncio.run(_poll_once(target))
     if not outcome.up:
         reason = next(reason for reason, count in target.failures.items() if count)
         raise TargetUnavailable(f"{url}: poll failed ({reason})")

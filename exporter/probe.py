@@ -9,13 +9,16 @@ import time
 from typing import Callable
 
 from .config import ENGINES, Config, TargetConfig, target_from_url
+from .scheduler import Scheduler
 from .target import Target
 
 
 class Prober:
-    def __init__(self, config: Callable[[], Config], make_target: Callable[[TargetConfig, Config], Target]):
+    def __init__(self, config: Callable[[], Config], make_target: Callable[[TargetConfig, Config], Target],
+                 scheduler: Scheduler):
         self._config = config
         self._make_target = make_target
+        self._scheduler = scheduler  # whose event loop polls the probed targets too
         self._lock = threading.Lock()
         self._targets: dict[tuple[str, str], tuple[Target, threading.Lock]] = {}
         self._last_probe: dict[tuple[str, str], float] = {}
@@ -33,16 +36,17 @@ class Prober:
         key = (url, engine)
         now = time.monotonic()
         with self._lock:
-            for stale in [k for k, last in self._last_probe.items() if now - last > config.staleness]:
-                self._targets.pop(stale)[0].close()
-                del self._last_probe[stale]
+            stale = [k for k, last in self._last_probe.items() if now - last > config.staleness]
+            self._scheduler.discard(self._targets.pop(key)[0] for key in stale)
+            for key in stale:
+                del self._last_probe[key]
             if key not in self._targets:
                 target_config = TargetConfig(name=target_config.name, url=url, engine=engine)
                 self._targets[key] = (self._make_target(target_config, config), threading.Lock())
             self._last_probe[key] = now
             target, lock = self._targets[key]
         with lock:  # two scrapes of one engine at once poll it once each, in turn
-            target.poll()
+            self._scheduler.run(target.poll())
         return 200, target
 
     def probed(self) -> int:

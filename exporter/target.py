@@ -57,11 +57,12 @@ class Target:
     def name(self) -> str:
         return self.config.name
 
-    def poll(self) -> PollOutcome:
+    async def poll(self) -> PollOutcome:
+        """Fetch, then read the page; only the fetch waits, the rest runs at once in the event loop."""
         started = time.monotonic()
         previous = self.outcome
         try:
-            adapter, samples = self._read(self.fetcher.fetch())
+            adapter, samples = self._read(await self.fetcher.fetch())
             try:
                 snapshot = adapter.adapt(samples)
             except parser.ParseError as err:  # a bad label set, found when the adapter reads it
@@ -86,7 +87,7 @@ class Target:
         return outcome
 
     def _render(self) -> None:
-        # Rendered here, in the poll worker, so that a scrape of /metrics only joins text.
+        # Rendered here, after the poll, so that a scrape of /metrics only joins text.
         self.text = exposition.render_target(self.name, self.labels, self.config.url, self.outcome, self.failures,
                                              self._prefixes)
 
@@ -116,4 +117,5 @@ class Target:
                            previous.last_success, previous.ranks)
 
     def close(self) -> None:
+        """In the event loop thread that polls the target (its connection belongs to that loop)."""
         self.fetcher.close()
