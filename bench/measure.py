@@ -194,7 +194,7 @@ def _scalar(base_url: str, expr: str) -> float:
 
 def profile(pid: int, plan: Plan, name: str) -> str:
     """py-spy samples the thread holding the GIL over one more window, without pausing the process
-    (pausing 256 threads 100 times a second makes polls time out), into collapsed stacks and a
+    (pausing it 100 times a second makes polls time out), into collapsed stacks and a
     summary of where the Python CPU goes; returns the summary's path. Work done with the GIL
     released (socket I/O in the kernel, zlib) does not show."""
     plan.profile_dir.mkdir(parents=True, exist_ok=True)

@@ -37,9 +37,9 @@ class Prober:
         now = time.monotonic()
         with self._lock:
             stale = [k for k, last in self._last_probe.items() if now - last > config.staleness]
-            self._scheduler.discard(self._targets.pop(key)[0] for key in stale)
-            for key in stale:
-                del self._last_probe[key]
+            self._scheduler.discard(self._targets.pop(k)[0] for k in stale)
+            for k in stale:
+                del self._last_probe[k]
             if key not in self._targets:
                 target_config = TargetConfig(name=target_config.name, url=url, engine=engine)
                 self._targets[key] = (self._make_target(target_config, config), threading.Lock())

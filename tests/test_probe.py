@@ -56,9 +56,12 @@ def test_probe_keeps_history_and_forgets_idle_targets(tmp_path):
             assert harness.value(down, "kvcache_target_scrape_failures_total", reason="http_status") == expected
         assert harness.value(harness.scrape(exporter.url), "kvcache_exporter_probed_targets") == 3.0
         time.sleep(2.5)  # longer than the staleness period: the targets are forgotten, counts start over
-        _, down = probe(exporter, server.url("/down"))
+        _, good = probe(exporter, server.url("/metrics"), engine="vllm")
+        assert harness.value(good, "kvcache_target_up") == 1.0
+        _, down = probe(exporter, server.url("/down"))  # its own target, new, not the one just probed
+        assert harness.value(down, "kvcache_target_up") == 0.0
         assert harness.value(down, "kvcache_target_scrape_failures_total", reason="http_status") == 1.0
-        assert harness.value(harness.scrape(exporter.url), "kvcache_exporter_probed_targets") == 1.0
+        assert harness.value(harness.scrape(exporter.url), "kvcache_exporter_probed_targets") == 2.0
 
 
 def test_probe_rejects_bad_parameters(tmp_path):
