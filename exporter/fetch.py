@@ -3,8 +3,9 @@
 Knows HTTP and nothing of engines. Every failure is a FetchError whose `reason` is one of the
 `kvcache_target_scrape_failures_total` reasons. A small HTTP/1.1 client on asyncio streams: the
 exporter polls its whole fleet from one event loop thread, because poll threads contending for
-the GIL cost more CPU than the polls themselves (docs/performance.md); a GET costs about the same
-CPU as with http.client and far less than with requests (bench/http_client.py).
+the GIL cost more CPU than the polls themselves (docs/performance.md). A GET of a 37 KB page costs
+91 µs of CPU here, 67 µs with http.client and 447 µs with requests (bench/http_client.py; the
+figure for this client includes starting the event loop for each request, which polling doesn't).
 """
 
 from __future__ import annotations

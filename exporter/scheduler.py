@@ -24,8 +24,8 @@ from .target import Target
 log = logging.getLogger(__name__)
 # The scheduler wakes every TICK seconds (a quarter of the interval if that is shorter) and starts
 # the polls whose phase has come: their pages are then read back to back, while the interpreter's
-# caches are warm. At 2,000 SGLang targets a tick of 0.01 s cost 946 us of CPU per poll, 0.05 s
-# 648 us, 0.25 s 526 to 567 us and 0.5 s 534 us (docs/performance.md).
+# caches are warm. Shorter ticks cost more CPU per poll, longer ones no less (bench/tick.py,
+# docs/performance.md).
 TICK = 0.25
 T = TypeVar("T")
 
