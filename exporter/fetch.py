@@ -104,6 +104,8 @@ class Fetcher:
                 headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
         except OSError as err:
             raise FetchError("connect", f"credentials file {err.filename}: {err.strerror}") from None
+        if any("\r" in value or "\n" in value for value in headers.values()):  # no header of its own
+            raise FetchError("connect", "a credentials file holds a line break")
         return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
 
     async def _follow(self, headers: str) -> bytes:
