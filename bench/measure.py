@@ -94,23 +94,13 @@ def measure_exporter(fleet: Fleet, plan: Plan, work_dir: Path) -> dict:
         harness.wait_until(lambda: harness.http_get(proc.url + "/ready")[0] == 200,
                            timeout=60 + 10 * plan.interval, what="the exporter's first poll cycle")
         time.sleep(plan.warmup_cycles * plan.interval)
-        _sleep_until_next_tick(proc.url, plan.interval)
         result = steady_window(proc.proc.pid, fleet, plan)
         result.update(_scrapes(proc.url, plan))
-        # The high-water mark after the scrapes: rendering /metrics holds the body (twice, text and bytes) for a while.
+        # The high-water mark after the scrapes: a scrape holds the compressed body and a block of the text.
         result["peak_rss_mb"] = procstat.memory_bytes(proc.proc.pid)[1] / MB
         if plan.profile_dir is not None:
             result["profile"] = profile(proc.proc.pid, plan, f"exporter-{plan.targets}")
     return result
-
-
-def _sleep_until_next_tick(base_url: str, interval: float) -> None:
-    """Wait until just before the exporter's next poll cycle starts, so that a window of whole
-    cycles holds whole bursts of polls. The earliest last-success time of the targets is a few
-    milliseconds after a cycle's start; cycles start every `interval` seconds from then on."""
-    body = timed_get(base_url + "/metrics")[2]
-    started = min(s.value for s in parser.parse(body.decode(), frozenset({LAST_SUCCESS}))[LAST_SUCCESS])
-    time.sleep((started - time.time() - 0.05) % interval)
 
 
 def _scrapes(base_url: str, plan: Plan) -> dict:

@@ -143,3 +143,30 @@ def test_a_credentials_file_with_a_line_break_sends_nothing(tmp_path):
     with pytest.raises(FetchError) as failed:
         asyncio.run(fetch_times("http://127.0.0.1:9/metrics", 1, bearer_token_file=str(token)))
     assert failed.value.reason == "connect" and "line break" in failed.value.detail
+
+
+def test_a_head_trickled_byte_by_byte_times_out_at_the_deadline():
+    async def trickled(url: str):
+        async def drip(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            try:
+                for byte in response(PAGE, length(PAGE)):  # 3 s at this pace; the deadline is 0.3 s
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    await asyncio.sleep(0.02)
+            except ConnectionError:
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(drip, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await fetch_times(f"http://127.0.0.1:{port}/metrics", 1, timeout=0.3)
+        finally:
+            server.close()
+            await asyncio.sleep(0.05)
+
+    with pytest.raises(FetchError) as failed:
+        asyncio.run(trickled(""))
+    assert failed.value.reason == "timeout"
