@@ -24,8 +24,8 @@ RUN groupadd --system --gid 10490 kvcache \
     && useradd --system --uid 10490 --gid kvcache --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin kvcache
 COPY --from=build /opt/kvcache /opt/kvcache
-# MALLOC_ARENA_MAX: glibc gives each poll thread its own malloc arena; two keep the resident
-# memory flat (tests/test_soak.py measured 165 MiB without, 93 MiB with, over 10 minutes).
+# MALLOC_ARENA_MAX: glibc gives threads (a scrape's, the resolver's) malloc arenas of their own,
+# up to 8 per core; two keep the resident memory flat whatever the host (docs/robustness.md).
 ENV PATH=/opt/kvcache/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
