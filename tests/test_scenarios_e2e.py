@@ -12,7 +12,11 @@ from tests import harness
 from tests.parser_oracle import oracle_samples, our_samples
 
 SPEED = 20.0
-POLL = 0.5
+# At 20x a poll every 0.25 s reads the engine every 5 simulated seconds: the saturated phase before
+# the first preemption lasts a few of those. Sampling /metrics more often than the exporter polls
+# catches every poll's outcome.
+POLL = 0.25
+SAMPLE_EVERY = 0.1
 RUNS = {  # target name -> (flavor, scenario)
     "vllm-saturation": ("vllm-v1", "kv-saturation"),
     "sglang-saturation": ("sglang", "kv-saturation"),
@@ -26,7 +30,7 @@ WALL_SECONDS = 26.0  # 520 simulated seconds: saturation reaches thrashing, the 
 
 @pytest.fixture(scope="module")
 def timeline(tmp_path_factory):
-    """Per target, every 0.5 s: (pressure state, waiting, preemptions, prompt tokens)."""
+    """Per target, every SAMPLE_EVERY seconds: (pressure state, waiting, preemptions, prompt tokens)."""
     tmp = tmp_path_factory.mktemp("scenarios")
     engines = {name: start_engine(flavor, scenario, speed=SPEED, seed=3) for name, (flavor, scenario) in RUNS.items()}
     try:
@@ -48,7 +52,7 @@ def timeline(tmp_path_factory):
                         harness.series(samples, "kvcache_preemptions_total", target=name),
                         harness.series(samples, "kvcache_prompt_tokens_total", target=name),
                     ))
-                time.sleep(POLL)
+                time.sleep(SAMPLE_EVERY)
         yield seen
     finally:
         for engine in engines.values():
