@@ -118,13 +118,10 @@ def test_bad_responses_fail_with_their_reason(raw, reason):
     assert failed.value.reason == reason
 
 
-def test_a_target_that_never_answers_times_out_at_the_deadline():
-    async def silent(url: str):
-        async def hold(reader, writer):
-            await reader.read()  # until the client gives up and closes
-            writer.close()
-
-        server = await asyncio.start_server(hold, "127.0.0.1", 0)
+def failure_against(handler) -> str:
+    """The failure reason of a fetch with a 0.3 s deadline from a server that answers with `handler`."""
+    async def run():
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         try:
             return await fetch_times(f"http://127.0.0.1:{port}/metrics", 1, timeout=0.3)
@@ -133,8 +130,32 @@ def test_a_target_that_never_answers_times_out_at_the_deadline():
             await asyncio.sleep(0.05)
 
     with pytest.raises(FetchError) as failed:
-        asyncio.run(silent(""))
-    assert failed.value.reason == "timeout"
+        asyncio.run(run())
+    return failed.value.reason
+
+
+def test_a_target_that_never_answers_times_out_at_the_deadline():
+    async def hold(reader, writer):
+        await reader.read()  # until the client gives up and closes
+        writer.close()
+
+    assert failure_against(hold) == "timeout"
+
+
+def test_a_head_trickled_byte_by_byte_times_out_at_the_deadline():
+    async def drip(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        try:
+            for byte in response(PAGE, length(PAGE)):  # 3 s at this pace; the deadline is 0.3 s
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.02)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    assert failure_against(drip) == "timeout"
 
 
 def test_a_credentials_file_with_a_line_break_sends_nothing(tmp_path):
@@ -143,30 +164,3 @@ def test_a_credentials_file_with_a_line_break_sends_nothing(tmp_path):
     with pytest.raises(FetchError) as failed:
         asyncio.run(fetch_times("http://127.0.0.1:9/metrics", 1, bearer_token_file=str(token)))
     assert failed.value.reason == "connect" and "line break" in failed.value.detail
-
-
-def test_a_head_trickled_byte_by_byte_times_out_at_the_deadline():
-    async def trickled(url: str):
-        async def drip(reader, writer):
-            await reader.readuntil(b"\r\n\r\n")
-            try:
-                for byte in response(PAGE, length(PAGE)):  # 3 s at this pace; the deadline is 0.3 s
-                    writer.write(bytes([byte]))
-                    await writer.drain()
-                    await asyncio.sleep(0.02)
-            except ConnectionError:
-                pass
-            finally:
-                writer.close()
-
-        server = await asyncio.start_server(drip, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        try:
-            return await fetch_times(f"http://127.0.0.1:{port}/metrics", 1, timeout=0.3)
-        finally:
-            server.close()
-            await asyncio.sleep(0.05)
-
-    with pytest.raises(FetchError) as failed:
-        asyncio.run(trickled(""))
-    assert failed.value.reason == "timeout"
