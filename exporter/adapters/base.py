@@ -112,8 +112,6 @@ class Adapter:
             seen = slices.get(key)
             if seen is None or value > seen or seen != seen:  # seen != seen: NaN loses to a number
                 slices[key] = value
-        if len(slices) == len({out_key for out_key, _ in slices}):  # nothing to sum: one slice per key
-            return {out_key: value for (out_key, _), value in slices.items()}
         totals: dict = {}
         for (out_key, _), value in slices.items():
             totals[out_key] = totals.get(out_key, 0.0) + value
