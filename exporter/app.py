@@ -87,8 +87,8 @@ class Exporter:
                         "KVCACHE_EXPORTER_TARGETS")
 
     def stop(self) -> None:
+        self.server.stop()  # first: no probe may reach the poll loop once it is closed
         self.scheduler.stop(closing=self.prober.forget_all())
-        self.server.stop()
 
     def _ready(self, _: Request) -> Response:
         ready = self.scheduler.ready.is_set()
