@@ -1,4 +1,5 @@
-"""The kvcache_* families the exporter exposes (shared/spec/metrics.md) with their HELP texts."""
+"""The kvcache_* families the exporter exposes with their HELP texts; docs/metrics.md is generated from them
+(`make docs`, exporter/contract_doc.py)."""
 
 from __future__ import annotations
 
@@ -51,12 +52,22 @@ HISTOGRAMS = {
 PRESSURE_STATE = ("pressure_state", "KV pressure derived by the exporter, 1 for the current state: ok, tight "
                   "(usage at the high-water mark), saturated (requests queue because KV is full), thrashing "
                   "(the engine preempts or retracts requests to free KV).")
+# The `reason` label values of kvcache_target_scrape_failures_total, and what each means.
+FAILURE_REASONS = {
+    "timeout": "no complete response within the timeout",
+    "connect": "no connection, a broken one, TLS refused, or an answer that is not HTTP",
+    "credentials": "the target's bearer_token_file or password_file cannot be read, or holds a line break",
+    "http_status": "an answer other than 200, a redirect to another host, or too many redirects",
+    "too_large": "a page above max_response_bytes, decompressed",
+    "parse": "a page that is not Prometheus text, not UTF-8, or badly compressed",
+    "unknown_engine": "a page with no series of a known engine (or of the configured one)",
+}
 TARGET_FAMILIES = {
     "target_up": ("gauge", "1 if the last poll of the target succeeded and parsed, else 0."),
     "target_scrape_duration_seconds": ("gauge", "Duration of the last poll of the target."),
     "target_last_success_timestamp_seconds": ("gauge", "Unix time of the last successful poll of the target."),
-    "target_scrape_failures_total": ("counter", "Failed polls of the target by reason (timeout, connect, http_status, "
-                                          "too_large, parse, unknown_engine)."),
+    "target_scrape_failures_total": ("counter", "Failed polls of the target by reason ("
+                                     + ", ".join(FAILURE_REASONS) + ")."),
     "target_info": ("gauge", "1, with the target's URL, detected engine and engine version where known."),
 }
 BUILD_INFO = ("exporter_build_info", "1, with the exporter's version.")

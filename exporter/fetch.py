@@ -29,7 +29,7 @@ _REDIRECTS = (301, 302, 303, 307, 308)
 
 class FetchError(Exception):
     def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
+        super().__init__(detail)  # the log line names the reason apart
         self.reason = reason
         self.detail = detail
 
@@ -58,8 +58,10 @@ class SecretFile:
         stamp = (stat.st_mtime, stat.st_size)
         if stamp != self._stamp:
             with open(self.path, encoding="utf-8") as handle:
-                self._value = handle.read().strip()
-            self._stamp = stamp
+                value = handle.read().strip()
+            if "\r" in value or "\n" in value:  # it would end the header and start one of its own
+                raise FetchError("credentials", f"{self.path} holds a line break")
+            self._value, self._stamp = value, stamp
         return self._value
 
 
@@ -102,10 +104,10 @@ class Fetcher:
             elif self._password is not None:
                 pair = f"{self.settings.basic_auth_username}:{self._password.read()}".encode()
                 headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-        except OSError as err:
-            raise FetchError("connect", f"credentials file {err.filename}: {err.strerror}") from None
-        if any("\r" in value or "\n" in value for value in headers.values()):  # no header of its own
-            raise FetchError("connect", "a credentials file holds a line break")
+        except (OSError, UnicodeDecodeError) as err:
+            path = self._token.path if self._token is not None else self._password.path
+            problem = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+            raise FetchError("credentials", f"cannot read {path}: {problem}") from None
         return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
 
     async def _follow(self, headers: str) -> bytes:

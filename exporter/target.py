@@ -6,12 +6,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from . import adapters, derive, exposition, parser
+from . import adapters, contract, derive, exposition, parser
 from .config import TargetConfig
 from .fetch import FetchError, Fetcher, FetchSettings
 from .thresholds import Thresholds
 
-FAILURE_REASONS = ("timeout", "connect", "http_status", "too_large", "parse", "unknown_engine")
+FAILURE_REASONS = tuple(contract.FAILURE_REASONS)
 log = logging.getLogger(__name__)
 
 

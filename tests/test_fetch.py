@@ -163,4 +163,11 @@ def test_a_credentials_file_with_a_line_break_sends_nothing(tmp_path):
     token.write_text("abc\r\nX-Injected: 1\n")
     with pytest.raises(FetchError) as failed:
         asyncio.run(fetch_times("http://127.0.0.1:9/metrics", 1, bearer_token_file=str(token)))
-    assert failed.value.reason == "connect" and "line break" in failed.value.detail
+    assert failed.value.reason == "credentials" and f"{token} holds a line break" == failed.value.detail
+
+
+def test_a_missing_credentials_file_is_a_credentials_failure_that_names_the_file(tmp_path):
+    missing = tmp_path / "no-such-token"
+    with pytest.raises(FetchError) as failed:
+        asyncio.run(fetch_times("http://127.0.0.1:9/metrics", 1, bearer_token_file=str(missing)))
+    assert (failed.value.reason, failed.value.detail) == ("credentials", f"cannot read {missing}: No such file or directory")

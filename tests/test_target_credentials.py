@@ -46,6 +46,8 @@ def test_tls_and_credentials(tmp_path):
              "basic_auth": {"username": "scraper", "password_file": str(password_file)}},
             {"name": "untrusted", "url": https + "/open"},  # verification on by default: unknown CA
             {"name": "skip-verify", "url": https + "/open", "tls_insecure_skip_verify": True},
+            {"name": "no-token", "url": https + "/bearer", "ca_file": str(certs.ca),
+             "bearer_token_file": str(tmp_path / "missing-token")},
         ]}))
         with harness.exporter(tmp_path, "--config", str(config), "--log-level", "debug") as exporter:
             harness.wait_until(lambda: value(scrape(exporter.url), "kvcache_target_up", target="basic") == 1.0, 15,
@@ -55,6 +57,9 @@ def test_tls_and_credentials(tmp_path):
             assert value(samples, "kvcache_target_up", target="untrusted") == 0.0
             assert value(samples, "kvcache_target_scrape_failures_total", target="untrusted", reason="connect") >= 1
             assert value(samples, "kvcache_target_up", target="skip-verify") == 1.0
+            assert value(samples, "kvcache_target_up", target="no-token") == 0.0
+            assert value(samples, "kvcache_target_scrape_failures_total", target="no-token", reason="credentials") >= 1
+            assert value(samples, "kvcache_target_scrape_failures_total", target="no-token", reason="connect") == 0
 
             bearer["header"] = "Bearer second-token"  # the engine rotates its token...
             harness.wait_until(lambda: value(scrape(exporter.url), "kvcache_target_up", target="bearer") == 0.0, 10,
@@ -67,3 +72,4 @@ def test_tls_and_credentials(tmp_path):
         for secret in ("first-token", "second-token", "hunter2", base64.b64encode(b"scraper:hunter2").decode()):
             assert secret not in log
         assert "bearer" in log  # the log did record the failures, without their secrets
+        assert f"target no-token: poll failed (credentials): cannot read {tmp_path / 'missing-token'}: " in log
