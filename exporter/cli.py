@@ -69,14 +69,23 @@ def load(args: argparse.Namespace, environ: dict[str, str]) -> cfg.Config:
     if targets:
         origin, key, value = targets
         urls = value if isinstance(value, list) else [u.strip() for u in value.split(",") if u.strip()]
+        named = {t.name: f"target {t.name!r} of {source}" for t in settings.get("targets", [])}
         extra = []
         for url in urls:
             try:
-                extra.append(cfg.target_from_url(url))
+                target = cfg.target_from_url(url)
             except ValueError as err:
                 raise cfg.ConfigError(origin, key, str(err)) from None
+            if named.get(target.name) == url:
+                raise cfg.ConfigError(origin, key, f"{url} is given twice")
+            if target.name in named:  # the command line has no way to name a target
+                raise cfg.ConfigError(origin, key, f"{url} would be named {target.name!r} (its host:port) like "
+                                      f"{named[target.name]}: to poll both, list them in a --config file, each "
+                                      "with its own `name`")
+            named[target.name] = url
+            extra.append(target)
         settings["targets"] = list(settings.get("targets", [])) + extra
-    for name, convert in (("listen", cfg.parse_listen), ("poll_interval", cfg.parse_duration),
+    for name, convert in (("listen", cfg.parse_listen), ("poll_interval", cfg.parse_poll_interval),
                           ("log_level", cfg._log_level)):
         found = given(name)
         if found:

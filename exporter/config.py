@@ -20,6 +20,9 @@ from .thresholds import Thresholds
 ENGINES = ("auto", "vllm", "sglang")
 DEFAULT_LISTEN = "0.0.0.0:10490"
 DEFAULT_POLL_INTERVAL = 5.0
+# Engines update most of their gauges every few seconds: a faster poll only loads them. The floor
+# still lets tests and demos run simulated engines on a fast clock.
+MIN_POLL_INTERVAL = 0.1
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 # Labels the exporter sets itself; a static label must not collide with them.
 RESERVED_LABELS = frozenset({"target", "engine", "model", "dp_rank", "state", "reason", "url", "version", "le"})
@@ -69,6 +72,14 @@ def parse_duration(text: Any) -> float:
     if not match or float(match.group(1)) <= 0:
         raise ValueError(f"not a positive duration (e.g. 5s, 500ms, 1m): {text!r}")
     return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def parse_poll_interval(text: Any) -> float:
+    interval = parse_duration(text)
+    if interval < MIN_POLL_INTERVAL:
+        raise ValueError(f"must be at least {MIN_POLL_INTERVAL * 1000:g}ms (the default is "
+                         f"{DEFAULT_POLL_INTERVAL:g}s), got {text!r}")
+    return interval
 
 
 def parse_size(text: Any) -> int:
@@ -251,7 +262,7 @@ def load_file(path: str) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "targets": [_target(path, item, f"targets[{i}]") for i, item in enumerate(raw_targets)],
     }
-    for key, convert in (("poll_interval", parse_duration), ("timeout", parse_duration),
+    for key, convert in (("poll_interval", parse_poll_interval), ("timeout", parse_duration),
                          ("staleness", parse_duration), ("max_response_bytes", parse_size),
                          ("labels", _labels), ("listen", parse_listen),
                          ("log_level", _log_level)):

@@ -20,7 +20,10 @@ def run(args: argparse.Namespace) -> int:
     from simulator.server import start_engine
 
     listen = args.listen or os.environ.get(cli.ENV["listen"]) or DEMO_LISTEN
-    interval = cfg.parse_duration(args.poll_interval or "1s")
+    try:
+        interval = cfg.parse_poll_interval(args.poll_interval or "1s")
+    except ValueError as err:
+        raise cfg.ConfigError("command line", "--poll-interval", str(err)) from None
     engines = [start_engine(flavor, scenario, speed=DEMO_SPEED, seed=index)
                for index, (flavor, scenario, _) in enumerate(DEMO_ENGINES)]
     try:

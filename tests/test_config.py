@@ -88,6 +88,7 @@ def test_flags_beat_environment_which_beats_the_file(tmp_path):
     ("targets: [{url: 'http://a:1/m'}, {url: 'ftp://b'}]", "targets[1].url", "http:// or https:// URL"),
     ("poll_interval: 5 parsecs", "poll_interval", "not a positive duration"),
     ("poll_interval: 2s\ntimeout: 3s", "timeout", "must be below poll_interval"),
+    ("poll_interval: 5ms", "poll_interval", "must be at least 100ms (the default is 5s), got '5ms'"),
     ("staleness: 1s", "staleness", "at least poll_interval"),
     ("targets: [{url: 'http://a:1/m', engine: tgi}]", "targets[0].engine", "one of auto, vllm, sglang"),
     ("targets: [{url: 'http://a:1/m', labels: {target: x}}]", "targets[0].labels", "set by the exporter"),
@@ -140,6 +141,15 @@ def test_bad_environment_value_names_the_variable():
      "kvcache-exporter: command line: --listen: expected HOST:PORT, got '10490'\n"),
     (["--web.config.file", "{tmp}/exporter.yml"],
      "kvcache-exporter: {tmp}/exporter.yml: targets: unknown key\n"),
+    (["--target", "http://a:1/x", "--target", "http://a:1/y"],
+     "kvcache-exporter: command line: --target: http://a:1/y would be named 'a:1' (its host:port) like http://a:1/x: "
+     "to poll both, list them in a --config file, each with its own `name`\n"),
+    (["--target", "http://a:1/x", "--target", "http://a:1/x"],
+     "kvcache-exporter: command line: --target: http://a:1/x is given twice\n"),
+    (["--target", "http://a:1/x", "--poll-interval", "5ms"],
+     "kvcache-exporter: command line: --poll-interval: must be at least 100ms (the default is 5s), got '5ms'\n"),
+    (["--demo", "--poll-interval", "5ms"],
+     "kvcache-exporter: command line: --poll-interval: must be at least 100ms (the default is 5s), got '5ms'\n"),
 ])
 def test_the_process_prints_one_line_and_exits_2(tmp_path, argv, expected):
     write(tmp_path, "targets: [{name: x}]\n")
@@ -149,3 +159,16 @@ def test_the_process_prints_one_line_and_exits_2(tmp_path, argv, expected):
     assert result.returncode == 2
     assert result.stderr == expected.format(tmp=tmp_path)
     assert result.stdout == ""
+
+
+def test_a_command_line_target_named_like_a_file_target_says_to_name_both_in_the_file(tmp_path):
+    path = write(tmp_path, "targets: [{url: 'http://a:1/metrics'}]\n")
+    with pytest.raises(cfg.ConfigError) as err:
+        load(["--config", str(path)], {"KVCACHE_EXPORTER_TARGETS": "http://a:1/other"})
+    assert str(err.value) == (f"environment: KVCACHE_EXPORTER_TARGETS: http://a:1/other would be named 'a:1' (its "
+                              f"host:port) like target 'a:1' of {path}: to poll both, list them in a --config file, "
+                              "each with its own `name`")
+
+
+def test_the_poll_interval_floor_is_allowed():
+    assert load(["--target", "http://a:1/m", "--poll-interval", "100ms"]).poll_interval == cfg.MIN_POLL_INTERVAL
