@@ -1,37 +1,60 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
+# Everything runs in a virtual environment of its own (.venv/), created on first use: Debian 12 and
+# Ubuntu 24.04 refuse `pip install` into the system Python (externally-managed-environment).
 PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
 
-.PHONY: demo test install deps dashboards alerts kubernetes bench fuzz
+.PHONY: demo test install deps docs dashboards alerts kubernetes bench fuzz
 
 demo: install
-	$(PYTHON) -m exporter --demo
+	$(PY) -m exporter --demo
 
 test: deps
-	$(PYTHON) -m pytest -q
+	$(PY) -m pytest -q
 
-install:
-	$(PYTHON) -m pip install -q -e .
+install: $(VENV)/.installed
 
-# Everything the tests need: the package with its test extras, and Debian's Prometheus and Alertmanager.
+# Everything the tests need: Debian's Prometheus and Alertmanager, and the package with its test extras.
 deps:
-	./scripts/install-test-deps
-	$(PYTHON) -m pip install -q -e '.[test]'
+	PYTHON=$(PYTHON) ./scripts/install-test-deps
+	$(MAKE) --no-print-directory $(VENV)/.installed-test
 
-dashboards:
-	$(PYTHON) -m dashboards.build
+# `python3 -m venv` needs Debian's python3-venv; without it Python leaves a half-made directory.
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "kvcache-exporter needs Python 3.11+, $(PYTHON) is $$($(PYTHON) -V 2>&1)" >&2; exit 1; }
+	@$(PYTHON) -m venv $(VENV) \
+		|| { rm -rf $(VENV); echo "$(PYTHON) -m venv failed: on Debian or Ubuntu, apt install python3-venv" >&2; exit 1; }
 
-alerts:
-	$(PYTHON) -m alerts.generate
+# Stamps: pip runs again only when pyproject.toml changes (the install is editable).
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@ $(VENV)/.installed
+
+docs: install
+	$(PY) -m exporter.contract_doc
+
+dashboards: install
+	$(PY) -m pip install -q -e '.[dashboards]'
+	$(PY) -m dashboards.build
+
+alerts: install
+	$(PY) -m alerts.generate
 
 # After `make alerts` and `make dashboards`: the manifests embed both.
-kubernetes:
-	$(PYTHON) -m deploy.kubernetes.generate
+kubernetes: install
+	$(PY) -m deploy.kubernetes.generate
 
-bench:
-	$(PYTHON) -m pip install -q -e '.[bench]'
-	$(PYTHON) -m bench.run
+bench: install
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m bench.run
 
 # Five minutes of coverage-guided fuzzing of the page path (fuzz/fuzz_parser.py says what it checks).
-fuzz:
-	$(PYTHON) -m pip install -q -e '.[fuzz]'
-	$(PYTHON) fuzz/fuzz_parser.py -max_total_time=300
+fuzz: install
+	$(PY) -m pip install -q -e '.[fuzz]'
+	$(PY) fuzz/fuzz_parser.py -max_total_time=300

@@ -4,7 +4,8 @@
 
 Names, types and meanings come from exporter/contract.py (through the exposition's family list,
 so a family added there appears here), per-engine sources from the adapters' series tables,
-pressure states from exporter/derive.py and their thresholds' defaults from exporter/thresholds.py.
+pressure states from exporter/derive.py and their thresholds' defaults from exporter/thresholds.py,
+failure reasons from exporter/contract.py.
 What no table says (values read from info labels, values the exporter computes, the rule of each
 pressure state) is written below, and generation stops naming any family or state it cannot
 document, so the committed file and the code cannot drift apart (tests/test_contract_doc.py).
@@ -163,7 +164,7 @@ def _families_section() -> str:
         sources = []
         for engine in engines:
             if not _per_pool(name):
-                sources.append("the exporter")
+                sources.append("")  # the exporter's own
                 continue
             try:
                 sources.append(_engine_source(engine, name).replace("|", "\\|"))
@@ -181,6 +182,21 @@ def _families_section() -> str:
             + "\n".join(rows) + "\n")
 
 
+def _failure_reasons_section() -> str:
+    rows = "\n".join(f"| `{reason}` | {meaning} |" for reason, meaning in contract.FAILURE_REASONS.items())
+    return f"""\
+## Failure reasons
+
+`kvcache_target_scrape_failures_total{{reason}}` counts a target's failed polls by reason; each
+reason's series exists from the start at 0. A failed poll sets `kvcache_target_up` to 0 and
+logs the reason and its detail once, when the reason changes.
+
+| reason | the poll failed because of |
+|---|---|
+{rows}
+"""
+
+
 def _pressure_section() -> str:
     if set(STATE_RULES) != set(derive.PRESSURE_STATES):
         raise LookupError(f"STATE_RULES in exporter/contract_doc.py covers {sorted(STATE_RULES)}, "
@@ -192,7 +208,7 @@ def _pressure_section() -> str:
 `kvcache_pressure_state{{state}}` has one series per state for each pool, 1 for the current state
 and 0 for the others; it is absent where the engine reports no usage at all. The exporter tests
 the rules in this order and the first that holds is the state (thresholds from
-`exporter/thresholds.py`, defaults in brackets, overridden by the configuration's `pressure:`):
+`exporter/thresholds.py`, defaults in parentheses, overridden by the configuration's `pressure:`):
 
 {rules}
 
@@ -202,7 +218,7 @@ restart never reads as a preemption burst.
 
 
 def markdown() -> str:
-    return "\n".join((INTRO, _labels_section(), _families_section(), _pressure_section()))
+    return "\n".join((INTRO, _labels_section(), _families_section(), _pressure_section(), _failure_reasons_section()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,7 +64,8 @@ def wait_until(predicate: Callable[[], object], timeout: float, interval: float 
 class Process:
     """A server subprocess whose output goes to a log file."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path, ready_url: str | None, env: dict | None = None):
+    def __init__(self, name: str, argv: list[str], log_dir: Path, ready_url: str | None, env: dict | None = None,
+                 cwd: Path = REPO):
         self.name = name
         self.argv = argv
         self.log_path = log_dir / f"{name}.log"
@@ -72,7 +73,7 @@ class Process:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, cwd=REPO,
+            env={**os.environ, **(env or {})}, cwd=cwd,
         )
 
     def log_tail(self, lines: int = 40) -> str:

@@ -1,0 +1,44 @@
+"""docs/metrics.md, the public contract, is the text exporter/contract_doc.py generates from the code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter import contract_doc, exposition
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+
+
+def test_the_committed_contract_is_the_generated_one():
+    assert DOC.read_text() == contract_doc.markdown(), "docs/metrics.md is out of date: run `make docs`"
+
+
+def test_every_exposed_family_has_a_row():
+    rows = [line.split("|")[1].strip() for line in DOC.read_text().splitlines() if line.startswith("| `kvcache_")]
+    assert rows == [f"`{family.name}`" for family in exposition.FAMILIES.values()]
+
+
+def test_check_mode_finds_drift(tmp_path):
+    stale = tmp_path / "metrics.md"
+    stale.write_text(DOC.read_text().replace("kvcache_usage_ratio", "kvcache_usage_percent"))
+    command = [sys.executable, "-m", "exporter.contract_doc", "--check", "--output"]
+    fresh = subprocess.run(command + [str(DOC)], capture_output=True, text=True, timeout=60)
+    drifted = subprocess.run(command + [str(stale)], capture_output=True, text=True, timeout=60)
+    assert (fresh.returncode, fresh.stderr) == (0, "")
+    assert (drifted.returncode, drifted.stderr) == (1, f"{stale} is out of date: run `make docs`\n")
+
+
+def test_a_family_without_a_documented_source_stops_the_generator(monkeypatch):
+    monkeypatch.setitem(contract_doc.NOT_REPORTED, "vllm", set())
+    with pytest.raises(LookupError, match="no source documented for vllm evictable_tokens: add it to"):
+        contract_doc.markdown()
+
+
+def test_a_pressure_state_without_a_rule_stops_the_generator(monkeypatch):
+    monkeypatch.setattr(contract_doc.derive, "PRESSURE_STATES", contract_doc.derive.PRESSURE_STATES + ("capped",))
+    with pytest.raises(LookupError, match="STATE_RULES .* covers"):
+        contract_doc.markdown()
