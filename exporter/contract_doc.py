@@ -110,7 +110,7 @@ def _labels_section() -> str:
 | `target` | every per-target series | the target's `name` in the configuration; default `host:port` of its URL |
 | `engine` | every per-target series | {engines} |
 | `model` | per-pool series | the served model name the engine reports (`model_name`), `""` if none |
-| `dp_rank` | per-pool series | the data-parallel replica, one KV pool each ({ranks}); `"0"` where the engine has none |
+| `dp_rank` | per-pool series | the data-parallel replica, one KV pool each ({ranks}); `"0"` without one |
 | static labels | every per-target series | the configuration's `labels:`, global and per target (e.g. `cluster`, `pool`) |
 
 A per-pool series is one per (target, `dp_rank`). Tensor- and pipeline-parallel ranks repeat the

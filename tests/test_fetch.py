@@ -170,4 +170,5 @@ def test_a_missing_credentials_file_is_a_credentials_failure_that_names_the_file
     missing = tmp_path / "no-such-token"
     with pytest.raises(FetchError) as failed:
         asyncio.run(fetch_times("http://127.0.0.1:9/metrics", 1, bearer_token_file=str(missing)))
-    assert (failed.value.reason, failed.value.detail) == ("credentials", f"cannot read {missing}: No such file or directory")
+    assert failed.value.reason == "credentials"
+    assert failed.value.detail == f"cannot read {missing}: No such file or directory"
