@@ -70,7 +70,14 @@ def main(argv: list[str]) -> int:
                         help="exporter configuration whose pressure: thresholds and labels: to follow")
     args = parser.parse_args(argv)
     try:
-        files = for_config(args.config) if args.config else committed()
+        try:
+            files = for_config(args.config) if args.config else committed()
+        except ModuleNotFoundError as err:
+            if err.name not in ("dashboards", "alerts"):
+                raise
+            # The container image installs the exporter alone; the compose stack mounts the repository's files.
+            raise AssetsError(f"this installation has no {err.name} package: install the kvcache-exporter "
+                              "package with pip, or take the files from its repository") from None
         out = Path(args.out)
         for relative, content in files.items():
             (out / relative).parent.mkdir(parents=True, exist_ok=True)
