@@ -139,7 +139,8 @@ def test_bad_environment_value_names_the_variable():
     (["--target", "http://a:1/m", "--listen", "10490"],
      "kvcache-exporter: command line: --listen: expected HOST:PORT, got '10490'\n"),
     (["--web.config.file", "{tmp}/exporter.yml"],
-     "kvcache-exporter: {tmp}/exporter.yml: targets: unknown key\n"),
+     "kvcache-exporter: {tmp}/exporter.yml: targets: unknown key "
+     "(known: tls_server_config, basic_auth_users, http_server_config)\n"),
 ])
 def test_the_process_prints_one_line_and_exits_2(tmp_path, argv, expected):
     write(tmp_path, "targets: [{name: x}]\n")
