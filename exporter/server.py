@@ -129,8 +129,6 @@ class MetricsServer:
         self.routes = routes
         self.web = web or WebConfig()
         self.max_connections = max_connections
-        self.refused = 0  # connections told 503 at the cap
-        self.evicted = 0  # connections closed at the cap to make room
         self._sock: socket.socket | None = None
         self._server: asyncio.Server | None = None
         self._connections: dict[_Connection, None] = {}
@@ -146,10 +144,6 @@ class MetricsServer:
     @property
     def port(self) -> int:
         return self._sock.getsockname()[1]
-
-    @property
-    def connections(self) -> int:
-        return len(self._connections)
 
     async def serve(self) -> None:
         """Start accepting, in the event loop that runs this."""
@@ -183,12 +177,10 @@ class MetricsServer:
         oldest = min(waiting, key=lambda c: c.waiting_since)
         del self._connections[oldest]
         oldest.writer.transport.abort()
-        self.evicted += 1
         return True
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._connections) >= self.max_connections and not self._make_room():
-            self.refused += 1
             writer.write(_head(503, "text/plain; charset=utf-8", 13, {"Connection": "close"}) + b"server busy\r\n")
             writer.transport.close()
             return
