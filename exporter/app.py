@@ -3,11 +3,12 @@ configurations on reload."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Awaitable, Callable
 
 from . import __version__, contract, exposition
 from .config import Config, ConfigError, TargetConfig
@@ -44,12 +45,13 @@ class ExporterState:
     def reload_failed(self) -> None:
         self.reload_ok = False
 
-    def lines(self, probed_targets: int) -> dict[str, str]:
+    def lines(self, probed_targets: int, probe_evictions: int) -> dict[str, str]:
         values = {
             contract.BUILD_INFO: (f'version="{__version__}"', 1.0),
             contract.RELOAD_OK: ("", float(self.reload_ok)),
             contract.RELOAD_TIME: ("", self.reload_time),
             contract.PROBED_TARGETS: ("", float(probed_targets)),
+            contract.PROBE_EVICTIONS: ("", float(probe_evictions)),
         }
         return {name: exposition.line(contract.PREFIX + name, labels, value)
                 for (name, _), (labels, value) in values.items()}
@@ -64,49 +66,68 @@ class Exporter:
         self.state = ExporterState()
         self.targets = [self._new_target(t, config) for t in config.targets]
         self.scheduler = Scheduler(self.targets, config.poll_interval)
-        self.prober = Prober(lambda: self.config, self._new_target, self.scheduler)
         self.server = MetricsServer(config.listen, {
             ("GET", "/metrics"): self._metrics,
             ("GET", "/probe"): self._probe,
-            ("GET", "/healthz"): lambda _: Response(200, b"ok\n"),
+            ("GET", "/healthz"): _static(b"ok\n"),
             ("GET", "/ready"): self._ready,
             ("POST", "/-/reload"): self._reload_route,
-            ("GET", "/"): lambda _: Response(200, b"kvcache-exporter: /metrics, /probe?target=URL, /healthz, /ready\n"),
+            ("GET", "/"): _static(b"kvcache-exporter: /metrics, /probe?target=URL, /healthz, /ready\n"),
         }, web)
+        self.prober = Prober(lambda: self.config, self._new_target, lambda: self.server.port)
 
     def _new_target(self, target: TargetConfig, config: Config) -> Target:
         return Target(target, fetch_settings(config, target), config.thresholds, config.labels)
 
     def start(self) -> None:
-        self.server.start()
+        """Raises OSError if the listen address cannot be bound (before anything else has started)."""
+        self.server.bind()
         self.scheduler.start()
+        self.scheduler.run(self.server.serve())
         log.info("kvcache-exporter listening on %s, polling %d target(s) every %gs",
                  self.config.listen, len(self.targets), self.config.poll_interval)
         if not self.targets:
-            log.warning("no targets configured (--target, %s or a --config file): serving /probe only",
-                        "KVCACHE_EXPORTER_TARGETS")
+            log.warning("no targets configured (--target, %s or a --config file): %s",
+                        "KVCACHE_EXPORTER_TARGETS", "serving /probe only" if self.config.probe.enabled
+                        else "nothing to serve, and probe mode is off (probe.enabled in a --config file)")
 
     def stop(self) -> None:
-        self.server.stop()  # first: no probe may reach the poll loop once it is closed
-        self.scheduler.stop(closing=self.prober.forget_all())
+        if self.scheduler.running:  # the HTTP server first: no probe may reach the poll loop once it is closed
+            self.scheduler.run(self._close_endpoint())
+        else:
+            self.server.close_socket()
+        self.scheduler.stop()
 
-    def _ready(self, _: Request) -> Response:
-        ready = self.scheduler.ready.is_set()
-        return Response(200 if ready else 503, b"ready\n" if ready else b"first poll cycle not done\n")
+    async def _close_endpoint(self) -> None:
+        await self.server.close()
+        await self.prober.close()
 
-    def _metrics(self, _: Request) -> Response:
-        body = exposition.render((t.text for t in self.targets), time.time(), self.config.staleness,
-                                 self.state.lines(self.prober.probed()))
+    async def _ready(self, _: Request) -> Response:
+        """Ready: every configured target has been polled at least once and the last poll of at least
+        one of them succeeded. With no targets configured (probe mode only), ready at once."""
+        targets = self.targets
+        unpolled = sum(t.outcome.duration is None for t in targets)
+        if unpolled:
+            return Response(503, f"not ready: {unpolled} of {len(targets)} target(s) not polled yet\n".encode())
+        if targets and not any(t.outcome.up for t in targets):
+            return Response(503, f"not ready: the last poll of every target ({len(targets)}) failed\n".encode())
+        return Response(200, b"ready\n")
+
+    async def _metrics(self, _: Request) -> Response:
+        # Joining every target's text takes milliseconds at a large fleet: in a worker thread, not the poll loop.
+        body = await asyncio.to_thread(
+            exposition.render, [t.text for t in self.targets], time.time(), self.config.staleness,
+            self.state.lines(self.prober.probed(), self.prober.evictions))
         return Response(200, body, CONTENT_TYPE)
 
-    def _probe(self, request: Request) -> Response:
-        status, probed = self.prober.probe(request.query, request.headers)
+    async def _probe(self, request: Request) -> Response:
+        status, probed = await self.prober.probe(request.query, request.headers)
         if status != 200:
             return Response(status, probed.encode() + b"\n")
         return Response(200, exposition.render([probed.text], time.time(), self.config.staleness), CONTENT_TYPE)
 
-    def _reload_route(self, _: Request) -> Response:
-        ok, message = self.reload()
+    async def _reload_route(self, _: Request) -> Response:
+        ok, message = await asyncio.to_thread(self.reload)  # reads files: not in the poll loop
         return Response(200 if ok else 500, message.encode() + b"\n")
 
     def reload(self) -> tuple[bool, str]:
@@ -143,6 +164,13 @@ class Exporter:
         self.scheduler.interval = config.poll_interval
         self.scheduler.replace_targets(targets)
         self.scheduler.discard(kept.values())
+
+
+def _static(body: bytes) -> Callable[[Request], Awaitable[Response]]:
+    async def route(_: Request) -> Response:
+        return Response(200, body)
+
+    return route
 
 
 def _identity(config: Config, target: TargetConfig) -> tuple:

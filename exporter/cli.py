@@ -49,24 +49,40 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def given(args: argparse.Namespace, environ: dict[str, str], name: str) -> tuple[str, str, object] | None:
+    """(where, flag or variable, value) of a setting given on the command line or in the environment."""
+    value = getattr(args, name)
+    if value is not None:
+        return "command line", flag_name(name), value
+    if environ.get(ENV[name]):
+        return "environment", ENV[name], environ[ENV[name]]
+    return None
+
+
+def listen_origin(args: argparse.Namespace, environ: dict[str, str]) -> tuple[str, str]:
+    """(where, key) of the listen address, for an error that names it."""
+    found = given(args, environ, "listen")
+    if found:
+        return found[0], found[1]
+    config_path = given(args, environ, "config")
+    if config_path and "listen" in cfg.load_file(str(config_path[2])):
+        return str(config_path[2]), "listen"
+    return "default", "--listen"
+
+
 def load(args: argparse.Namespace, environ: dict[str, str]) -> cfg.Config:
     """Defaults < config file < environment < flags. Raises ConfigError."""
 
-    def given(name: str):
-        value = getattr(args, name)
-        if value is not None:
-            return "command line", flag_name(name), value
-        if environ.get(ENV[name]):
-            return "environment", ENV[name], environ[ENV[name]]
-        return None
+    def given_here(name: str):
+        return given(args, environ, name)
 
     settings: dict = {}
     source = "command line"
-    config_path = given("config")
+    config_path = given_here("config")
     if config_path:
         source = config_path[2]
         settings = cfg.load_file(config_path[2])
-    targets = given("target")
+    targets = given_here("target")
     if targets:
         origin, key, value = targets
         urls = value if isinstance(value, list) else [u.strip() for u in value.split(",") if u.strip()]
@@ -88,7 +104,7 @@ def load(args: argparse.Namespace, environ: dict[str, str]) -> cfg.Config:
         settings["targets"] = list(settings.get("targets", [])) + extra
     for name, convert in (("listen", cfg.parse_listen), ("poll_interval", cfg.parse_poll_interval),
                           ("log_level", cfg._log_level)):
-        found = given(name)
+        found = given_here(name)
         if found:
             try:
                 settings[name] = convert(found[2])
@@ -120,15 +136,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvcache-exporter: {err}", file=sys.stderr)
         return 2
     reload_config = (lambda: load(args, environ)) if (args.config or environ.get(ENV["config"])) else None
-    return serve(config, reload_config, web)
+    return serve(config, listen_origin(args, environ), reload_config, web)
 
 
 def _web_config_path(args: argparse.Namespace, environ: dict[str, str]) -> str | None:
     return args.web_config_file or environ.get(ENV["web_config_file"]) or None
 
 
-def serve(config: cfg.Config, reload_config=None, web: "webconfig.WebConfig | None" = None) -> int:
-    """Run until SIGTERM or SIGINT; SIGHUP reloads the configuration file."""
+def serve(config: cfg.Config, listen_key: tuple[str, str], reload_config=None,
+          web: "webconfig.WebConfig | None" = None, on_listening=None) -> int:
+    """Run until SIGTERM or SIGINT; SIGHUP reloads the configuration file. `listen_key` is (where, key)
+    of the listen address, named if it cannot be bound; `on_listening` runs once it is bound."""
     from .app import Exporter
 
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -136,8 +154,12 @@ def serve(config: cfg.Config, reload_config=None, web: "webconfig.WebConfig | No
     try:
         exporter.start()
     except OSError as err:
-        print(f"kvcache-exporter: listen {config.listen}: {err.strerror or err}", file=sys.stderr)
+        exporter.stop()
+        problem = f"cannot listen on {config.listen}: {err.strerror or err}"
+        print(f"kvcache-exporter: {cfg.ConfigError(*listen_key, problem)}", file=sys.stderr)
         return 2
+    if on_listening is not None:
+        on_listening()
     stop, hangup = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -6,6 +6,8 @@ environment variable), the key and what is wrong, printed as one line with exit 
 
 from __future__ import annotations
 
+import fnmatch
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -53,6 +55,34 @@ class TargetConfig:
 
 
 @dataclass(frozen=True)
+class ProbeConfig:
+    """Probe mode (`/probe?target=URL`): off unless the configuration turns it on and says which hosts."""
+
+    enabled: bool = False
+    allow: tuple[str, ...] = ()  # host patterns (fnmatch, e.g. *.engines.svc) and CIDRs (e.g. 10.0.0.0/8)
+    max_targets: int = 1000  # probed engines whose state is kept; the least recently probed goes first
+
+    def allows(self, host: str) -> bool:
+        """Whether `host`, as written in the URL, is allowed: an IP address by the CIDRs, a name by the
+        patterns (a name is not resolved: an allowed name is trusted for whatever it resolves to)."""
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return any(fnmatch.fnmatchcase(host.lower(), pattern.lower()) for pattern in self.allow
+                       if not _is_network(pattern))
+        return any(pattern == "*" or (_is_network(pattern) and address in ipaddress.ip_network(pattern, strict=False))
+                   for pattern in self.allow)
+
+
+def _is_network(pattern: str) -> bool:
+    try:
+        ipaddress.ip_network(pattern, strict=False)
+        return True
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
 class Config:
     targets: tuple[TargetConfig, ...]
     poll_interval: float = DEFAULT_POLL_INTERVAL
@@ -63,6 +93,7 @@ class Config:
     thresholds: Thresholds = field(default_factory=Thresholds)
     listen: str = DEFAULT_LISTEN
     log_level: str = "info"
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
 
 
 def parse_duration(text: Any) -> float:
@@ -99,14 +130,34 @@ def parse_listen(text: str) -> str:
 
 
 def target_from_url(url: str) -> TargetConfig:
-    return TargetConfig(name=_default_name(url), url=_check_url(url))
+    url = _check_url(url)
+    return TargetConfig(name=_default_name(url), url=url)
 
 
 def _check_url(url: Any) -> str:
-    parts = urlsplit(str(url))
+    try:
+        parts = urlsplit(str(url))
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number in 0..65535)
+    except ValueError:
+        raise ValueError(f"is not a valid URL (bad host or port): {redact_url(url)!r}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"must be an http:// or https:// URL, got {url!r}")
+        raise ValueError(f"must be an http:// or https:// URL, got {redact_url(url)!r}")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"must not carry credentials ({redact_url(url)!r}): set basic_auth.username and put the "
+                         "password in a file named by basic_auth.password_file")
     return str(url)
+
+
+def redact_url(url: Any) -> str:
+    """The URL with any user:password@ replaced by ***@, for messages and logs."""
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return f"{scheme}://{authority}{slash}{path}"
 
 
 def _default_name(url: str) -> str:
@@ -186,7 +237,8 @@ _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_a
                 "tls_insecure_skip_verify", "model_architecture"}
 
 _TOP_KEYS = {"poll_interval", "timeout", "staleness", "max_response_bytes", "labels", "pressure", "targets", "listen",
-             "log_level"}
+             "log_level", "probe"}
+_HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?.\-\[\]]+$")
 
 
 def _boolean(value: Any) -> bool:
@@ -233,6 +285,33 @@ def _target(source: str, item: Any, path: str) -> TargetConfig:
     )
 
 
+def _probe(source: str, section: Any) -> ProbeConfig:
+    reader = _Reader(source, section, "probe")
+    reader.reject_unknown({"enabled", "allow", "max_targets"})
+    allow = tuple(reader.get("allow", _allow_list, ()))
+    probe = ProbeConfig(enabled=reader.get("enabled", _boolean, False), allow=allow,
+                        max_targets=reader.get("max_targets", _positive_int, ProbeConfig.max_targets))
+    if probe.enabled and not allow:
+        raise ConfigError(source, "probe.allow", "is required with probe.enabled: list the host patterns and CIDRs "
+                                                 "that /probe may poll (e.g. 10.0.0.0/8, *.svc.cluster.local; '*' is any)")
+    return probe
+
+
+def _allow_list(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        raise ValueError("must be a list of host patterns and CIDRs")
+    for item in value:
+        if not isinstance(item, str) or not (_is_network(item) or _HOST_PATTERN.match(item)):
+            raise ValueError(f"not a host pattern (e.g. *.svc.cluster.local) or a CIDR (e.g. 10.0.0.0/8): {item!r}")
+    return value
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"must be a positive whole number, got {value!r}")
+    return value
+
+
 def _kv_layout(source: str, section: Any, key: str) -> KVLayout | None:
     if section is None:
         return None
@@ -271,6 +350,8 @@ def load_file(path: str) -> dict[str, Any]:
             settings[key] = value
     if reader.mapping.get("pressure") is not None:
         settings["thresholds"] = _thresholds(path, reader.mapping["pressure"])
+    if reader.mapping.get("probe") is not None:
+        settings["probe"] = _probe(path, reader.mapping["probe"])
     return settings
 
 
@@ -305,4 +386,5 @@ def build(source: str, settings: dict[str, Any]) -> Config:
         thresholds=settings.get("thresholds", Thresholds()),
         listen=settings.get("listen", DEFAULT_LISTEN),
         log_level=settings.get("log_level", "info"),
+        probe=settings.get("probe", ProbeConfig()),
     )

@@ -75,5 +75,7 @@ RELOAD_OK = ("exporter_config_last_reload_successful", "1 if the last configurat
              "tried), 0 if it failed and the previous configuration is still running.")
 PROBED_TARGETS = ("exporter_probed_targets", "Engines probed through /probe whose state this exporter keeps (forgotten "
                   "after the staleness period without a probe).")
+PROBE_EVICTIONS = ("exporter_probe_evictions_total", "Probed engines forgotten before their staleness period "
+                   "because probe.max_targets others were probed more recently.")
 RELOAD_TIME = ("exporter_config_last_reload_success_timestamp_seconds", "Unix time of the last successful "
                "configuration load.")

@@ -56,8 +56,6 @@ NOT_REPORTED = {
     "vllm": {"evictable_tokens"},
     "sglang": {"requests_waiting_for_capacity"},
 }
-# Operational series of this process; they may change without a migration note.
-BEYOND_CONTRACT = {contract.RELOAD_OK[0], contract.RELOAD_TIME[0], contract.PROBED_TARGETS[0]}
 # Labels a target-level family carries beyond `target`, `engine` and the static labels.
 TARGET_EXTRA_LABELS = {"target_scrape_failures_total": ("reason",), "target_info": ("url", "version")}
 EXPORTER_LABELS = {contract.BUILD_INFO[0]: ("version",)}
@@ -159,7 +157,7 @@ def _families_section() -> str:
     undocumented = []
     for name, family in exposition.FAMILIES.items():
         meaning = family.help.replace("|", "\\|")
-        if name in BEYOND_CONTRACT:
+        if name.startswith("exporter_") and name != contract.BUILD_INFO[0]:  # how this process runs
             meaning += " (Beyond the contract: may change without a migration note.)"
         sources = []
         for engine in engines:

@@ -32,13 +32,17 @@ def run(args: argparse.Namespace) -> int:
         config = cfg.build("--demo", {"targets": targets, "listen": cfg.parse_listen(listen),
                                       "poll_interval": interval, "log_level": args.log_level or "info"})
         host, _, port = listen.rpartition(":")
-        print("kvcache-exporter demo: simulated engines, no GPU needed", flush=True)
-        for engine, (flavor, scenario, name) in zip(engines, DEMO_ENGINES):
-            print(f"  {name:12} {flavor:8} scenario {scenario:14} {engine.url}")
-        print(f"  exporter     http://{host}:{port}/metrics")
-        print(f"Try: curl -s http://{host}:{port}/metrics | grep -E 'kvcache_(pressure_state|usage_ratio)'")
-        print("Ctrl-C stops everything.", flush=True)
-        return cli.serve(config)
+
+        def banner() -> None:  # once the exporter listens: a port in use is one line of error, no banner
+            print("kvcache-exporter demo: simulated engines, no GPU needed", flush=True)
+            for engine, (flavor, scenario, name) in zip(engines, DEMO_ENGINES):
+                print(f"  {name:12} {flavor:8} scenario {scenario:14} {engine.url}")
+            print(f"  exporter     http://{host}:{port}/metrics")
+            print(f"Try: curl -s http://{host}:{port}/metrics | grep -E 'kvcache_(pressure_state|usage_ratio)'")
+            print("Ctrl-C stops everything.", flush=True)
+
+        listen_key = cli.given(args, os.environ, "listen") or ("--demo", "--listen")
+        return cli.serve(config, listen_key[:2], on_listening=banner)
     finally:
         for engine in engines:
             engine.stop()

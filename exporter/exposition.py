@@ -36,6 +36,8 @@ def _families() -> dict[str, Family]:
     """Every family in the order they are exposed, keyed by the name without the prefix."""
     families = {name: Family(P + name, "gauge", help_text) for name, help_text in (
         contract.BUILD_INFO, contract.RELOAD_OK, contract.RELOAD_TIME, contract.PROBED_TARGETS)}
+    families[contract.PROBE_EVICTIONS[0]] = Family(P + contract.PROBE_EVICTIONS[0], "counter",
+                                                   contract.PROBE_EVICTIONS[1])
     for name, (kind, help_text) in contract.TARGET_FAMILIES.items():
         families[name] = Family(P + name, kind, help_text)
     families.update({name: Family(P + name, "gauge", text) for name, text in contract.RANK_GAUGES.items()})

@@ -21,6 +21,8 @@ from urllib.parse import urljoin, urlsplit
 # Text 0.0.4 only: prometheus_client ignores q-values and answers OpenMetrics to any Accept that
 # names it, and its recent versions then rewrite `vllm:` to `vllm_` on sample lines.
 ACCEPT = "text/plain;version=0.0.4"
+# Sent on every poll; /probe refuses requests that carry it, so a probe can never poll a probe.
+USER_AGENT = "kvcache-exporter"
 MAX_REDIRECTS = 3
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers
 _CHUNK = 256 * 1024
@@ -86,18 +88,19 @@ class Fetcher:
             self._stream[1].close()
             self._stream = None
 
-    async def fetch(self) -> bytes:
+    async def fetch(self, timeout: float | None = None) -> bytes:
         headers = self._headers()
+        timeout = self.settings.timeout if timeout is None else timeout
         try:
-            async with asyncio.timeout(self.settings.timeout):
+            async with asyncio.timeout(timeout):
                 return await self._follow(headers)
         except TimeoutError:  # the deadline covers everything: connect, a trickled head, a trickled body
             self.close()
-            raise FetchError("timeout", f"no complete response within {self.settings.timeout:g}s") from None
+            raise FetchError("timeout", f"no complete response within {timeout:g}s") from None
 
     def _headers(self) -> str:
         headers = {"Host": self._host_header, "Accept": ACCEPT, "Accept-Encoding": "gzip",
-                   "User-Agent": "kvcache-exporter"}
+                   "User-Agent": USER_AGENT}
         try:
             if self._token is not None:
                 headers["Authorization"] = "Bearer " + self._token.read()

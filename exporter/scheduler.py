@@ -5,8 +5,8 @@ adapt, derive, render) runs whole as its response arrives. Poll threads (64 of t
 design) spent more CPU handing the GIL to each other than on the polls: futex calls by the
 hundred per poll (docs/performance.md). Each target keeps a fixed phase within the interval, from
 a hash of its name, as Prometheus spreads its scrapes: the polls of a large fleet arrive in small
-batches over the interval instead of as one burst at its start, and a scrape of /metrics, served
-by another thread, never waits behind a burst.
+batches over the interval instead of as one burst at its start, and a scrape of /metrics (served
+in this loop, rendered in a worker thread) never waits behind a burst.
 """
 
 from __future__ import annotations
@@ -59,26 +59,27 @@ class Phases:
 class Scheduler:
     def __init__(self, targets: list[Target], interval: float):
         self.interval = interval
-        self.ready = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._stopping = False
-        self._closing: list[Target] = []
         self._busy: set[str] = set()  # targets with a poll running
         self._tasks: set[asyncio.Task] = set()
-        self._first_round_left = 0
         self.replace_targets(targets)
         self._thread = threading.Thread(target=self._main, name="poll-loop", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, closing: Iterable[Target] = ()) -> None:
-        """Cancel the polls running, close every target's connection (the scheduled ones and
-        `closing`), and end the loop."""
-        self._closing = list(closing)
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Cancel the polls running, close every target's connection, and end the loop."""
         self._stopping = True
         if self._thread.is_alive():
             self._thread.join()
+        elif not self._loop.is_closed():  # never started
+            self._loop.close()
 
     def replace_targets(self, targets: list[Target]) -> None:
         """Poll these from now on (a reload); a target object kept keeps its state and its phase."""
@@ -92,7 +93,7 @@ class Scheduler:
             self._loop.call_soon_threadsafe(lambda: [target.close() for target in targets])
 
     def run(self, work: Awaitable[T]) -> T:
-        """Run `work` (a probe's poll) in the loop and wait for it, from another thread."""
+        """Run `work` in the loop and wait for it, from another thread."""
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
 
     def _main(self) -> None:
@@ -101,32 +102,25 @@ class Scheduler:
         finally:
             self._loop.close()
 
-    def _start_polls(self, targets: list[Target], first_round: bool = False) -> None:
+    def _start_polls(self, targets: list[Target]) -> None:
         for target in targets:
             if target.name in self._busy:
                 log.debug("target %s still polling; skipping this round", target.name)
                 continue
             self._busy.add(target.name)
-            task = self._loop.create_task(self._poll(target, first_round))
+            task = self._loop.create_task(self._poll(target))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _poll(self, target: Target, first_round: bool) -> None:
+    async def _poll(self, target: Target) -> None:
         try:
             await target.poll()
         finally:
             self._busy.discard(target.name)
-            if first_round:
-                self._first_round_left -= 1
-                if self._first_round_left == 0:
-                    self.ready.set()
 
     async def _run(self) -> None:
-        # Everyone once at the start (/ready means that round is done), then each target at its phase.
-        self._first_round_left = len(self.targets)
-        if not self.targets:
-            self.ready.set()
-        self._start_polls(self.targets, first_round=True)
+        # Everyone once at the start, then each target at its phase.
+        self._start_polls(self.targets)
         position = 0.0  # intervals since the start, up to which polls have been started
         clock = time.monotonic()
         try:
@@ -143,6 +137,6 @@ class Scheduler:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            for target in self.targets + self._closing:
+            for target in self.targets:
                 target.close()
             await asyncio.sleep(0)  # the transports close in the next turn of the loop

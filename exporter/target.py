@@ -57,12 +57,13 @@ class Target:
     def name(self) -> str:
         return self.config.name
 
-    async def poll(self) -> PollOutcome:
-        """Fetch, then read the page; only the fetch waits, the rest runs at once in the event loop."""
+    async def poll(self, timeout: float | None = None) -> PollOutcome:
+        """Fetch, then read the page; only the fetch waits, the rest runs at once in the event loop.
+        `timeout`, if given, replaces the configured one for this poll (a probe's scrape timeout)."""
         started = time.monotonic()
         previous = self.outcome
         try:
-            adapter, samples = self._read(await self.fetcher.fetch())
+            adapter, samples = self._read(await self.fetcher.fetch(timeout))
             try:
                 snapshot = adapter.adapt(samples)
             except parser.ParseError as err:  # a bad label set, found when the adapter reads it

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import ssl
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import bcrypt
 import yaml
 
 from .config import ConfigError
@@ -24,18 +26,28 @@ CLIENT_AUTH = {
 }
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
                 "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
-_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
+_BCRYPT = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
+_TOP_KEYS = ("tls_server_config", "basic_auth_users", "http_server_config")
+_TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version")
+# The headers the exporter-toolkit lets a web configuration add to every response.
+EXTRA_HEADERS = ("Strict-Transport-Security", "X-Content-Type-Options", "X-Frame-Options", "X-XSS-Protection",
+                 "Content-Security-Policy")
 
 
 @dataclass
 class WebConfig:
     tls: ssl.SSLContext | None = None
     users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+    headers: dict[str, str] = field(default_factory=dict)  # added to every response (http_server_config.headers)
+    # Checked instead of a user's hash for an unknown user name, at the same bcrypt cost: an
+    # unknown name then takes as long as a known one with a wrong password, so timing tells no names.
+    _dummy_hash: bytes = b""
     # bcrypt is slow on purpose; remember credentials that passed so each scrape does not pay for it.
     _verified: set[bytes] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def authorized(self, header: str | None) -> bool:
+        """Whether an Authorization header passes; blocks for one bcrypt check (run it in a worker thread)."""
         if not self.users:
             return True
         if not header or not header.startswith("Basic "):
@@ -44,16 +56,13 @@ class WebConfig:
             user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
-        hashed = self.users.get(user)
-        if hashed is None:
-            return False
+        known = user in self.users
+        hashed = self.users[user] if known else self._dummy_hash
         token = hashlib.sha256(user.encode() + b"\0" + password.encode() + b"\0" + hashed).digest()
         with self._lock:
-            if token in self._verified:
+            if known and token in self._verified:
                 return True
-        import bcrypt
-
-        if not bcrypt.checkpw(password.encode(), hashed):
+        if not bcrypt.checkpw(password.encode(), hashed) or not known:
             return False
         with self._lock:
             if len(self._verified) > 1024:
@@ -73,9 +82,7 @@ def load(path: str) -> WebConfig:
         raise ConfigError(path, "(file)", f"invalid YAML: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(path, "(top level)", "must be a mapping")
-    for key in data:
-        if key not in ("tls_server_config", "basic_auth_users", "http_server_config"):
-            raise ConfigError(path, str(key), "unknown key")
+    _reject_unknown(path, "", data, _TOP_KEYS)
     web = WebConfig()
     if data.get("tls_server_config"):
         web.tls = _tls_context(path, data["tls_server_config"])
@@ -83,18 +90,49 @@ def load(path: str) -> WebConfig:
     if not isinstance(users, dict):
         raise ConfigError(path, "basic_auth_users", "must be a mapping of user names to bcrypt hashes")
     for user, hashed in users.items():
-        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+        if not isinstance(hashed, str) or not _BCRYPT.match(hashed):
             raise ConfigError(path, f"basic_auth_users.{user}", "must be a bcrypt hash ($2y$...)")
         web.users[str(user)] = hashed.encode()
+    if web.users:
+        cost = max(int(hashed[4:6]) for hashed in web.users.values())
+        web._dummy_hash = bcrypt.hashpw(b"no such user", bcrypt.gensalt(rounds=cost))
+    if data.get("http_server_config") is not None:
+        web.headers = _http_server_config(path, data["http_server_config"])
     return web
+
+
+def _reject_unknown(path: str, section: str, mapping: dict, known: tuple[str, ...]) -> None:
+    for key in mapping:
+        if key not in known:
+            raise ConfigError(path, f"{section}{key}", f"unknown key (known: {', '.join(known)})")
+
+
+def _http_server_config(path: str, section: Any) -> dict[str, str]:
+    if not isinstance(section, dict):
+        raise ConfigError(path, "http_server_config", "must be a mapping")
+    _reject_unknown(path, "http_server_config.", section, ("http2", "headers"))
+    if section.get("http2", False) is not False:
+        raise ConfigError(path, "http_server_config.http2", "this exporter serves HTTP/1.1 only: set it to false "
+                                                             "or remove it")
+    headers = section.get("headers") or {}
+    if not isinstance(headers, dict):
+        raise ConfigError(path, "http_server_config.headers", "must be a mapping of header names to values")
+    allowed = {name.lower(): name for name in EXTRA_HEADERS}
+    out = {}
+    for name, value in headers.items():
+        key = f"http_server_config.headers.{name}"
+        if str(name).lower() not in allowed:
+            raise ConfigError(path, key, f"not a header this file may set (one of {', '.join(EXTRA_HEADERS)})")
+        if not isinstance(value, str) or not value or any(c in value for c in "\r\n"):
+            raise ConfigError(path, key, "must be a one-line string")
+        out[allowed[str(name).lower()]] = value
+    return out
 
 
 def _tls_context(path: str, section: Any) -> ssl.SSLContext:
     if not isinstance(section, dict):
         raise ConfigError(path, "tls_server_config", "must be a mapping")
-    for key in section:
-        if key not in _TLS_KEYS:
-            raise ConfigError(path, f"tls_server_config.{key}", "unknown key")
+    _reject_unknown(path, "tls_server_config.", section, _TLS_KEYS)
     for key in ("cert_file", "key_file"):
         if not section.get(key):
             raise ConfigError(path, f"tls_server_config.{key}", "is required")
@@ -102,7 +140,10 @@ def _tls_context(path: str, section: Any) -> ssl.SSLContext:
     if auth_type not in CLIENT_AUTH:
         raise ConfigError(path, "tls_server_config.client_auth_type", f"must be one of {', '.join(CLIENT_AUTH)}")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = TLS_VERSIONS.get(section.get("min_version", "TLS12"), ssl.TLSVersion.TLSv1_2)
+    context.minimum_version = _tls_version(path, section, "min_version", "TLS12")
+    context.maximum_version = _tls_version(path, section, "max_version", "TLS13")
+    if context.minimum_version > context.maximum_version:
+        raise ConfigError(path, "tls_server_config.max_version", "is below min_version")
     try:
         context.load_cert_chain(section["cert_file"], section["key_file"])
     except (OSError, ssl.SSLError) as err:
@@ -116,3 +157,10 @@ def _tls_context(path: str, section: Any) -> ssl.SSLContext:
         except (OSError, ssl.SSLError) as err:
             raise ConfigError(path, "tls_server_config.client_ca_file", f"cannot load: {err}") from None
     return context
+
+
+def _tls_version(path: str, section: dict, key: str, default: str) -> ssl.TLSVersion:
+    name = section.get(key, default)
+    if name not in TLS_VERSIONS:
+        raise ConfigError(path, f"tls_server_config.{key}", f"must be one of {', '.join(TLS_VERSIONS)}, got {name!r}")
+    return TLS_VERSIONS[name]

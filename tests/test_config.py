@@ -113,6 +113,15 @@ def test_flags_beat_environment_which_beats_the_file(tmp_path):
     ("targets: [{url: 'http://a:1/m', model_architecture: {config_json: missing.json}}]",
      "targets[0].model_architecture.config_json", "missing.json"),
     ("targets: [\n  {url: 'http://a:1/m'\n", "line 3", "invalid YAML"),
+    ("targets: [{url: 'http://u:pw@a:1/m'}]", "targets[0].url",
+     "must not carry credentials ('http://***@a:1/m'): set basic_auth.username and put the password in a file"),
+    ("targets: [{url: 'http://a:70000/m'}]", "targets[0].url", "is not a valid URL (bad host or port)"),
+    ("probe: {enabled: true}", "probe.allow", "is required with probe.enabled"),
+    ("probe: {enabled: yes please}", "probe.enabled", "must be true or false"),
+    ("probe: {enabled: true, allow: [10.0.0.0/8, 'bad host!']}", "probe.allow", "not a host pattern"),
+    ("probe: {enabled: true, allow: '*'}", "probe.allow", "must be a list"),
+    ("probe: {enabled: true, allow: ['*'], max_targets: 0}", "probe.max_targets", "positive whole number"),
+    ("probe: {enable: true}", "probe.enable", "unknown key"),
 ])
 def test_bad_files_name_file_key_and_problem(tmp_path, text, key, problem):
     path = write(tmp_path, text)
@@ -140,7 +149,8 @@ def test_bad_environment_value_names_the_variable():
     (["--target", "http://a:1/m", "--listen", "10490"],
      "kvcache-exporter: command line: --listen: expected HOST:PORT, got '10490'\n"),
     (["--web.config.file", "{tmp}/exporter.yml"],
-     "kvcache-exporter: {tmp}/exporter.yml: targets: unknown key\n"),
+     "kvcache-exporter: {tmp}/exporter.yml: targets: unknown key "
+     "(known: tls_server_config, basic_auth_users, http_server_config)\n"),
     (["--target", "http://a:1/x", "--target", "http://a:1/y"],
      "kvcache-exporter: command line: --target: http://a:1/y would be named 'a:1' (its host:port) like http://a:1/x: "
      "to poll both, list them in a --config file, each with its own `name`\n"),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -76,3 +78,44 @@ def test_reload_keeps_unchanged_targets_and_rejects_a_bad_file(tmp_path):
             assert value(samples, "kvcache_exporter_config_last_reload_successful") == 1.0
             assert {dict(k[1])["target"] for k in harness.series(samples, "kvcache_target_up")} == {"a"}
             assert exporter.proc.poll() is None
+
+
+def test_ready_means_polled_once_and_one_target_up(tmp_path):
+    with PageServer({"/a": page(GOOD_PAGE), "/down": page("oops", status=503)}) as server:
+        with harness.exporter(tmp_path, "--target", server.url("/down"), "--poll-interval", "0.3s") as exporter:
+            harness.wait_until(lambda: harness.series(scrape(exporter.url), "kvcache_target_up"), 10, what="a poll")
+            assert harness.http_get(exporter.url + "/ready") == (
+                503, "not ready: the last poll of every target (1) failed\n")
+            server.set_route("/down", page(GOOD_PAGE))
+            harness.wait_until(lambda: harness.http_get(exporter.url + "/ready")[0] == 200, 10, what="ready")
+        # one target up, one where nothing listens: ready
+        with harness.exporter(tmp_path, "--target", server.url("/a"), "--target", "http://127.0.0.2:1/m") as exporter:
+            harness.wait_until(lambda: harness.http_get(exporter.url + "/ready") == (200, "ready\n"), 10, what="ready")
+
+
+def test_head_answers_like_get_without_a_body(tmp_path):
+    with harness.exporter(tmp_path) as exporter:
+        for path in ("/metrics", "/healthz", "/ready", "/"):
+            with urllib.request.urlopen(exporter.url + path, timeout=5) as response:
+                length = len(response.read())
+            request = urllib.request.Request(exporter.url + path, method="HEAD")
+            with urllib.request.urlopen(request, timeout=5) as response:
+                assert response.status == 200 and response.read() == b""
+                assert abs(int(response.headers["Content-Length"]) - length) <= 4  # timestamps differ in length
+                assert "Python" not in response.headers["Server"]
+
+
+def test_a_port_in_use_or_a_host_that_does_not_resolve_is_one_line_and_exit_2(tmp_path):
+    with harness.exporter(tmp_path) as running:
+        listen = running.url.removeprefix("http://")
+        for argv, key, problem in (
+                (["--listen", listen], "command line: --listen", "Address already in use"),
+                (["--demo", "--listen", listen], "command line: --listen", "Address already in use"),
+                (["--listen", "no-such-host.invalid:10490"], "command line: --listen", "")):
+            result = subprocess.run([sys.executable, "-m", "exporter", *argv], capture_output=True, text=True,
+                                    timeout=30)
+            assert result.returncode == 2, result.stderr
+            assert result.stdout == ""  # --demo: no banner before the error
+            assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+            address = argv[argv.index("--listen") + 1]
+            assert result.stderr.startswith(f"kvcache-exporter: {key}: cannot listen on {address}: {problem}")

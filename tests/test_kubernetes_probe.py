@@ -179,6 +179,15 @@ def evaluated_rule_groups(prometheus_url: str) -> list[dict] | None:
     return groups if rules and all(rule["health"] == "ok" for rule in rules) else None
 
 
+def loopback_config(directory: Path) -> Path:
+    """The generated exporter configuration, with the loopback engines of this test allowed to be probed."""
+    config = yaml.safe_load(EXPORTER_CONFIG.read_text())
+    config["probe"]["allow"].append("127.0.0.0/8")
+    path = directory / "exporter.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def test_probe_mode_end_to_end(tmp_path):
     deployment = Deployment()
     config = plain_config()
@@ -190,7 +199,7 @@ def test_probe_mode_end_to_end(tmp_path):
         for ordinal in range(deployment.replicas):
             (tmp_path / f"replica-{ordinal}").mkdir()
             replicas.append(stack.enter_context(
-                harness.exporter(tmp_path / f"replica-{ordinal}", "--config", str(EXPORTER_CONFIG))))
+                harness.exporter(tmp_path / f"replica-{ordinal}", "--config", str(loopback_config(tmp_path)))))
         for replica in replicas:  # probe mode: ready at once, nothing polled until Prometheus asks
             assert harness.http_get(replica.url + "/ready")[0] == 200
             assert harness.series(harness.scrape(replica.url), "kvcache_target_up") == {}

@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import time
 import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests import harness
 from tests.pageserver import PageServer, dynamic, page
 from tests.test_exporter_faults import GOOD_PAGE
 
 
+# Probe mode as these tests run it: on, for the loopback page servers.
+LOOPBACK_PROBES = {"enabled": True, "allow": ["127.0.0.0/8"]}
+
+
 def probe(exporter, url: str, engine: str | None = None) -> tuple[int, dict]:
     query = {"target": url, **({"engine": engine} if engine else {})}
     status, body = harness.http_get(f"{exporter.url}/probe?{urllib.parse.urlencode(query)}")
-    if status != 200:
-        return status, {}
-    from prometheus_client.parser import text_string_to_metric_families
+    return status, parse(body) if status == 200 else {}
 
-    return status, {(s.name, tuple(sorted(s.labels.items()))): s.value
-                    for family in text_string_to_metric_families(body) for s in family.samples}
+
+def parse(body: str) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(body) for s in family.samples}
 
 
 def test_probe_keeps_history_and_forgets_idle_targets(tmp_path):
@@ -34,7 +41,7 @@ def test_probe_keeps_history_and_forgets_idle_targets(tmp_path):
         "/down": page("no", status=503),
     }
     config = tmp_path / "exporter.yml"
-    config.write_text(yaml.safe_dump({"poll_interval": "1s", "staleness": "2s"}))
+    config.write_text(yaml.safe_dump({"poll_interval": "1s", "staleness": "2s", "probe": LOOPBACK_PROBES}))
     with PageServer(routes) as server, harness.exporter(tmp_path, "--config", str(config)) as exporter:
         status, samples = probe(exporter, server.url("/metrics"), engine="vllm")
         assert status == 200
@@ -64,8 +71,99 @@ def test_probe_keeps_history_and_forgets_idle_targets(tmp_path):
         assert harness.value(harness.scrape(exporter.url), "kvcache_exporter_probed_targets") == 2.0
 
 
+def probe_answer(exporter, url: str, **params: str) -> tuple[int, str]:
+    return harness.http_get(f"{exporter.url}/probe?{urllib.parse.urlencode({'target': url, **params})}")
+
+
+def exporter_with(tmp_path, **settings):
+    config = tmp_path / "exporter.yml"
+    config.write_text(yaml.safe_dump(settings))
+    return harness.exporter(tmp_path, "--config", str(config))
+
+
+def test_probe_mode_is_off_unless_enabled(tmp_path):
+    with PageServer({"/metrics": page(GOOD_PAGE)}) as server, harness.exporter(tmp_path) as exporter:
+        status, body = probe_answer(exporter, server.url("/metrics"))
+        assert (status, body) == (403, "probe mode is off: set probe.enabled and probe.allow in the configuration\n")
+        assert server.requests == {}
+
+
 def test_probe_rejects_bad_parameters(tmp_path):
-    with harness.exporter(tmp_path) as exporter:
+    with exporter_with(tmp_path, probe=LOOPBACK_PROBES) as exporter:
         assert probe(exporter, "not-a-url")[0] == 400
         assert probe(exporter, "http://127.0.0.1:1/metrics", engine="tgi")[0] == 400
         assert harness.http_get(exporter.url + "/probe")[0] == 400
+        assert probe_answer(exporter, "http://127.0.0.1:99999/metrics") == (
+            400, "target is not a valid URL (bad host or port): 'http://127.0.0.1:99999/metrics'\n")
+        status, body = probe_answer(exporter, "http://scraper:s3cret-pw@127.0.0.1:1/metrics")
+        assert status == 400 and "basic_auth.password_file" in body and "s3cret-pw" not in body
+        assert "s3cret-pw" not in exporter.log_path.read_text()
+
+
+def test_probe_allow_list_and_the_exporters_own_address(tmp_path):
+    with PageServer({"/metrics": page(GOOD_PAGE)}) as server:
+        allow = ["10.0.0.0/8", "*.engines.example", "127.0.0.1"]
+        with exporter_with(tmp_path, probe={"enabled": True, "allow": allow}) as exporter:
+            port = exporter.url.rpartition(":")[2]
+            assert probe(exporter, server.url("/metrics"))[0] == 200  # 127.0.0.1 is listed
+            for refused in (server.url("/metrics").replace("127.0.0.1", "localhost"),  # a name, not listed
+                            "http://192.168.1.10:8000/metrics", "http://vllm.engines.example.org:8000/metrics"):
+                status, body = probe_answer(exporter, refused)
+                assert status == 403 and "probe.allow" in body, refused
+            assert probe_answer(exporter, "http://vllm-0.engines.example:1/metrics")[0] == 200  # pattern: polled
+            assert probe_answer(exporter, f"http://127.0.0.1:{port}/metrics") == (
+                403, "target is this exporter itself\n")
+        with exporter_with(tmp_path, probe={"enabled": True, "allow": ["*"]}) as exporter:
+            port = exporter.url.rpartition(":")[2]
+            for own in (f"http://localhost:{port}/metrics", f"http://127.0.0.2:{port}/probe?target=x",
+                        f"http://[::1]:{port}/metrics", f"http://0.0.0.0:{port}/metrics"):
+                assert probe_answer(exporter, own)[0] == 403, own
+
+
+def test_probe_state_is_capped_least_recently_probed_first(tmp_path):
+    routes = {f"/e{i}": page("no", status=503) for i in range(8)}
+    with PageServer(routes) as server, exporter_with(
+            tmp_path, staleness="1h", probe={**LOOPBACK_PROBES, "max_targets": 5}) as exporter:
+        for i in range(5):
+            probe(exporter, server.url(f"/e{i}"))
+        probe(exporter, server.url("/e0"))  # e0 is now the most recently probed: e1 goes first
+        for i in range(5, 8):
+            probe(exporter, server.url(f"/e{i}"))
+        samples = harness.scrape(exporter.url)
+        assert harness.value(samples, "kvcache_exporter_probed_targets") == 5.0
+        assert harness.value(samples, "kvcache_exporter_probe_evictions_total") == 3.0
+        # e0 kept its state (second failure counted on top of the first two), e1 starts over
+        _, e0 = probe(exporter, server.url("/e0"))
+        assert harness.value(e0, "kvcache_target_scrape_failures_total", reason="http_status") == 3.0
+        _, e1 = probe(exporter, server.url("/e1"))
+        assert harness.value(e1, "kvcache_target_scrape_failures_total", reason="http_status") == 1.0
+
+
+def test_concurrent_probes_of_one_engine_share_one_poll(tmp_path):
+    def slow(handler):
+        time.sleep(1.0)
+        page(GOOD_PAGE)(handler)
+
+    with PageServer({"/slow": slow}) as server, exporter_with(tmp_path, probe=LOOPBACK_PROBES) as exporter:
+        with ThreadPoolExecutor(20) as pool:
+            answers = list(pool.map(lambda _: probe(exporter, server.url("/slow"), engine="vllm"), range(20)))
+        assert [status for status, _ in answers] == [200] * 20
+        assert all(harness.value(samples, "kvcache_usage_ratio") == 0.5 for _, samples in answers)
+        assert server.requests == {"/slow": 1}
+
+
+def test_probe_honours_the_scrape_timeout_header(tmp_path):
+    def slow(handler):
+        time.sleep(1.5)
+        page(GOOD_PAGE)(handler)
+
+    # the configured timeout (4 s) would wait for the page; Prometheus' 1 s scrape timeout must not
+    with PageServer({"/slow": slow}) as server, exporter_with(
+            tmp_path, poll_interval="5s", probe=LOOPBACK_PROBES) as exporter:
+        request = urllib.request.Request(f"{exporter.url}/probe?target={urllib.parse.quote(server.url('/slow'))}",
+                                         headers={"X-Prometheus-Scrape-Timeout-Seconds": "1"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            samples = parse(response.read().decode())
+        assert harness.value(samples, "kvcache_target_up") == 0.0
+        assert harness.value(samples, "kvcache_target_scrape_failures_total", reason="timeout") == 1.0
+        assert 0.85 <= harness.value(samples, "kvcache_target_scrape_duration_seconds") < 1.0

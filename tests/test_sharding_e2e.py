@@ -134,7 +134,8 @@ def write_discovery(path: Path, engines: dict[str, str]) -> None:
 def replica_config(directory: Path) -> Path:
     path = directory / "replica.yml"
     path.write_text(yaml.safe_dump({"poll_interval": f"{INTERVAL}s", "timeout": f"{0.8 * INTERVAL}s",
-                                    "staleness": f"{STALENESS}s"}))
+                                    "staleness": f"{STALENESS}s",
+                                    "probe": {"enabled": True, "allow": ["127.0.0.0/8"]}}))
     return path
 
 

@@ -23,7 +23,7 @@ COMMITTED = {
 }
 # What a fresh clone holds: no virtual environment, build leftovers or caches of this checkout.
 NOT_IN_A_CLONE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
-                                        ".pytest_cache", ".hypothesis", "bench", "fuzz")
+                                        ".pytest_cache", ".hypothesis", "node_modules", "bench", "fuzz")
 
 
 def run(argv: list, cwd: Path, env: dict) -> subprocess.CompletedProcess:
