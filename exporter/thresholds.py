@@ -34,7 +34,7 @@ class Thresholds:
     prefix_hit_drop_fraction: float = 0.5
     # Baseline offset for the hit-ratio comparison.
     prefix_hit_baseline_offset: str = "1h"
-    # KVCacheQueueDominatesTTFT: share of p90 TTFT spent in the queue.
+    # KVCacheQueueDominatesTTFT: share of TTFT spent in the queue (queue-time seconds per TTFT second).
     queue_share_of_ttft: float = 0.5
     # KVCacheNearlyFull by trend: predict_linear says the pool is full within this many seconds.
     nearly_full_horizon_seconds: float = 1800.0
