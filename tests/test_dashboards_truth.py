@@ -376,7 +376,10 @@ def test_latency_quantiles_lie_in_the_bucket_the_engine_put_them_in(run, fleet_a
     starts = [-rate_interval + INTERVAL_S - k * SAMPLE_S for k in range(int((3 * INTERVAL_S) / SAMPLE_S) + 1)]
     checked = 0
     for name, points in by_target(fleet_all["Time to first token p90"]).items():
+        sampled_from = run.truth.samples[name][0][0]
         for t, value in points[::5]:
+            if t + min(starts) < sampled_from:
+                continue  # the window reaches back before the truth was sampled
             bounds = set()
             for end in ends:
                 now = run.truth.at(name, t + end)
@@ -389,7 +392,12 @@ def test_latency_quantiles_lie_in_the_bucket_the_engine_put_them_in(run, fleet_a
                         index = next(i for i, (_, c) in enumerate(counts) if c >= 0.9 * total)
                         bounds |= {counts[index - 1][0] if index else 0.0, counts[index][0]}
             if len(bounds) >= 2 and math.isfinite(max(bounds)):
-                assert min(bounds) - 1e-9 <= value <= max(bounds) + 1e-9, (name, t, value, sorted(bounds))
+                # One bucket of slack either side: the scrapes' exact moments are unknown, and a p90 near a
+                # bucket bound moves across it with one request more or less in the window.
+                layout = [0.0, *(bound for bound, _ in run.truth.at(name, t)[0].ttft_buckets)]
+                low = layout[max(layout.index(min(bounds)) - 1, 0)]
+                high = layout[min(layout.index(max(bounds)) + 1, len(layout) - 1)]
+                assert low - 1e-9 <= value <= high + 1e-9, (name, t, value, sorted(bounds))
                 checked += 1
     assert checked >= 20
     # The triage table's p90 of a target is that target's own line (one bucket layout each).
