@@ -1,7 +1,7 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
 PYTHON ?= python3
 
-.PHONY: demo test install deps dashboards alerts kubernetes bench fuzz
+.PHONY: demo test install deps dashboards dashboards-preview alerts kubernetes bench fuzz
 
 demo: install
 	$(PYTHON) -m exporter --demo
@@ -19,6 +19,12 @@ deps:
 
 dashboards:
 	$(PYTHON) -m dashboards.build
+
+# Every panel of both dashboards as PNGs, one per row, from a running Prometheus (no Grafana needed).
+PROMETHEUS ?= http://127.0.0.1:9090
+PREVIEW_DIR ?= dashboard-preview
+dashboards-preview:
+	$(PYTHON) -m dashboards.preview --prometheus $(PROMETHEUS) --out $(PREVIEW_DIR)
 
 alerts:
 	$(PYTHON) -m alerts.generate
