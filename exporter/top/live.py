@@ -49,6 +49,8 @@ class Reader(threading.Thread):
                 except (SourceError, parser.ParseError) as err:
                     # Nothing from before is shown as if it were current.
                     self.latest = (None, [], f"read failed at {time.strftime('%H:%M:%S')}: {err}")
+                except Exception as err:  # a bug must show on the screen, never freeze it on old values
+                    self.latest = (None, [], f"read failed at {time.strftime('%H:%M:%S')}: unexpected {err!r}")
                 self.stop.wait(self.interval)
         finally:
             self.source.close()
