@@ -31,8 +31,8 @@ RANK_GAUGES = {
     "requests_waiting_for_capacity": "Queued requests waiting for KV or batch capacity (vLLM "
                                      "num_requests_waiting_by_reason{reason=\"capacity\"}, which also counts "
                                      "requests held back by the running-request cap). " + _POLLED,
-    "requests_waiting_for_kv": "Queued requests that wait because the KV pool is short (usage at the high-water "
-                               "mark, or less free than one typical live request): the queue the pressure state "
+    "requests_waiting_for_kv": "Queued requests that wait because the KV pool is short (usage at the low-water "
+                               "mark or above, or less free than one typical live request): the queue the pressure state "
                                "counts (vLLM's capacity reason, else the whole queue) while KV is short, else 0; "
                                "derived by the exporter for every engine.",
     "requests_waiting_with_kv_room": "Queued requests waiting while the KV pool has room (behind the running-request "

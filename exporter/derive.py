@@ -105,10 +105,14 @@ def rate(history: History) -> float | None:
 
 
 def kv_is_short(gauges: dict[str, float], thresholds: Thresholds) -> bool:
-    """Whether the KV pool is what would hold a queued request back: usage at or above the high-water
-    mark, or fewer free tokens than one typical live request holds. While nothing runs the typical
-    request is unknown and only the high-water mark decides."""
-    if gauges.get("usage_ratio", 0.0) >= thresholds.high_water_ratio:
+    """Whether the KV pool is what would hold a queued request back: usage at or above the low-water
+    mark (the pool no longer has room to spare), or fewer free tokens than one typical live request
+    holds. Not the high-water mark: engines admit a request only if its prompt fits next to a reserve
+    for the running requests' future output (SGLang's new_token_ratio), so a queue waits for KV
+    already at 80-89 % usage with several typical requests' worth free (the simulator's kv-saturation
+    ramp shows it; a queue behind the running cap sits far lower). While nothing runs the typical
+    request is unknown and only the mark decides."""
+    if gauges.get("usage_ratio", 0.0) >= thresholds.low_water_ratio:
         return True
     free, live = gauges.get("free_tokens"), gauges.get("live_tokens_per_request")
     return free is not None and live is not None and free < live
@@ -135,15 +139,16 @@ def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thre
 
     1. thrashing: preemptions/retractions at or above the threshold rate.
     2. saturated: requests wait for capacity (vLLM's `capacity` reason, else the whole queue) AND
-       the KV pool is short (kv_is_short: usage at the high-water mark, or fewer free tokens than
-       a typical live request holds).
-    3. capped: requests wait for capacity while the KV pool has room (usage below the high-water
+       the KV pool is short (kv_is_short: usage at the low-water mark or above, or fewer free
+       tokens than a typical live request holds).
+    3. capped: requests wait for capacity while the KV pool has room (usage below the low-water
        mark and free tokens >= a typical live request): the running-request cap or the token budget
        binds, not KV. vLLM reports `capacity` for the running cap too (reference §7) and SGLang
        gives no reason at all, so for SGLang this state is what tells the two queues apart.
     4. tight: usage at or above the high-water mark, nothing waiting for capacity.
     5. ok: otherwise. None when the engine reports no usage at all.
-    capped needs usage below the mark and tight needs it at or above, so the two never compete.
+    capped needs usage below the low-water mark and tight at or above the high-water mark, so the
+    two never compete.
     """
     usage = gauges.get("usage_ratio")
     if usage is None:

@@ -17,7 +17,8 @@ class Thresholds:
     # Usage (0..1) at or above which a pool counts as nearly full: pressure `tight`,
     # the KVCacheNearlyFull alert and the red band of every usage panel.
     high_water_ratio: float = 0.90
-    # Usage below which the pool has room to spare: the amber band of usage panels.
+    # Usage below which the pool has room to spare: the amber band of usage panels, and the mark under
+    # which a queue counts as waiting with KV room (pressure `capped`) rather than for KV (`saturated`).
     low_water_ratio: float = 0.75
     # Preemptions/retractions per second over `window_seconds` that make the state `thrashing`.
     thrashing_preemptions_per_second: float = 0.02

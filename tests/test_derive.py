@@ -83,9 +83,13 @@ def test_history_keeps_one_point_before_the_window():
      "capped"),
     ({"usage_ratio": 0.5, "requests_waiting": 1, "free_tokens": 999, "live_tokens_per_request": 1000}, None,
      "saturated"),
-    # the high-water mark itself is full (>=): 0.90 with a queue is saturated, just under it capped
-    ({"usage_ratio": 0.90, "requests_waiting": 1}, None, "saturated"),
-    ({"usage_ratio": 0.8999, "requests_waiting": 1}, None, "capped"),
+    # room means under the low-water mark (0.75): at it a queue waits for KV, just under it is capped
+    ({"usage_ratio": 0.75, "requests_waiting": 1}, None, "saturated"),
+    ({"usage_ratio": 0.7499, "requests_waiting": 1}, None, "capped"),
+    # 0.85 with several typical requests' worth free (3000 >= 4 x 700): engines reserve room for the
+    # running requests' output, so this queue waits for KV all the same
+    ({"usage_ratio": 0.85, "requests_waiting": 3, "free_tokens": 3000, "live_tokens_per_request": 700}, None,
+     "saturated"),
     # only deferred requests (LoRA, KV transfer) wait while KV has room: nothing waits for capacity
     ({"usage_ratio": 0.4, "requests_waiting": 2, "requests_waiting_for_capacity": 0}, None, "ok"),
     # thrashing outranks capped: at the threshold rate (0.02/s) thrashing, just under it capped
@@ -109,7 +113,7 @@ def test_pressure_state(gauges, preemption_rate, expected):
 @pytest.mark.parametrize("gauges, expected", [
     # vLLM, KV full: the 6 queued for capacity wait for KV; the 1 deferred request waits with KV room
     ({"usage_ratio": 0.97, "requests_waiting": 7, "requests_waiting_for_capacity": 6}, (6, 1)),
-    # vLLM behind the running cap (usage 0.4 < 0.90, no typical request known): all 30 wait with KV room
+    # vLLM behind the running cap (usage 0.4 < 0.75, no typical request known): all 30 wait with KV room
     ({"usage_ratio": 0.4, "requests_waiting": 30, "requests_waiting_for_capacity": 30}, (0, 30)),
     # SGLang (no reason), KV short by free tokens (999 < 1000 per request): the whole queue waits for KV
     ({"usage_ratio": 0.5, "requests_waiting": 5, "free_tokens": 999, "live_tokens_per_request": 1000}, (5, 0)),
