@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -36,6 +37,7 @@ class Terminal:
         self.socket = f"kvcache-top-test-{os.getpid()}"
         self.errors = log_dir / "top.stderr"
         self._run("new-session", "-d", "-s", "top", "-x", "80", "-y", "24", f"{command} 2>{self.errors}")
+        self.socket_path = self._run("display-message", "-p", "#{socket_path}").strip()
 
     def _run(self, *args: str) -> str:
         return subprocess.run([self.tmux, "-L", self.socket, *args], check=True, capture_output=True,
@@ -56,6 +58,7 @@ class Terminal:
 
     def close(self) -> None:
         subprocess.run([self.tmux, "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+        Path(self.socket_path).unlink(missing_ok=True)  # tmux leaves its socket file behind
 
 
 def table(screen: list[str]) -> tuple[str, list[list[str]]]:
