@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install deps docs dashboards alerts kubernetes bench fuzz
+.PHONY: demo test install deps docs dashboards dashboards-preview alerts kubernetes bench fuzz
 
 demo: install
 	$(PY) -m exporter --demo
@@ -45,6 +45,12 @@ dashboards: install
 
 alerts: install
 	$(PY) -m alerts.generate
+
+# Every panel of both dashboards as PNGs, one per row, from a running Prometheus (no Grafana needed).
+PROMETHEUS ?= http://127.0.0.1:9090
+PREVIEW_DIR ?= dashboard-preview
+dashboards-preview: deps
+	$(PY) -m dashboards.preview --prometheus $(PROMETHEUS) --out $(PREVIEW_DIR)
 
 # After `make alerts` and `make dashboards`: the manifests embed both.
 kubernetes: install

@@ -109,8 +109,8 @@ def recording_rules(t: Thresholds) -> list[dict]:
             f"/\n({rate('kvcache_prefix_cache_queried_tokens_total', offset)} > 0)"
         )
 
-    def p90(histogram: str) -> str:
-        return f"histogram_quantile(0.9, {rate(histogram + '_bucket')})"
+    def mean(histogram: str) -> str:
+        return f"{rate(histogram + '_sum')}\n/\n({rate(histogram + '_count')} > 0)"
 
     baseline_offset = f" offset {t.prefix_hit_baseline_offset}"
     return [
@@ -131,8 +131,17 @@ def recording_rules(t: Thresholds) -> list[dict]:
         # Hit ratio of rates over a window, never of the lifetime counters.
         {"record": "kvcache:prefix_cache_hit_ratio:rate", "expr": hit_ratio()},
         {"record": "kvcache:prefix_cache_hit_ratio:baseline", "expr": hit_ratio(baseline_offset)},
-        {"record": "kvcache:queue_time_seconds:p90", "expr": p90("kvcache_queue_time_seconds")},
-        {"record": "kvcache:time_to_first_token_seconds:p90", "expr": p90("kvcache_time_to_first_token_seconds")},
+        # Seconds spent queueing per second of TTFT: a ratio of the histograms' sums, which no bucket
+        # bound enters. A quotient of two interpolated p90s is not: vLLM's queue buckets start at
+        # 0.3 s and its TTFT buckets at 1 ms, so an empty queue read as 0.27 s against a 0.08 s TTFT.
+        # Capped at 1: vLLM records queue time at finish and TTFT at the first token, so in one
+        # window the two sums can cover different requests.
+        {"record": "kvcache:queue_share_of_ttft:ratio", "expr": (
+            f"clamp_max(\n  {rate('kvcache_queue_time_seconds_sum')}\n"
+            f"  /\n  ({rate('kvcache_time_to_first_token_seconds_sum')} > 0),\n  1\n)"
+        )},
+        {"record": "kvcache:queue_time_seconds:mean", "expr": mean("kvcache_queue_time_seconds")},
+        {"record": "kvcache:time_to_first_token_seconds:mean", "expr": mean("kvcache_time_to_first_token_seconds")},
     ]
 
 
@@ -158,8 +167,8 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
     finished = lookup("kvcache:requests_finished:rate{target=%q}", PER_SECOND)
     hit_baseline = lookup("kvcache:prefix_cache_hit_ratio:baseline{target=%q}", "humanizePercentage")
     queried = lookup("kvcache:prefix_cache_queried_tokens:rate{target=%q}", 'printf "%.0f"')
-    queue_p90 = lookup("kvcache:queue_time_seconds:p90{target=%q}", "humanizeDuration")
-    ttft_p90 = lookup("kvcache:time_to_first_token_seconds:p90{target=%q}", "humanizeDuration")
+    queue_mean = lookup("kvcache:queue_time_seconds:mean{target=%q}", "humanizeDuration")
+    ttft_mean = lookup("kvcache:time_to_first_token_seconds:mean{target=%q}", "humanizeDuration")
     value_per_second = "{{ $value | " + PER_SECOND + " }}"
     last_poll_age = lookup("time() - max(kvcache_target_last_success_timestamp_seconds{target=%q})", "humanizeDuration")
 
@@ -221,13 +230,12 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
         ),
         alert(
             "KVCacheQueueDominatesTTFT", "warning",
-            "kvcache:queue_time_seconds:p90 / kvcache:time_to_first_token_seconds:p90 "
-            f"> {number(t.queue_share_of_ttft)}\n"
+            f"kvcache:queue_share_of_ttft:ratio > {number(t.queue_share_of_ttft)}\n"
             f"and kvcache:requests_finished:rate >= {number(t.traffic_floor_requests_per_second)}",
             t.queue_dominates_for,
             f"{WHERE}: most of the time to first token is spent queueing",
-            f"At the 90th percentile, queueing is {{{{ $value | humanizePercentage }}}} of the time to first "
-            f"token on {WHERE}: queue {queue_p90}, TTFT {ttft_p90} over {w}.",
+            f"Queueing is {{{{ $value | humanizePercentage }}}} of the time to first token on {WHERE} over {w}: "
+            f"mean queue time {queue_mean}, mean TTFT {ttft_mean}.",
             runbook_base,
         ),
         # Failed polls in every window of `for`: a target that is down, and one that flaps,

@@ -17,7 +17,9 @@ Steps = tuple[tuple[float | None, str], ...]
 """(lower bound, colour) pairs; the first bound is None (everything below the next step)."""
 
 # The colour of each of the exporter's pressure states (exporter.derive.PRESSURE_STATES).
-STATE_COLORS = {"ok": "green", "tight": "yellow", "saturated": "red", "thrashing": "dark-red"}
+STATE_COLORS = {"ok": "green", "tight": "yellow", "capped": "orange", "saturated": "red", "thrashing": "dark-red"}
+# Headroom below one request: the next typical request does not fit (a definition, not a tunable).
+ONE_REQUEST = 1
 
 
 def usage(t: Thresholds) -> Steps:
@@ -43,6 +45,16 @@ def queue_share(t: Thresholds) -> Steps:
 def hit_ratio_vs_baseline(t: Thresholds) -> Steps:
     """Hit ratio as a fraction of its baseline: red below the KVCachePrefixHitRateDrop fraction."""
     return ((None, "red"), (t.prefix_hit_drop_fraction, "green"))
+
+
+def headroom() -> Steps:
+    """Requests that still fit: red below one."""
+    return ((None, "red"), (ONE_REQUEST, "green"))
+
+
+def sooner_than(seconds: float) -> Steps:
+    """A time left: red below `seconds`."""
+    return ((None, "red"), (seconds, "green"))
 
 
 def any_present(color: str = "red") -> Steps:

@@ -9,7 +9,7 @@ from exporter.thresholds import Thresholds
 from dashboards import target, variables
 from dashboards.layout import Row, assemble
 from dashboards.promql import Scope
-from dashboards.signals import exporter_health, kv, latency, prefix_cache, pressure
+from dashboards.signals import exporter_health, kv, latency, prefix_cache, pressure, triage
 from dashboards.view import View
 
 UID = "kvcache-fleet"
@@ -19,15 +19,19 @@ FILENAME = "kvcache-fleet.json"
 
 def build(thresholds: Thresholds, static_labels: tuple[str, ...]) -> models.Dashboard:
     labels = (*static_labels, "engine", "model", "target")
+    # One p90 line per target: a fleet of 200 targets stays a readable graph, and no quantile adds
+    # up two engines' unlike buckets.
     v = View(Scope(labels), split=("target",), per="per target", legend="{{target}}", thresholds=thresholds,
-             drill_down=(target.drill_down_link(static_labels),))
+             latency_quantiles=(0.9,), drill_down=(target.drill_down_link(static_labels),))
     rows = [
-        Row("Overview", ((exporter_health.targets_up(v), kv.usage_now(v), kv.free_tokens_now(v),
+        Row("Overview", ((exporter_health.targets_up(v), kv.usage_now(v), kv.pools_without_room(v),
                           pressure.targets_per_state(v), pressure.preemptions_per_minute(v),
-                          prefix_cache.hit_ratio_now(v), pressure.waiting_now(v)),)),
-        Row("KV", ((kv.usage(v), kv.free_tokens(v), kv.free_blocks(v)),
-                   (kv.live_tokens_per_request(v), kv.capacity(v)))),
-        Row("Pressure", ((pressure.states_over_time(v), pressure.waiting(v), pressure.preemption_rate(v)),)),
+                          prefix_cache.hit_ratio_now(v), pressure.waiting_now(v)),
+                         (triage.pools_needing_help(v),))),
+        Row("KV", ((kv.usage(v), kv.headroom(v), kv.time_until_full(v)),
+                   (kv.free_tokens(v), kv.live_tokens_per_request(v), kv.capacity(v)))),
+        Row("Pressure", ((pressure.states_over_time(v), pressure.waiting(v)),
+                         (pressure.running(v), pressure.preemption_rate(v)))),
         Row("Prefix cache", ((prefix_cache.hit_ratio(v), prefix_cache.hit_vs_queried(v),
                               prefix_cache.hit_ratio_vs_baseline(v)),)),
         Row("Latency", ((latency.ttft(v), latency.itl(v), latency.queue_time(v)), (latency.queue_share_of_ttft(v),))),
@@ -38,5 +42,5 @@ def build(thresholds: Thresholds, static_labels: tuple[str, ...]) -> models.Dash
         UID, TITLE,
         "KV-cache capacity, pressure, prefix cache and latency of every engine the exporter polls. "
         "Click a target's line to open KV cache / target.",
-        variables.label_filters(labels), rows,
+        variables.label_filters(labels), rows, alerts_of=("target",),
     )

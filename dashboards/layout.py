@@ -15,6 +15,17 @@ from dashboards.panels import DATASOURCE
 GRID_WIDTH = 24
 TAG = "kvcache"
 FIRING_ALERTS = 'ALERTS{alertstate="firing", alertname=~"KVCache.*"}'
+FIRING_ALERTS_MATCHERS = FIRING_ALERTS.removeprefix("ALERTS{").removesuffix("}")
+
+
+def firing_alerts_of(labels: tuple[str, ...]) -> str:
+    """Firing alerts whose `labels` match the dashboard's variables, and those about no target at all
+    (the exporter itself), which concern every target."""
+    if not labels:
+        return FIRING_ALERTS
+    matchers = ", ".join(f'{label}=~"${label}"' for label in labels)
+    return (f"ALERTS{{{FIRING_ALERTS_MATCHERS}, {matchers}}} "
+            f'or ALERTS{{{FIRING_ALERTS_MATCHERS}, target=""}}')
 
 
 @dataclass(frozen=True)
@@ -31,14 +42,14 @@ def widths(count: int) -> list[int]:
     return [base + 1 if index < extra else base for index in range(count)]
 
 
-def firing_alerts():
+def firing_alerts(labels: tuple[str, ...]):
     return (
         builders.AnnotationQuery()
         .name("Firing KV-cache alerts")
         .datasource(DATASOURCE)
         .enable(True)
         .icon_color("red")
-        .target(prometheus.Dataquery().datasource(DATASOURCE).ref_id("Anno").expr(FIRING_ALERTS))
+        .target(prometheus.Dataquery().datasource(DATASOURCE).ref_id("Anno").expr(firing_alerts_of(labels)))
         .title_format("{{alertname}}")
         .text_format("{{target}} {{severity}}")
         .tag_keys("alertname,severity,target")
@@ -46,7 +57,9 @@ def firing_alerts():
     )
 
 
-def assemble(uid: str, title: str, description: str, filters: list, rows: list[Row]) -> models.Dashboard:
+def assemble(uid: str, title: str, description: str, filters: list, rows: list[Row],
+             alerts_of: tuple[str, ...] = ()) -> models.Dashboard:
+    """The dashboard; `alerts_of` names the variables that narrow its alert annotations."""
     dashboard = (
         builders.Dashboard(title)
         .uid(uid)
@@ -56,7 +69,7 @@ def assemble(uid: str, title: str, description: str, filters: list, rows: list[R
         .refresh("30s")
         .tooltip(models.DashboardCursorSync.CROSSHAIR)
         .with_variable(variables.datasource())
-        .annotation(firing_alerts())
+        .annotation(firing_alerts(alerts_of))
         # Both dashboards carry the tag, so this shows the other one and keeps time range and variables.
         .link(builders.DashboardLink("KV cache dashboards").type(models.DashboardLinkType.DASHBOARDS)
               .tags([TAG]).include_vars(True).keep_time(True))

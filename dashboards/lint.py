@@ -2,10 +2,12 @@
 
 The build refuses to write a dashboard with problems, and the tests run the same checks over
 the committed JSON. Rules: every panel reads the `datasource` variable and has a unit and a
-description that says what to do when it is red; queries read only the kvcache_* contract
-(never a raw `vllm:`/`sglang:` series); counters appear only inside rate()/increase() (so no
-ratio of lifetime counters); every range is $__rate_interval; histogram_quantile() takes
-`sum by (le, ...)`; a `_ratio` gauge is never summed or averaged across series.
+description that says what to do when it is red; queries read only series that
+exporter/contract.py defines (never a raw `vllm:`/`sglang:` series, never a misspelt name);
+counters appear only inside rate()/increase() (so no ratio of lifetime counters); every range is
+$__rate_interval; histogram_quantile() takes `sum by (le, ...)` that keeps `target` or `engine`
+(buckets of unlike layouts never add up) and is never divided by another quantile; a `_ratio`
+gauge is never summed or averaged across series.
 """
 
 from __future__ import annotations
@@ -13,14 +15,30 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
+from exporter import contract
+
 from dashboards.panels import DATASOURCE, RED_ADVICE
 
 DATASOURCE_UID = DATASOURCE.uid
 RAW_ENGINE_PREFIXES = ("vllm:", "sglang:")
-CONTRACT_PREFIX = "kvcache_"
 # Series a dashboard may read besides the contract: Prometheus' own alert state.
 NON_CONTRACT_SERIES = frozenset({"ALERTS"})
 COUNTER_SUFFIXES = ("_total", "_bucket", "_sum", "_count")
+HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
+# Labels that keep a quantile's buckets within one engine's layout.
+ONE_LAYOUT_LABELS = frozenset({"target", "engine"})
+
+
+def contract_series() -> frozenset[str]:
+    """Every series name the exporter's contract defines (histograms by their _bucket/_sum/_count)."""
+    families = [*contract.RANK_GAUGES, *contract.COUNTERS, *(name for name, _ in contract.TARGET_FAMILIES.items()),
+                contract.PRESSURE_STATE[0], contract.BUILD_INFO[0], contract.RELOAD_OK[0],
+                contract.PROBED_TARGETS[0], contract.RELOAD_TIME[0]]
+    histograms = [name + suffix for name in contract.HISTOGRAMS for suffix in HISTOGRAM_SERIES]
+    return frozenset(contract.PREFIX + name for name in (*families, *histograms))
+
+
+CONTRACT_SERIES = contract_series()
 
 _PROMQL_WORDS = frozenset({
     "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset",
@@ -32,7 +50,7 @@ _NAME = re.compile(r"(?<![A-Za-z0-9_:.$])[A-Za-z_:][A-Za-z0-9_:]*")
 _RANGE = re.compile(r"\[([^\]]*)\]")
 _WRAPPED_COUNTER = r"\b(?:rate|increase)\(\s*{name}(?:\{{[^}}]*\}})?\[[^\]]*\](?:\s+offset\s+\w+)?\s*\)"
 _QUANTILE = re.compile(r"histogram_quantile\(")
-_QUANTILE_OVER_BUCKETS = re.compile(r"histogram_quantile\(\s*[0-9.]+\s*,\s*sum by \(le[,)]")
+_QUANTILE_OVER_BUCKETS = re.compile(r"histogram_quantile\(\s*[0-9.]+\s*,\s*sum by \((?P<labels>[^)]*)\)")
 _AGGREGATED_RATIO = re.compile(r"\b(?:sum|avg)\b(?:\s*by\s*\([^)]*\))?\s*\(\s*\w+_ratio\b")
 _LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.*),\s*\w+\)$")
 
@@ -89,8 +107,8 @@ def expression_problems(expr: str) -> list[str]:
             found.append(f"names a raw engine series ({prefix})")
     names = metric_names(expr)
     for name in names:
-        if not name.startswith(CONTRACT_PREFIX) and name not in NON_CONTRACT_SERIES:
-            found.append(f"reads {name}, which is not in the kvcache_* contract")
+        if name not in CONTRACT_SERIES and name not in NON_CONTRACT_SERIES:
+            found.append(f"reads {name}, which is not in the kvcache_* contract (exporter/contract.py)")
     for name in sorted({n for n in names if n.endswith(COUNTER_SUFFIXES)}):
         wrapped = len(re.findall(_WRAPPED_COUNTER.format(name=re.escape(name)), expr))
         if wrapped != len(re.findall(rf"\b{re.escape(name)}\b", expr)):
@@ -98,11 +116,40 @@ def expression_problems(expr: str) -> list[str]:
     for window in _RANGE.findall(_STRING.sub('""', expr)):
         if window != "$__rate_interval":
             found.append(f"range [{window}] is not [$__rate_interval]")
-    if len(_QUANTILE.findall(expr)) != len(_QUANTILE_OVER_BUCKETS.findall(expr)):
+    bucket_sums = [{label.strip() for label in match.group("labels").split(",")}
+                   for match in _QUANTILE_OVER_BUCKETS.finditer(expr)]
+    if len(_QUANTILE.findall(expr)) != len([labels for labels in bucket_sums if "le" in labels]):
         found.append("histogram_quantile() without sum by (le, ...)")
+    if any("le" in labels and not labels & ONE_LAYOUT_LABELS for labels in bucket_sums):
+        found.append("histogram_quantile() over a sum that drops target and engine: it adds unlike bucket layouts")
+    if divides_quantiles(expr):
+        found.append("divides one histogram_quantile() by another: unlike buckets make the quotient an artefact")
     if _AGGREGATED_RATIO.search(expr):
         found.append("sums or averages a ratio gauge across series instead of dividing sums")
     return found
+
+
+def divides_quantiles(expr: str) -> bool:
+    """Whether some `/` has a histogram_quantile() on both sides within its enclosing parentheses."""
+    text = _STRING.sub('""', expr)
+    opened: list[int] = []
+    groups: dict[int, tuple[int, int]] = {}  # position of a `/` -> (start, end) of its enclosing group
+    slashes: list[tuple[int, int]] = []  # (position, depth)
+    for position, char in enumerate(text):
+        if char == "(":
+            opened.append(position)
+        elif char == ")" and opened:
+            start = opened.pop()
+            for slash, depth in slashes:
+                if slash not in groups and slash > start and depth == len(opened) + 1:
+                    groups[slash] = (start, position)
+        elif char == "/":
+            slashes.append((position, len(opened)))
+    for slash, _ in slashes:
+        start, end = groups.get(slash, (0, len(text)))
+        if "histogram_quantile(" in text[start:slash] and "histogram_quantile(" in text[slash:end]:
+            return True
+    return False
 
 
 def _datasource_problems(where: str, ref: object) -> list[str]:

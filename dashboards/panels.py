@@ -14,6 +14,7 @@ from grafana_foundation_sdk.builders import heatmap as heatmap_builders
 from grafana_foundation_sdk.builders import prometheus
 from grafana_foundation_sdk.builders import stat as stat_builders
 from grafana_foundation_sdk.builders import statetimeline
+from grafana_foundation_sdk.builders import table as table_builders
 from grafana_foundation_sdk.builders import timeseries as timeseries_builders
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as models
@@ -30,6 +31,7 @@ RED_ADVICE = "When it is red:"
 
 STAT_HEIGHT = 4
 GRAPH_HEIGHT = 8
+TABLE_HEIGHT = 10  # about eight rows, then it scrolls: the worst pools come first
 REF_IDS = "ABCDEFGH"
 
 
@@ -45,6 +47,17 @@ class Query:
 
 
 @dataclass(frozen=True)
+class Column:
+    """A column of a table: one instant query, its header, unit, bands and value names."""
+
+    header: str
+    expr: str
+    unit: str
+    steps: bands.Steps
+    mappings: list[models.ValueMapping] | None = None
+
+
+@dataclass(frozen=True)
 class Link:
     """A data link on a panel's series (the URL may use ${__field.labels.*} and variables)."""
 
@@ -53,7 +66,8 @@ class Link:
 
 
 def _with_basics(panel, title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
-                 links: tuple[Link, ...], query_format: prometheus_models.PromQueryFormat | None = None):
+                 links: tuple[Link, ...], query_format: prometheus_models.PromQueryFormat | None = None,
+                 instant: bool = False):
     if len(queries) > len(REF_IDS):
         raise ValueError(f"{title}: at most {len(REF_IDS)} queries per panel")
     panel.title(title).description(description).unit(unit).datasource(DATASOURCE)
@@ -63,6 +77,8 @@ def _with_basics(panel, title: str, description: str, unit: str, queries: list[Q
                   .expr(query.expr).legend_format(query.legend))
         if query_format is not None:
             target.format(query_format)
+        if instant:
+            target.instant()
         panel.with_target(target)
         if query.steps is not None:
             own_bands = models.DynamicConfigValue("thresholds", bands.config(query.steps).build())
@@ -119,6 +135,32 @@ def heatmap(title: str, description: str, unit: str, query: Query):
                 .scale(heatmap_models.HeatmapColorScale.EXPONENTIAL).exponent(0.5).steps(64))
     return _with_basics(panel, title, description, unit, [query], bands.neutral(), (),
                         query_format=prometheus_models.PromQueryFormat.HEATMAP)
+
+
+def table(title: str, description: str, key: str, columns: list[Column], sort_by: str,
+          links: tuple[Link, ...] = ()):
+    """One row per `key` value; each column an instant query, merged on `key`, sorted on `sort_by` (descending).
+
+    Every query keeps only the `key` label, so Grafana's merge joins them into one row each;
+    the organize step names the value columns (`Value #A` ...) after their headers.
+    """
+    panel = table_builders.Panel().height(TABLE_HEIGHT).filterable(True)
+    panel.sort_by([common_builders.TableSortByFieldState().display_name(sort_by).desc(True)])
+    panel.with_transformation(models.DataTransformerConfig(id_val="merge", options={}))
+    names = {f"Value #{ref_id}": column.header for ref_id, column in zip(REF_IDS, columns)}
+    panel.with_transformation(models.DataTransformerConfig(
+        id_val="organize", options={"excludeByName": {"Time": True}, "renameByName": names,
+                                    "indexByName": {key: 0, **{n: i + 1 for i, n in enumerate(names)}}}))
+    cells = models.DynamicConfigValue("custom.cellOptions", {"type": "color-background", "mode": "basic"})
+    for ref_id, column in zip(REF_IDS, columns):
+        properties = [models.DynamicConfigValue("unit", column.unit),
+                      models.DynamicConfigValue("thresholds", bands.config(column.steps).build()), cells]
+        if column.mappings:
+            properties.append(models.DynamicConfigValue("mappings", column.mappings))
+        panel.override_by_name(column.header, properties)
+    queries = [Query(column.expr, column.header) for column in columns]
+    return _with_basics(panel, title, description, "none", queries, bands.neutral(), links,
+                        query_format=prometheus_models.PromQueryFormat.TABLE, instant=True)
 
 
 def value_names(names: dict[int, tuple[str, str]]) -> list[models.ValueMapping]:

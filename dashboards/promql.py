@@ -3,7 +3,9 @@
 The rules the lint test checks are made here, so a panel cannot get them wrong by hand:
 counters appear only inside rate()/increase() over $__rate_interval, a ratio is a quotient
 of sums with a guarded denominator (never an average of per-target ratios, never lifetime
-counters), and a quantile is taken over `sum by (le, ...)` of bucket rates.
+counters), and a quantile is taken over `sum by (le, target, ...)` of bucket rates: the
+engines bucket differently (vLLM's queue time starts at 0.3 s, SGLang's TTFT at 0.1 s), and a
+quantile over a sum of unlike buckets is no quantile of anything.
 """
 
 from __future__ import annotations
@@ -78,9 +80,40 @@ def gauge_ratio(scope: Scope, part: str, whole: str, by: tuple[str, ...] = ()) -
     return ratio(total(scope, part, by), total(scope, whole, by))
 
 
-def quantile(q: float, scope: Scope, histogram: str, by: tuple[str, ...] = ()) -> str:
-    """q-quantile of a contract histogram over the window, buckets summed across the selection."""
+# A quantile keeps one of these labels, so its buckets all come from one engine's layout.
+ONE_BUCKET_LAYOUT = ("target", "engine")
+
+
+def quantile(q: float, scope: Scope, histogram: str, by: tuple[str, ...]) -> str:
+    """q-quantile of a contract histogram over the window, one per `by` group (which keeps a target or engine)."""
+    if not set(by) & set(ONE_BUCKET_LAYOUT):
+        raise ValueError(f"a quantile by {by} would sum unlike bucket layouts: keep one of {ONE_BUCKET_LAYOUT}")
     return f"histogram_quantile({q:g}, {bucket_rate(scope, histogram, by)})"
+
+
+def worst(expr: str, by: tuple[str, ...] = ()) -> str:
+    """The largest value of an expression's series (e.g. the slowest target's quantile)."""
+    return f"max{_by(by)} ({expr})"
+
+
+def least(expr: str, by: tuple[str, ...] = ()) -> str:
+    """The smallest value of an expression's series (e.g. the pool with the least headroom)."""
+    return f"min{_by(by)} ({expr})"
+
+
+def at_most_one(expr: str) -> str:
+    """A share bounded to [0, 1]: counters sampled at different moments can overshoot 1 briefly."""
+    return f"clamp_max({expr}, 1)"
+
+
+def share_of_sums(scope: Scope, part: str, whole: str, by: tuple[str, ...], busy: str) -> str:
+    """sum(rate(part_sum)) / sum(rate(whole_sum)) of two histograms, in [0, 1], where `busy` holds.
+
+    A ratio of the seconds the two histograms accumulate: no bucket enters it, so unlike
+    bucket layouts cannot bend it the way a quotient of two interpolated quantiles bends.
+    """
+    share = at_most_one(ratio(rate(scope, part + "_sum", by), rate(scope, whole + "_sum", by)))
+    return only_where(share, busy, by)
 
 
 def bucket_rate(scope: Scope, histogram: str, by: tuple[str, ...] = ()) -> str:
@@ -88,8 +121,8 @@ def bucket_rate(scope: Scope, histogram: str, by: tuple[str, ...] = ()) -> str:
 
 
 def bucket_increase(scope: Scope, histogram: str) -> str:
-    """Observations per bucket and interval, the input of a heatmap of pre-bucketed data."""
-    return f"sum by (le) (increase({scope.selector(histogram + '_bucket')}[{RATE_INTERVAL}]))"
+    """Observations per bucket and interval, the input of a heatmap of pre-bucketed data (one target)."""
+    return f"sum by (le, target) (increase({scope.selector(histogram + '_bucket')}[{RATE_INTERVAL}]))"
 
 
 def at_least(expr: str, floor: float) -> str:
@@ -98,7 +131,7 @@ def at_least(expr: str, floor: float) -> str:
 
 def only_where(expr: str, condition: str, on: tuple[str, ...]) -> str:
     """`expr` kept only for the label sets (on `on`) where `condition` has a result."""
-    return f"({expr}) and on ({', '.join(on)}) ({condition})"
+    return f"(({expr}) and on ({', '.join(on)}) ({condition}))"
 
 
 def rank_of_states(scope: Scope, metric: str, states: tuple[str, ...], by: tuple[str, ...]) -> str:
@@ -111,6 +144,11 @@ def rank_of_states(scope: Scope, metric: str, states: tuple[str, ...], by: tuple
         f"{scope.selector(metric, state=state)} * {index}" for index, state in enumerate(states)
     )
     return f"max{_by(by)} ({ranked})"
+
+
+def count_where(expr: str) -> str:
+    """How many series of `expr` (a filter such as `x < 1`) exist; 0 when none."""
+    return f"count ({expr}) or vector(0)"
 
 
 def count_in_state(scope: Scope, metric: str, state: str, per: tuple[str, ...]) -> str:

@@ -28,20 +28,20 @@ def drill_down_link(static_labels: tuple[str, ...]) -> Link:
 def build(thresholds: Thresholds, static_labels: tuple[str, ...]) -> models.Dashboard:
     labels = (*static_labels, "target")
     v = View(Scope(labels), split=("target", "dp_rank"), per="per rank", legend="{{target}} dp{{dp_rank}}",
-             thresholds=thresholds)
+             thresholds=thresholds, latency_quantiles=(0.5, 0.9, 0.99))
     rows = [
         Row("Overview", ((exporter_health.targets_up(v), pressure.state_now(v), kv.usage_now(v),
-                          kv.free_tokens_now(v), pressure.preemptions_per_minute(v),
-                          prefix_cache.hit_ratio_now(v), pressure.waiting_now(v)),)),
-        Row("KV", ((kv.usage(v), kv.free_tokens(v), kv.free_blocks(v)),
-                   (kv.evictable_tokens(v), kv.live_tokens_per_request(v), kv.capacity(v)))),
+                          kv.headroom_now(v), pressure.preemptions_per_minute(v),
+                          prefix_cache.hit_ratio_now(v), pressure.waiting_now(v), memory.bytes_per_token(v)),)),
+        Row("KV", ((kv.usage(v), kv.headroom(v), kv.time_until_full(v)),
+                   (kv.free_tokens(v), kv.free_blocks(v), kv.live_tokens_per_request(v), kv.capacity(v)))),
         Row("Pressure", ((pressure.states_over_time(v), pressure.running(v)),
                          (pressure.waiting(v), pressure.preemption_rate(v)))),
         Row("Prefix cache", ((prefix_cache.hit_ratio(v), prefix_cache.hit_vs_queried(v),
                               prefix_cache.hit_ratio_vs_baseline(v)),)),
         Row("Latency", ((latency.ttft(v), latency.itl(v), latency.queue_time(v)),
                         (latency.ttft_heatmap(v), latency.queue_time_heatmap(v), latency.queue_share_of_ttft(v)))),
-        Row("KV memory", ((memory.bytes_per_token(v), memory.kv_bytes(v)),)),
+        Row("KV memory", ((memory.kv_bytes(v),),)),
         Row("Exporter health", ((exporter_health.target_up_over_time(v), exporter_health.poll_duration(v),
                                  exporter_health.poll_failures(v), exporter_health.since_last_good_poll(v)),)),
     ]
@@ -50,4 +50,5 @@ def build(thresholds: Thresholds, static_labels: tuple[str, ...]) -> models.Dash
         "One target's KV cache in detail: each data-parallel rank's pool, latency distributions, KV memory "
         "and the exporter's polls of it. Reached from KV cache / fleet.",
         variables.label_filters(labels, single=frozenset({"target"})), rows,
+        alerts_of=("target",),
     )

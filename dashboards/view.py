@@ -16,6 +16,7 @@ BYTES = "bytes"
 TOKENS = "count:tokens"
 BLOCKS = "count:blocks"
 REQUESTS = "count:requests"
+HEADROOM_UNIT = "count:requests"
 TARGETS = "count:targets"
 TOKENS_PER_SECOND = "count:tokens/s"
 PREEMPTIONS_PER_SECOND = "count:preemptions/s"
@@ -24,6 +25,8 @@ FAILURES_PER_SECOND = "count:failures/s"
 
 # Exporter-health series exist once per target, whatever the view splits the pools by.
 PER_TARGET = ("target",)
+# The labels of one KV pool: vectors of two per-pool gauges match on these.
+POOL = ("target", "dp_rank")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class View:
     per: str  # what one line is, for titles: "per target", "per rank"
     legend: str  # legend of one such line
     thresholds: Thresholds
+    latency_quantiles: tuple[float, ...]  # quantiles a latency panel draws, each per target
     drill_down: tuple[Link, ...] = ()  # data links on lines that carry a `target` label
 
     def selector(self, metric: str, **fixed: str) -> str:
@@ -47,6 +51,11 @@ class View:
 
     def line(self, what: str = "") -> str:
         return f"{self.legend} {what}".strip()
+
+
+def legend_of(labels: tuple[str, ...], what: str = "") -> str:
+    """A legend naming the series by `labels` (e.g. `{{target}} p90`)."""
+    return " ".join([*("{{" + label + "}}" for label in labels), what]).strip()
 
 
 def percent(value: float) -> str:

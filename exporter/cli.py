@@ -31,7 +31,8 @@ def parser() -> argparse.ArgumentParser:
         prog="kvcache-exporter",
         description="Polls vLLM and SGLang /metrics endpoints and exposes the engine-independent kvcache_* "
                     "contract. Subcommands: `kvcache-exporter kv-math --help` for KV memory arithmetic, "
-                    "`kvcache-exporter assets --help` to write out the dashboards and alert rules.",
+                    "`kvcache-exporter assets --help` to write out the dashboards and alert rules, "
+                    "`kvcache-exporter top --help` for the fleet's KV state in a terminal.",
         epilog="Each flag can also be set from its environment variable: "
                + ", ".join(f"{flag_name(k)}: {v}" for k, v in ENV.items())
                + " (comma-separated URLs).",
@@ -123,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import assets
 
         return assets.main(argv[1:])
+    if argv and argv[0] == "top":
+        from . import top
+
+        return top.main(argv[1:])
     args = parser().parse_args(argv)
     try:
         if args.demo:

@@ -30,7 +30,17 @@ RANK_GAUGES = {
     "requests_running": "Requests in the running batch. " + _POLLED,
     "requests_waiting": "Requests queued, not yet scheduled. " + _POLLED,
     "requests_waiting_for_capacity": "Queued requests waiting for KV or batch capacity (vLLM "
-                                     "num_requests_waiting_by_reason{reason=\"capacity\"}). " + _POLLED,
+                                     "num_requests_waiting_by_reason{reason=\"capacity\"}, which also counts "
+                                     "requests held back by the running-request cap). " + _POLLED,
+    "requests_waiting_for_kv": "Queued requests that wait because the KV pool is short (usage at the low-water "
+                               "mark or above, or less free than one typical live request): the queue the pressure state "
+                               "counts (vLLM's capacity reason, else the whole queue) while KV is short, else 0; "
+                               "derived by the exporter for every engine.",
+    "requests_waiting_with_kv_room": "Queued requests waiting while the KV pool has room (behind the running-request "
+                                     "cap, the token budget, or vLLM's deferred reasons): requests_waiting minus "
+                                     "requests_waiting_for_kv; derived by the exporter.",
+    "headroom_requests": "Requests of today's typical size that still fit in the free KV: free tokens / live tokens "
+                         "per request; derived by the exporter, absent while nothing runs.",
 }
 COUNTERS = {
     "preemptions_total": "Requests preempted (vLLM) or retracted (SGLang) to free KV; mirrors the engine's counter. "
@@ -49,9 +59,12 @@ HISTOGRAMS = {
                           + _POLLED,
     "e2e_request_latency_seconds": "Request latency from arrival to finish, in the engine's own buckets. " + _POLLED,
 }
+# The pressure states, mildest first (exporter.derive.pressure_state says which one applies).
+PRESSURE_STATES = ("ok", "tight", "capped", "saturated", "thrashing")
 PRESSURE_STATE = ("pressure_state", "KV pressure derived by the exporter, 1 for the current state: ok, tight "
-                  "(usage at the high-water mark), saturated (requests queue because KV is full), thrashing "
-                  "(the engine preempts or retracts requests to free KV).")
+                  "(usage at the high-water mark, nothing queued), capped (requests queue while the KV pool has "
+                  "room: the running-request cap or token budget binds), saturated (requests queue because KV is "
+                  "short), thrashing (the engine preempts or retracts requests to free KV).")
 # The `reason` label values of kvcache_target_scrape_failures_total, and what each means.
 FAILURE_REASONS = {
     "timeout": "no complete response within the timeout",

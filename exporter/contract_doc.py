@@ -27,9 +27,12 @@ ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
 # Values an adapter's `complete` hook reads from info-style labels rather than from a series table.
 INFO_LABEL_SOURCES = {
     "vllm": {
-        "capacity_blocks": "`vllm:cache_config_info{num_gpu_blocks}` - 1 (the null block)",
+        "capacity_blocks": "`vllm:cache_config_info{num_gpu_blocks}` / the engines on the page - 1 (the null "
+                           "block): with data parallelism vLLM writes the sum over its engines on every engine's "
+                           "series, so the split is exact for alike engines and a guess where they differ",
         "block_size_tokens": "`vllm:cache_config_info{block_size}`",
-        "capacity_tokens": "`vllm:cache_config_info{kv_cache_size_tokens}` (hybrid models)",
+        "capacity_tokens": "`vllm:cache_config_info{kv_cache_size_tokens}` less the null block's share (newer "
+                           "vLLM; the first engine's value, not summed)",
     },
     "sglang": {
         "capacity_blocks": "`sglang:cache_config_info{num_pages}` (0.5.10)",
@@ -50,6 +53,9 @@ DERIVED = {
     "capacity_bytes": "capacity tokens x bytes per token",
     "used_bytes": "used tokens x bytes per token",
     "pressure_state": "the pressure rule below",
+    "requests_waiting_for_kv": "the queue the pressure rule counts while KV is short (below), else 0",
+    "requests_waiting_with_kv_room": "requests waiting - requests waiting for KV",
+    "headroom_requests": "free tokens / live tokens per request",
 }
 # Families an engine has no source for: absent for its targets.
 NOT_REPORTED = {
@@ -66,10 +72,17 @@ STATE_RULES = {
                  f"({T.thrashing_preemptions_per_second:g}/s) or more over the last `window_seconds` "
                  f"({T.window_seconds:g} s).",
     "saturated": f"requests wait for capacity (vLLM's `capacity` reason; the whole queue where the engine "
-                 f"gives no reason) **and** KV is what is short: usage at `high_water_ratio` "
-                 f"({T.high_water_ratio:g}) or above, or fewer free tokens than a live request holds on "
-                 f"average. A queue behind a concurrency cap or a token budget leaves KV room and is not "
-                 f"saturated, although vLLM reports it under the same `capacity` reason.",
+                 f"gives no reason) **and** KV is what is short: usage at `low_water_ratio` "
+                 f"({T.low_water_ratio:g}) or above, or fewer free tokens than a live request holds on "
+                 f"average. Engines keep KV back for the output the running requests will still produce "
+                 f"before they admit another one (SGLang's `new_token_ratio`), so a queue waits for KV well "
+                 f"below the high-water mark.",
+    "capped": f"requests wait for capacity while KV has room: usage below `low_water_ratio` "
+              f"({T.low_water_ratio:g}) and at least one typical request's worth of free tokens. The "
+              f"running-request cap or the token budget binds, not KV; vLLM reports that queue under the "
+              f"same `capacity` reason and SGLang gives no reason, so this state is what tells the two apart. "
+              f"No engine exposes its running-request cap as a series (vLLM has none for `max_num_seqs`; "
+              f"SGLang's `max_running_requests` gauge existed only before 0.3.6).",
     "tight": f"usage at `high_water_ratio` ({T.high_water_ratio:g}) or above, nothing queued for lack of KV.",
     "ok": "none of the above.",
 }

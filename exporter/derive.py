@@ -9,10 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .contract import PRESSURE_STATES  # noqa: F401  (re-exported: the list lives in the contract)
 from .snapshot import RankValues, Snapshot
 from .thresholds import Thresholds
-
-PRESSURE_STATES = ("ok", "tight", "saturated", "thrashing")
 
 # (poll time, cumulative preemptions) points of one rank, oldest first, within the window.
 History = tuple[tuple[float, float], ...]
@@ -71,7 +70,9 @@ def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str,
             out["free_tokens"] = max(0.0, tokens - used_tokens)
     running = given.get("requests_running")
     if used_tokens is not None and running:
-        out["live_tokens_per_request"] = used_tokens / running
+        live = out["live_tokens_per_request"] = used_tokens / running
+        if live > 0 and "free_tokens" in out:
+            out["headroom_requests"] = out["free_tokens"] / live
     if bytes_per_token is not None:
         out["bytes_per_token"] = float(bytes_per_token)
         for name in ("capacity", "used"):
@@ -103,29 +104,59 @@ def rate(history: History) -> float | None:
     return increase / span if span > 0 else None
 
 
-def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thresholds: Thresholds) -> str | None:
-    """The KV pressure state of one pool.
+def kv_is_short(gauges: dict[str, float], thresholds: Thresholds) -> bool:
+    """Whether the KV pool is what would hold a queued request back: usage at or above the low-water
+    mark (the pool no longer has room to spare), or fewer free tokens than one typical live request
+    holds. Not the high-water mark: engines admit a request only if its prompt fits next to a reserve
+    for the running requests' future output (SGLang's new_token_ratio), so a queue waits for KV
+    already at 80-89 % usage with several typical requests' worth free (the simulator's kv-saturation
+    ramp shows it; a queue behind the running cap sits far lower). While nothing runs the typical
+    request is unknown and only the mark decides."""
+    if gauges.get("usage_ratio", 0.0) >= thresholds.low_water_ratio:
+        return True
+    free, live = gauges.get("free_tokens"), gauges.get("live_tokens_per_request")
+    return free is not None and live is not None and free < live
 
-    thrashing: preemptions/retractions at or above the threshold rate.
-    saturated: requests wait for capacity (vLLM's `capacity` reason, else the whole queue) AND the
-      KV pool is what is short: usage at the high-water mark, or fewer free tokens than a typical
-      live request holds. vLLM reports `capacity` for the running cap too (reference §7), and a
-      queue behind the cap or the token budget leaves KV room, so it never reads as saturated.
-    tight: usage at or above the high-water mark, nothing queued for lack of KV.
-    ok: otherwise. None when the engine reports no usage at all.
+
+def _waiting_for_capacity(gauges: dict[str, float]) -> float:
+    """The queue the pressure state looks at: vLLM's `capacity` reason (deferred requests wait for
+    something else), the whole queue where the engine gives no reason (SGLang)."""
+    return gauges.get("requests_waiting_for_capacity", gauges.get("requests_waiting", 0.0))
+
+
+def waiting_split(gauges: dict[str, float], thresholds: Thresholds) -> dict[str, float]:
+    """The queue split by cause: waiting for KV (the queue for capacity while KV is short, else 0)
+    and waiting with KV room (the rest of the queue). Absent without a usage or a queue reading."""
+    waiting = gauges.get("requests_waiting")
+    if waiting is None or "usage_ratio" not in gauges:
+        return {}
+    for_kv = min(waiting, _waiting_for_capacity(gauges)) if kv_is_short(gauges, thresholds) else 0.0
+    return {"requests_waiting_for_kv": for_kv, "requests_waiting_with_kv_room": max(0.0, waiting - for_kv)}
+
+
+def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thresholds: Thresholds) -> str | None:
+    """The KV pressure state of one pool; the first rule that holds wins.
+
+    1. thrashing: preemptions/retractions at or above the threshold rate.
+    2. saturated: requests wait for capacity (vLLM's `capacity` reason, else the whole queue) AND
+       the KV pool is short (kv_is_short: usage at the low-water mark or above, or fewer free
+       tokens than a typical live request holds).
+    3. capped: requests wait for capacity while the KV pool has room (usage below the low-water
+       mark and free tokens >= a typical live request): the running-request cap or the token budget
+       binds, not KV. vLLM reports `capacity` for the running cap too (reference §7) and SGLang
+       gives no reason at all, so for SGLang this state is what tells the two queues apart.
+    4. tight: usage at or above the high-water mark, nothing waiting for capacity.
+    5. ok: otherwise. None when the engine reports no usage at all.
+    capped needs usage below the low-water mark and tight at or above the high-water mark, so the
+    two never compete.
     """
     usage = gauges.get("usage_ratio")
     if usage is None:
         return None
     if preemption_rate is not None and preemption_rate >= thresholds.thrashing_preemptions_per_second:
         return "thrashing"
-    waiting = gauges.get("requests_waiting_for_capacity", gauges.get("requests_waiting", 0.0))
-    full = usage >= thresholds.high_water_ratio
-    free, live = gauges.get("free_tokens"), gauges.get("live_tokens_per_request")
-    if free is not None and live is not None and free < live:
-        full = True
-    if waiting > 0 and full:
-        return "saturated"
+    if _waiting_for_capacity(gauges) > 0:
+        return "saturated" if kv_is_short(gauges, thresholds) else "capped"
     if usage >= thresholds.high_water_ratio:
         return "tight"
     return "ok"
@@ -144,5 +175,6 @@ def derive(
         )
         new_histories[rank_name] = history
         gauges = kv_gauges(rank, bytes_per_token)
+        gauges.update(waiting_split(gauges, thresholds))
         derived[rank_name] = DerivedRank(gauges, rank, pressure_state(gauges, rate(history), thresholds))
     return derived, new_histories

@@ -16,7 +16,6 @@ from typing import Iterable
 from prometheus_client.utils import floatToGoString
 
 from . import contract
-from .derive import PRESSURE_STATES
 
 P = contract.PREFIX
 
@@ -155,7 +154,7 @@ def render_target(name: str, labels: dict[str, str], url: str, outcome, failures
             series.setdefault(contract.PRESSURE_STATE[0], []).extend(
                 prefixes[P + "pressure_state", rank_labels, f',state="{state}"']
                 + ("1.0\n" if state == rank.pressure else "0.0\n")
-                for state in PRESSURE_STATES)
+                for state in contract.PRESSURE_STATES)
     return TargetText({family: text.encode() for family, text in status.items()},
                       {family: "".join(lines).encode() for family, lines in series.items()}, outcome.last_success)
 

@@ -17,7 +17,8 @@ class Thresholds:
     # Usage (0..1) at or above which a pool counts as nearly full: pressure `tight`,
     # the KVCacheNearlyFull alert and the red band of every usage panel.
     high_water_ratio: float = 0.90
-    # Usage below which the pool has room to spare: the amber band of usage panels.
+    # Usage below which the pool has room to spare: the amber band of usage panels, and the mark under
+    # which a queue counts as waiting with KV room (pressure `capped`) rather than for KV (`saturated`).
     low_water_ratio: float = 0.75
     # Preemptions/retractions per second over `window_seconds` that make the state `thrashing`.
     thrashing_preemptions_per_second: float = 0.02
@@ -34,7 +35,7 @@ class Thresholds:
     prefix_hit_drop_fraction: float = 0.5
     # Baseline offset for the hit-ratio comparison.
     prefix_hit_baseline_offset: str = "1h"
-    # KVCacheQueueDominatesTTFT: share of p90 TTFT spent in the queue.
+    # KVCacheQueueDominatesTTFT: share of TTFT spent in the queue (queue-time seconds per TTFT second).
     queue_share_of_ttft: float = 0.5
     # KVCacheNearlyFull by trend: predict_linear says the pool is full within this many seconds.
     nearly_full_horizon_seconds: float = 1800.0

@@ -9,6 +9,10 @@ One custom prometheus_client Collector per flavor reads the latest published `En
   `num_preemptions_total` counts a preemption when the request is scheduled again; queue time
   is observed when a request finishes. `python_*` families as in any single-process client
   (`process_*` left out: it would not follow simulated restarts).
+  With DP, `cache_config_info` carries `num_gpu_blocks` summed over the engines in every engine's
+  series, as vLLM's frontend writes it.
+- `vllm-v1-kv-tokens`: `vllm-v1` after vLLM #42206: `cache_config_info` also carries
+  `kv_cache_size_tokens` and `kv_cache_max_concurrency` (the first engine's, not summed).
 - `vllm-v0`: the legacy names (`gpu_cache_usage_perc`, `gpu_prefix_cache_*`,
   `time_per_output_token_seconds`), `model_name` only, no `_created` (V0 disabled it), TTFT
   buckets up to 10 s, `cache_config_info` as an Info without `engine`. Prefix counters are in
@@ -29,7 +33,7 @@ import math
 import os
 import random
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
 from prometheus_client.core import InfoMetricFamily, Metric
@@ -131,12 +135,14 @@ class VllmDialect:
     waiting_by_reason: bool
     cache_config_as_info: bool
     extra_cache_config: dict[str, str]  # CacheConfig fields of that era beyond the common ones
+    kv_cache_size_tokens: bool = False  # vLLM #42206: group-aware token capacity in cache_config_info
 
 
 VLLM_V1 = VllmDialect(usage="vllm:kv_cache_usage_perc", prefix_cache="vllm:prefix_cache_",
                       itl="vllm:inter_token_latency_seconds", engine_label=True, created=True,
                       waiting_by_reason=True, cache_config_as_info=False,
                       extra_cache_config={"num_cpu_blocks": "None", "prefix_caching_hash_algo": "sha256"})
+VLLM_V1_KV_TOKENS = replace(VLLM_V1, kv_cache_size_tokens=True)
 VLLM_V0 = VllmDialect(usage="vllm:gpu_cache_usage_perc", prefix_cache="vllm:gpu_prefix_cache_",
                       itl="vllm:time_per_output_token_seconds", engine_label=False, created=False,
                       waiting_by_reason=False, cache_config_as_info=True,
@@ -202,24 +208,29 @@ class VllmCollector(Collector):
         return labels
 
     def _cache_config(self, state: EngineState) -> Metric:
+        """vLLM's frontend adds up `num_gpu_blocks` over its DP engines at their ready handshake (each
+        engine's count includes its null block) and writes that one CacheConfig into every engine's
+        series; `kv_cache_size_tokens` and `kv_cache_max_concurrency` keep the first engine's values."""
         doc = "Information of the LLMEngine CacheConfig"
-        infos = []
-        for index, snap in enumerate(state.ranks):
-            config = snap.config
-            info = {
-                "block_size": str(config.block_size),
-                "cache_dtype": "auto",
-                "enable_prefix_caching": str(config.enable_prefix_caching),
-                "gpu_memory_utilization": "0.9",
-                # vLLM counts the null block, which no request can use.
-                "num_gpu_blocks": str(config.num_blocks + 1),
-                "num_gpu_blocks_override": "None",
-                "sliding_window": "None",
-                **self.dialect.extra_cache_config,
-            }
-            if self.dialect.engine_label:
-                info["engine"] = str(index)
-            infos.append(info)
+        first = state.ranks[0].config
+        common = {
+            "block_size": str(first.block_size),
+            "cache_dtype": "auto",
+            "enable_prefix_caching": str(first.enable_prefix_caching),
+            "gpu_memory_utilization": "0.9",
+            "num_gpu_blocks": str(sum(snap.config.num_blocks + 1 for snap in state.ranks)),
+            "num_gpu_blocks_override": "None",
+            "sliding_window": "None",
+            **self.dialect.extra_cache_config,
+        }
+        if self.dialect.kv_cache_size_tokens:
+            # kv_cache_utils: concurrency = blocks / blocks one max-length request needs; tokens = int(that x length)
+            max_model_len = first.effective_max_model_len
+            concurrency = (first.num_blocks + 1) / -(-max_model_len // first.block_size)
+            common["kv_cache_max_concurrency"] = str(concurrency)
+            common["kv_cache_size_tokens"] = str(int(concurrency * max_model_len))
+        infos = [{**common, "engine": str(index)} if self.dialect.engine_label else common
+                 for index in range(len(state.ranks))]
         if self.dialect.cache_config_as_info:
             family = InfoMetricFamily("vllm:cache_config", doc)
             for info in infos:
@@ -357,6 +368,11 @@ FLAVORS: dict[str, Flavor] = {
         reporting=Reporting(buckets=VLLM_V1_BUCKETS, queue_time_at_finish=True),
         default_port=8000, default_model="meta-llama/Llama-3.1-8B-Instruct", max_dp=None,
         make_collector=lambda source, seed: VllmCollector(source, VLLM_V1), python_collectors=True),
+    "vllm-v1-kv-tokens": Flavor(
+        name="vllm-v1-kv-tokens",
+        reporting=Reporting(buckets=VLLM_V1_BUCKETS, queue_time_at_finish=True),
+        default_port=8000, default_model="meta-llama/Llama-3.1-8B-Instruct", max_dp=None,
+        make_collector=lambda source, seed: VllmCollector(source, VLLM_V1_KV_TOKENS), python_collectors=True),
     "vllm-v0": Flavor(
         name="vllm-v0",
         reporting=Reporting(buckets=VLLM_V0_BUCKETS, queue_time_at_finish=True),

@@ -69,3 +69,37 @@ def test_inputs_the_fuzzer_found_are_read_or_rejected_cleanly(page):
 
 def test_the_fuzzers_findings_are_kept():
     assert len(CRASHES) >= 5
+
+
+def _cache_config_page(engines: int, info: str) -> str:
+    """`cache_config_info` as vLLM's PrometheusStatLogger.log_metrics_info writes it: one series per
+    engine index, every one with the frontend's (summed) CacheConfig labels."""
+    lines = ["# TYPE vllm:kv_cache_usage_perc gauge"]
+    lines += [f'vllm:kv_cache_usage_perc{{engine="{i}",model_name="m"}} 0.5' for i in range(engines)]
+    lines.append("# TYPE vllm:cache_config_info gauge")
+    lines += [f'vllm:cache_config_info{{block_size="16",engine="{i}",{info}}} 1.0' for i in range(engines)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("engines, info, blocks, tokens", [
+    # DP=2 of 15360 blocks each: the frontend writes 15360 + 15360 = 30720 on both engines' series;
+    # per engine 30720 / 2 = 15360, less the null block = 15359 (tokens are then derived: 15359 x 16)
+    (2, 'num_gpu_blocks="30720"', 15359, None),
+    # the same with #42206's per-engine kv_cache_size_tokens (not summed): 15360 x 16 = 245760 counts the
+    # null block too, so 245760 - 245760 / 15360 = 245760 - 16 = 245744 (= 15359 x 16)
+    (2, 'kv_cache_size_tokens="245760",num_gpu_blocks="30720"', 15359, 245744),
+    # DP=1, the label values of a real single-engine page: 661 blocks x 16 = 10576 tokens; 660 usable, 10560
+    (1, 'kv_cache_size_tokens="10576",num_gpu_blocks="661"', 660, 10560),
+    # a hybrid model's group-aware size is no multiple of the block size: the null block takes its share,
+    # 209523 / 2000 = 104.7615 tokens; 209523 - 104.7615 = 209418.2385, whole tokens 209418
+    (1, 'kv_cache_size_tokens="209523",num_gpu_blocks="2000"', 1999, 209418),
+    # DP=3 with an odd sum (engines of 1001, 1001 and 1000 blocks: 3002): the even split is a guess,
+    # 3002 // 3 = 1000 blocks, 999 usable on every engine
+    (3, 'num_gpu_blocks="3002"', 999, None),
+])
+def test_vllm_capacity_per_data_parallel_engine(engines, info, blocks, tokens):
+    _, snapshot = adapt(_cache_config_page(engines, info))
+    assert sorted(snapshot.ranks) == [str(i) for i in range(engines)]
+    for rank in snapshot.ranks.values():
+        assert rank.gauges["capacity_blocks"] == blocks
+        assert rank.gauges.get("capacity_tokens") == tokens

@@ -59,7 +59,7 @@ def test_promtool_check_rules_passes(tmp_path, variant):
         path.write_text(generate.render(generate.build(thresholds)))
     result = run(require_binary("promtool"), "check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 18 rules found" in result.stdout  # 9 recording rules, 9 alerting (the storm twice)
+    assert "SUCCESS: 19 rules found" in result.stdout  # 10 recording rules, 9 alerting (the storm twice)
 
 
 def test_rule_file_has_every_alert_with_severity_and_annotations():
@@ -89,8 +89,8 @@ def contract_families() -> set[str]:
 def test_rules_read_only_the_contract():
     text = (ALERTS / "kvcache-rules.yml").read_text()
     assert "vllm:" not in text and "sglang:" not in text
-    # Histograms are read through their _bucket and _count series.
-    families = {re.sub(r"_(bucket|count)$", "", name) for name in re.findall(r"\b(kvcache_[a-z0-9_]+)", text)}
+    # Histograms are read through their _bucket, _sum and _count series.
+    families = {re.sub(r"_(bucket|sum|count)$", "", name) for name in re.findall(r"\b(kvcache_[a-z0-9_]+)", text)}
     assert len(families) >= 10
     assert sorted(families - contract_families()) == []
 

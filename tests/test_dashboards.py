@@ -87,7 +87,10 @@ def test_dashboards_identity_and_conventions():
         assert (datasource["name"], datasource["type"]) == ("datasource", "datasource")
         assert datasource["query"] == "prometheus"
         [alerts] = dashboard["annotations"]["list"]
-        assert alerts["target"]["expr"] == 'ALERTS{alertstate="firing", alertname=~"KVCache.*"}'
+        # Alerts of the targets the variable selects, and those about the exporter itself (no target).
+        assert alerts["target"]["expr"] == (
+            'ALERTS{alertstate="firing", alertname=~"KVCache.*", target=~"$target"} '
+            'or ALERTS{alertstate="firing", alertname=~"KVCache.*", target=""}')
         assert alerts["datasource"]["uid"] == "${datasource}"
         ids = [p["id"] for p in dashboard["panels"]]
         assert len(ids) == len(set(ids))
@@ -133,11 +136,11 @@ def test_bands_and_descriptions_come_from_thresholds():
         for dashboard in built.values():
             usage = [(None, "green"), (thresholds.low_water_ratio, "yellow"), (thresholds.high_water_ratio, "red")]
             assert steps(panel(dashboard, f"KV usage {per(dashboard)}")) == usage
-            assert steps(panel(dashboard, "KV usage")) == usage
+            assert steps(panel(dashboard, "Fullest pool's KV usage")) == usage
             assert steps(panel(dashboard, f"Preemption rate {per(dashboard)}")) == [
                 (None, "green"), (thresholds.thrashing_preemptions_per_second, "red"),
                 (thresholds.preemption_storm_critical_per_second, "dark-red")]
-            assert steps(panel(dashboard, "Preemptions per minute")) == [
+            assert steps(panel(dashboard, "Most preemptions per minute")) == [
                 (None, "green"), (pytest.approx(thresholds.thrashing_preemptions_per_second * 60), "red"),
                 (pytest.approx(thresholds.preemption_storm_critical_per_second * 60), "dark-red")]
             assert steps(panel(dashboard, "Share of TTFT spent queueing")) == [
@@ -146,10 +149,14 @@ def test_bands_and_descriptions_come_from_thresholds():
             assert steps(baseline) == [(None, "red"), (thresholds.prefix_hit_drop_fraction, "green")]
             expr = baseline["targets"][0]["expr"]
             assert f"offset {thresholds.prefix_hit_baseline_offset})" in expr
-            assert expr.endswith(f">= {thresholds.traffic_floor_prefix_tokens_per_second:g})")
-            assert f"{thresholds.high_water_ratio:.0%}" in panel(dashboard, "KV usage")["description"]
+            assert f">= {thresholds.traffic_floor_prefix_tokens_per_second:g})" in expr
+            assert f"{thresholds.high_water_ratio:.0%}" in panel(dashboard, "Fullest pool's KV usage")["description"]
+            until_full = panel(dashboard, f"Time until full {per(dashboard)}")
+            assert steps(until_full) == [(None, "red"), (thresholds.nearly_full_horizon_seconds, "green")]
+            assert f">= {thresholds.low_water_ratio:g})" in until_full["targets"][0]["expr"]
+            assert steps(panel(dashboard, f"Headroom {per(dashboard)}")) == [(None, "red"), (1, "green")]
     # The committed JSON was built with the defaults.
-    assert steps(panel(committed(fleet.FILENAME), "KV usage"))[-1] == (DEFAULT.high_water_ratio, "red")
+    assert steps(panel(committed(fleet.FILENAME), "Fullest pool's KV usage"))[-1] == (DEFAULT.high_water_ratio, "red")
 
 
 def per(dashboard: dict) -> str:
@@ -159,10 +166,12 @@ def per(dashboard: dict) -> str:
 def test_counts_where_one_is_a_problem_turn_red_at_one():
     dashboard = committed(fleet.FILENAME)
     assert steps(panel(dashboard, "Targets up"), "B") == [(None, "green"), (1, "red")]
-    assert steps(panel(dashboard, "Waiting requests"), "B") == [(None, "green"), (1, "red")]
+    assert steps(panel(dashboard, "Waiting requests"), "A") == [(None, "green"), (1, "red")]
+    assert steps(panel(dashboard, "Waiting requests"), "B") == [(None, "green"), (1, "yellow")]
+    assert steps(panel(dashboard, "Pools without room for one more request")) == [(None, "green"), (1, "red")]
     states = panel(dashboard, "Targets per pressure state")
-    assert [t["legendFormat"] for t in states["targets"]] == ["ok", "tight", "saturated", "thrashing"]
-    assert [steps(states, ref)[-1][1] for ref in "BCD"] == ["yellow", "red", "dark-red"]
+    assert [t["legendFormat"] for t in states["targets"]] == ["ok", "tight", "capped", "saturated", "thrashing"]
+    assert [steps(states, ref)[-1][1] for ref in "BCDE"] == ["yellow", "orange", "red", "dark-red"]
 
 
 def test_configuration_moves_bands_and_names_the_label_variables(tmp_path, capsys):
@@ -180,8 +189,8 @@ def test_configuration_moves_bands_and_names_the_label_variables(tmp_path, capsy
     assert build.main(["--config", str(config), "--out", str(tmp_path)]) == 0
     built = json.loads((tmp_path / fleet.FILENAME).read_text())
     assert list(variables(built)) == ["datasource", "region", "pool", "tier", "engine", "model", "target"]
-    assert steps(panel(built, "KV usage"))[-1] == (0.85, "red")
-    assert 'tier=~"$tier"' in panel(built, "KV usage")["targets"][0]["expr"]
+    assert steps(panel(built, "Fullest pool's KV usage"))[-1] == (0.85, "red")
+    assert 'tier=~"$tier"' in panel(built, "Fullest pool's KV usage")["targets"][0]["expr"]
 
     config.write_text("pressure: {no_such_threshold: 1}\n")
     assert build.main(["--config", str(config), "--out", str(tmp_path / "not-written")]) == 2
@@ -196,7 +205,8 @@ def test_fleet_series_drill_down_to_the_target_dashboard():
     target_variables = set(variables(target_json))
     linked = []
     for p in lint.panels(fleet_json):
-        per_target = any("{{target}}" in t["legendFormat"] for t in p["targets"])
+        # A table keeps the target label as a column; a graph names it in its legend.
+        per_target = p["type"] == "table" or any("{{target}}" in t["legendFormat"] for t in p["targets"])
         links = p["fieldConfig"]["defaults"].get("links", [])
         assert bool(links) == per_target, p["title"]
         for link in links:
@@ -207,7 +217,8 @@ def test_fleet_series_drill_down_to_the_target_dashboard():
             assert passed == target_variables, p["title"]
             linked.append(p["title"])
     assert {"KV usage per target", "Pressure state over time", "Preemption rate per target",
-            "Share of TTFT spent queueing", "Targets up over time"} <= set(linked)
+            "Share of TTFT spent queueing", "Targets up over time", "Pools that need help now",
+            "Headroom per target", "Time to first token p90"} <= set(linked)
     # Both dashboards link to each other through their shared tag, keeping time and variables.
     for dashboard in (fleet_json, target_json):
         [link] = dashboard["links"]
@@ -224,25 +235,33 @@ def test_target_dashboard_details():
     for p in heatmaps.values():
         [query] = p["targets"]
         assert query["format"] == "heatmap" and p["options"]["calculate"] is False
-        assert query["expr"].startswith("sum by (le) (increase(")
+        assert query["expr"].startswith("sum by (le, target) (increase(")
     memory = " ".join(t["expr"] for p in lint.panels(dashboard) for t in p["targets"] if "bytes" in t["expr"])
     for metric in ("kvcache_bytes_per_token", "kvcache_capacity_bytes", "kvcache_used_bytes"):
         assert metric in memory
     # Per-pool lines are split by data-parallel rank inside the target.
-    assert "sum by (target, dp_rank)" in panel(dashboard, "KV usage per rank")["targets"][0]["expr"]
+    assert "max by (target, dp_rank)" in panel(dashboard, "KV usage per rank")["targets"][0]["expr"]
     fleet_usage = panel(committed(fleet.FILENAME), "KV usage per target")
     assert steps(panel(dashboard, "KV usage per rank")) == steps(fleet_usage)
 
 
-def test_ratios_divide_sums():
+def test_ratios_divide_sums_and_quantiles_keep_one_bucket_layout():
     dashboard = committed(fleet.FILENAME)
-    usage = panel(dashboard, "KV usage")["targets"][0]["expr"]
+    hit = panel(dashboard, "Prefix-cache hit ratio per target")["targets"][0]["expr"]
     assert re.fullmatch(
-        r"sum \(kvcache_used_tokens\{[^}]*\}\) / \(sum \(kvcache_capacity_tokens\{[^}]*\}\) > 0\)", usage)
-    hit = panel(dashboard, "Prefix-cache hit ratio")["targets"][0]["expr"]
-    assert re.fullmatch(
-        r"sum \(rate\(kvcache_prefix_cache_hit_tokens_total\{[^}]*\}\[\$__rate_interval\]\)\) / "
-        r"\(sum \(rate\(kvcache_prefix_cache_queried_tokens_total\{[^}]*\}\[\$__rate_interval\]\)\) > 0\)", hit)
+        r"sum by \(target\) \(rate\(kvcache_prefix_cache_hit_tokens_total\{[^}]*\}\[\$__rate_interval\]\)\) / "
+        r"\(sum by \(target\) \(rate\(kvcache_prefix_cache_queried_tokens_total\{[^}]*\}\[\$__rate_interval\]\)\) "
+        r"> 0\)", hit)
+    share = panel(dashboard, "Share of TTFT spent queueing")["targets"][0]["expr"]
+    assert share.startswith("((clamp_max(sum by (target) (rate(kvcache_queue_time_seconds_sum{")
+    assert "/ (sum by (target) (rate(kvcache_time_to_first_token_seconds_sum{" in share
+    assert f"kvcache_e2e_request_latency_seconds_count" in share and f">= {DEFAULT.traffic_floor_requests_per_second:g}" in share
+    assert "_bucket" not in share
+    for name in FILES:
+        for p in lint.panels(committed(name)):
+            for t in p["targets"]:
+                for labels in re.findall(r"histogram_quantile\([0-9.]+, sum by \(([^)]*)\)", t["expr"]):
+                    assert "target" in labels.split(", "), (p["title"], t["expr"])
 
 
 def test_pressure_state_codes_follow_the_exporters_states():

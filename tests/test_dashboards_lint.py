@@ -41,6 +41,20 @@ def test_generated_dashboards_pass_the_lint(name):
     ("histogram_quantile(0.9, sum by (target) (rate(kvcache_queue_time_seconds_bucket[$__rate_interval])))",
      "histogram_quantile() without sum by (le, ...)"),
     ("avg by (pool) (kvcache_usage_ratio)", "sums or averages a ratio gauge"),
+    # A misspelt contract name reads nothing: the lint knows the contract's names, not just its prefix.
+    ("max(kvcache_usage_ratios)", "reads kvcache_usage_ratios, which is not in the kvcache_* contract"),
+    ("sum(kvcache_requests_waiting_for_kv_room)", "reads kvcache_requests_waiting_for_kv_room, which is not"),
+    ("histogram_quantile(0.9, sum by (le) (rate(kvcache_time_to_first_token_seconds_bucket[$__rate_interval])))",
+     "drops target and engine"),
+    ("histogram_quantile(0.9, sum by (le, pool) (rate(kvcache_time_to_first_token_seconds_bucket[$__rate_interval])))",
+     "drops target and engine"),
+    ("histogram_quantile(0.9, sum by (le, target) (rate(kvcache_queue_time_seconds_bucket[$__rate_interval]))) / "
+     "(histogram_quantile(0.9, sum by (le, target) (rate(kvcache_time_to_first_token_seconds_bucket"
+     "[$__rate_interval]))) > 0)", "divides one histogram_quantile() by another"),
+    ("clamp_max(max by (target) (histogram_quantile(0.9, sum by (le, target) (rate(kvcache_queue_time_seconds_bucket"
+     "[$__rate_interval])))) / max by (target) (histogram_quantile(0.9, sum by (le, target) "
+     "(rate(kvcache_time_to_first_token_seconds_bucket[$__rate_interval])))), 1)",
+     "divides one histogram_quantile() by another"),
     ("sum(kvcache_time_to_first_token_seconds_sum) / sum(kvcache_time_to_first_token_seconds_count)",
      "uses counter kvcache_time_to_first_token_seconds_count outside rate()/increase()"),
     ("", "empty query"),
@@ -58,6 +72,11 @@ def test_lint_catches(expr, problem):
     "time() - max by (target) (kvcache_target_last_success_timestamp_seconds)",
     'count(kvcache_target_up{engine=~"$engine"} == 0) or vector(0)',
     'max(kvcache_usage_ratio{target="a:8000"})',
+    "histogram_quantile(0.9, sum by (le, engine) (rate(kvcache_queue_time_seconds_bucket[$__rate_interval])))",
+    "clamp_max(sum by (target) (rate(kvcache_queue_time_seconds_sum[$__rate_interval])) / "
+    "(sum by (target) (rate(kvcache_time_to_first_token_seconds_sum[$__rate_interval])) > 0), 1)",
+    "max(histogram_quantile(0.9, sum by (le, target) (rate(kvcache_queue_time_seconds_bucket[$__rate_interval]))))"
+    " / 60",
 ])
 def test_lint_accepts(expr):
     assert lint.expression_problems(expr) == []

@@ -162,6 +162,6 @@ def test_panels_show_the_saturation_and_the_dead_target(prometheus_url):
     assert peak("Targets up", "A")[""] == 2
     assert peak("KV usage per target")["vllm-0"] >= 0.9  # kv-saturation fills the pool
     assert peak("Pressure state over time")["vllm-0"] >= 2  # saturated or thrashing
-    assert peak("Waiting vs waiting for capacity", "B")["vllm-0"] >= 1
+    assert peak("Waiting requests by cause per target", "A")["vllm-0"] >= 1  # waiting for KV
     assert peak("Preemption rate per target")["vllm-0"] > 0
     assert peak("Poll failures by reason")["gone-0"] > 0

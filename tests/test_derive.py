@@ -73,8 +73,28 @@ def test_history_keeps_one_point_before_the_window():
     ({"usage_ratio": 0.93}, 0.0, "tight"),
     # KV full and requests waiting for capacity: the shortage
     ({"usage_ratio": 0.96, "requests_waiting": 4, "requests_waiting_for_capacity": 4}, 0.0, "saturated"),
-    # the running cap binds while KV has room: vLLM still says `capacity`, the state stays ok
-    ({"usage_ratio": 0.4, "requests_waiting": 30, "requests_waiting_for_capacity": 30}, 0.0, "ok"),
+    # the running cap binds while KV has room: vLLM still says `capacity`; the queue is not KV's
+    ({"usage_ratio": 0.4, "requests_waiting": 30, "requests_waiting_for_capacity": 30}, 0.0, "capped"),
+    # SGLang gives no reason: with room in the pool (5000 free >= 1000 per request) the state says it is the cap
+    ({"usage_ratio": 0.5, "requests_waiting": 10, "free_tokens": 5000, "live_tokens_per_request": 1000}, None,
+     "capped"),
+    # exactly one typical request still fits: room, so capped; one token less: KV is short
+    ({"usage_ratio": 0.5, "requests_waiting": 1, "free_tokens": 1000, "live_tokens_per_request": 1000}, None,
+     "capped"),
+    ({"usage_ratio": 0.5, "requests_waiting": 1, "free_tokens": 999, "live_tokens_per_request": 1000}, None,
+     "saturated"),
+    # room means under the low-water mark (0.75): at it a queue waits for KV, just under it is capped
+    ({"usage_ratio": 0.75, "requests_waiting": 1}, None, "saturated"),
+    ({"usage_ratio": 0.7499, "requests_waiting": 1}, None, "capped"),
+    # 0.85 with several typical requests' worth free (3000 >= 4 x 700): engines reserve room for the
+    # running requests' output, so this queue waits for KV all the same
+    ({"usage_ratio": 0.85, "requests_waiting": 3, "free_tokens": 3000, "live_tokens_per_request": 700}, None,
+     "saturated"),
+    # only deferred requests (LoRA, KV transfer) wait while KV has room: nothing waits for capacity
+    ({"usage_ratio": 0.4, "requests_waiting": 2, "requests_waiting_for_capacity": 0}, None, "ok"),
+    # thrashing outranks capped: at the threshold rate (0.02/s) thrashing, just under it capped
+    ({"usage_ratio": 0.4, "requests_waiting": 5}, 0.02, "thrashing"),
+    ({"usage_ratio": 0.4, "requests_waiting": 5}, 0.0199, "capped"),
     # queued for other reasons (deferred: LoRA, KV transfer) while KV is full: not a KV shortage
     ({"usage_ratio": 0.95, "requests_waiting": 3, "requests_waiting_for_capacity": 0}, 0.0, "tight"),
     # no reason breakdown (SGLang): the whole queue counts
@@ -88,6 +108,57 @@ def test_history_keeps_one_point_before_the_window():
 ])
 def test_pressure_state(gauges, preemption_rate, expected):
     assert derive.pressure_state(gauges, preemption_rate, T) == expected
+
+
+@pytest.mark.parametrize("gauges, expected", [
+    # vLLM, KV full: the 6 queued for capacity wait for KV; the 1 deferred request waits with KV room
+    ({"usage_ratio": 0.97, "requests_waiting": 7, "requests_waiting_for_capacity": 6}, (6, 1)),
+    # vLLM behind the running cap (usage 0.4 < 0.75, no typical request known): all 30 wait with KV room
+    ({"usage_ratio": 0.4, "requests_waiting": 30, "requests_waiting_for_capacity": 30}, (0, 30)),
+    # SGLang (no reason), KV short by free tokens (999 < 1000 per request): the whole queue waits for KV
+    ({"usage_ratio": 0.5, "requests_waiting": 5, "free_tokens": 999, "live_tokens_per_request": 1000}, (5, 0)),
+    # SGLang with room (1000 >= 1000): the whole queue waits with KV room
+    ({"usage_ratio": 0.5, "requests_waiting": 5, "free_tokens": 1000, "live_tokens_per_request": 1000}, (0, 5)),
+    # the reason gauge read a step later than the queue (4 for capacity, 3 waiting): never more than the queue
+    ({"usage_ratio": 0.95, "requests_waiting": 3, "requests_waiting_for_capacity": 4}, (3, 0)),
+    ({"usage_ratio": 0.95, "requests_waiting": 0}, (0, 0)),
+])
+def test_waiting_split(gauges, expected):
+    split = derive.waiting_split(gauges, T)
+    assert (split["requests_waiting_for_kv"], split["requests_waiting_with_kv_room"]) == expected
+
+
+@pytest.mark.parametrize("gauges", [{"requests_waiting": 3.0}, {"usage_ratio": 0.5}])
+def test_waiting_split_needs_usage_and_queue(gauges):
+    assert derive.waiting_split(gauges, T) == {}
+
+
+def test_headroom_in_typical_requests():
+    # vLLM: 8000 blocks x 16 = 128000 tokens, used 0.25 x 8000 = 2000 blocks = 32000 tokens, free 96000;
+    # live 32000 / 10 = 3200 per request, so 96000 / 3200 = 30 more requests fit
+    vllm = derive.kv_gauges(rank(usage_ratio=0.25, capacity_blocks=8000, block_size_tokens=16, requests_running=10))
+    assert vllm["headroom_requests"] == 30
+    # SGLang: free 100000 - 30500 = 69500 tokens, live 30500 / 5 = 6100: 69500 / 6100 = 11.39344262295082
+    sglang = derive.kv_gauges(rank(capacity_tokens=100000, block_size_tokens=1, used_tokens=30500, requests_running=5))
+    assert sglang["headroom_requests"] == pytest.approx(69500 / 6100, rel=1e-12)
+
+
+@pytest.mark.parametrize("running, used_tokens", [(0, 0), (4, 0)])
+def test_headroom_absent_without_a_typical_request(running, used_tokens):
+    # nothing runs, or what runs holds no KV yet: no typical size to divide by
+    gauges = derive.kv_gauges(rank(capacity_tokens=1000, block_size_tokens=1, used_tokens=used_tokens,
+                                   requests_running=running))
+    assert "headroom_requests" not in gauges
+
+
+def test_derive_exposes_the_waiting_split():
+    values = rank(usage_ratio=0.25, capacity_blocks=8000, block_size_tokens=16, requests_running=8,
+                  requests_waiting=40, requests_waiting_for_capacity=40)
+    ranks, _ = derive.derive(Snapshot("vllm", "m", "", {"0": values}), {}, 0.0, T)
+    assert ranks["0"].pressure == "capped"
+    assert (ranks["0"].gauges["requests_waiting_for_kv"], ranks["0"].gauges["requests_waiting_with_kv_room"]) == (0, 40)
+    # 96000 free tokens / (32000 / 8 = 4000 per request) = 24
+    assert ranks["0"].gauges["headroom_requests"] == 24
 
 
 def test_derive_carries_histories_between_polls():

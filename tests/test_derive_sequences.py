@@ -3,6 +3,7 @@ sequence's sequence.yml says (with its reasoning)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -29,5 +30,8 @@ def test_pressure_state_along_the_sequence(directory):
         rank = ranks["0"]
         assert rank.gauges["usage_ratio"] == step["usage_ratio"]
         assert rank.values.counters.get("preemptions_total", 0.0) == step["preemptions_total"]
+        for key in ("requests_waiting_for_kv", "requests_waiting_with_kv_room", "headroom_requests"):
+            if key in step:
+                assert math.isclose(rank.gauges[key], step[key], rel_tol=1e-9), (step["page"], key)
         states.append(rank.pressure)
     assert states == [step["state"] for step in spec["pages"]]

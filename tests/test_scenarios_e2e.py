@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import pytest
 import yaml
@@ -17,75 +18,150 @@ SPEED = 20.0
 # catches every poll's outcome.
 POLL = 0.25
 SAMPLE_EVERY = 0.1
-RUNS = {  # target name -> (flavor, scenario)
-    "vllm-saturation": ("vllm-v1", "kv-saturation"),
-    "sglang-saturation": ("sglang", "kv-saturation"),
-    "vllm-cap": ("vllm-v1", "concurrency-cap"),
-    "sglang-cap": ("sglang", "concurrency-cap"),
-    "vllm-restart": ("vllm-v1", "restart"),
-    "sglang-restart": ("sglang", "restart"),
+RUNS = {  # target name -> (flavor, scenario, data-parallel ranks)
+    "vllm-saturation": ("vllm-v1", "kv-saturation", 1),
+    "sglang-saturation": ("sglang", "kv-saturation", 1),
+    "vllm-cap": ("vllm-v1", "concurrency-cap", 1),
+    "sglang-cap": ("sglang", "concurrency-cap", 1),
+    "vllm-steady-dp2": ("vllm-v1", "steady", 2),  # num_gpu_blocks summed over the engines
+    "vllm-steady-dp2-tokens": ("vllm-v1-kv-tokens", "steady", 2),  # + the first engine's kv_cache_size_tokens
+    "sglang-steady": ("sglang", "steady", 1),
+    "vllm-restart": ("vllm-v1", "restart", 1),
+    "sglang-restart": ("sglang", "restart", 1),
 }
 WALL_SECONDS = 26.0  # 520 simulated seconds: saturation reaches thrashing, the cap binds, both restart at 180 s
+PER_RANK = {  # Sample field -> contract family, read per dp_rank
+    "waiting": "kvcache_requests_waiting", "for_kv": "kvcache_requests_waiting_for_kv",
+    "with_room": "kvcache_requests_waiting_with_kv_room", "preempted": "kvcache_preemptions_total",
+    "prompts": "kvcache_prompt_tokens_total", "capacity_blocks": "kvcache_capacity_blocks",
+    "capacity_tokens": "kvcache_capacity_tokens",
+}
+
+
+class Sample(NamedTuple):
+    """One read of /metrics for one target: every field maps dp_rank -> value."""
+    states: dict
+    waiting: dict
+    for_kv: dict
+    with_room: dict
+    preempted: dict
+    prompts: dict
+    capacity_blocks: dict
+    capacity_tokens: dict
+
+
+def per_rank(samples: dict, name: str, target: str) -> dict:
+    return {dict(k[1])["dp_rank"]: v for k, v in harness.series(samples, name, target=target).items()}
 
 
 @pytest.fixture(scope="module")
-def timeline(tmp_path_factory):
-    """Per target, every SAMPLE_EVERY seconds: (pressure state, waiting, preemptions, prompt tokens)."""
+def run(tmp_path_factory):
+    """Per target, every SAMPLE_EVERY seconds, a Sample; and each engine's published state at the end."""
     tmp = tmp_path_factory.mktemp("scenarios")
-    engines = {name: start_engine(flavor, scenario, speed=SPEED, seed=3) for name, (flavor, scenario) in RUNS.items()}
+    engines = {name: start_engine(flavor, scenario, speed=SPEED, seed=3, dp=dp)
+               for name, (flavor, scenario, dp) in RUNS.items()}
     try:
         config = tmp / "exporter.yml"
         config.write_text(yaml.safe_dump({"poll_interval": f"{POLL}s", "targets": [
             {"name": name, "url": engine.url} for name, engine in engines.items()]}))
-        seen: dict[str, list[tuple]] = {name: [] for name in RUNS}
+        seen: dict[str, list[Sample]] = {name: [] for name in RUNS}
         with harness.exporter(tmp, "--config", str(config)) as exporter:
             harness.wait_until(lambda: harness.http_get(exporter.url + "/ready")[0] == 200, 15, what="ready")
             deadline = time.monotonic() + WALL_SECONDS
             while time.monotonic() < deadline:
                 samples = harness.scrape(exporter.url)
                 for name in RUNS:
-                    states = harness.series(samples, "kvcache_pressure_state", target=name)
-                    current = [dict(k[1])["state"] for k, v in states.items() if v == 1.0]
-                    seen[name].append((
-                        current[0] if current else None,
-                        harness.series(samples, "kvcache_requests_waiting", target=name),
-                        harness.series(samples, "kvcache_preemptions_total", target=name),
-                        harness.series(samples, "kvcache_prompt_tokens_total", target=name),
-                    ))
+                    states = {dict(k[1])["dp_rank"]: dict(k[1])["state"] for k, v in harness.series(
+                        samples, "kvcache_pressure_state", target=name).items() if v == 1.0}
+                    seen[name].append(Sample(states, **{field: per_rank(samples, family, name)
+                                                        for field, family in PER_RANK.items()}))
                 time.sleep(SAMPLE_EVERY)
-        yield seen
+        yield seen, {name: engine.state() for name, engine in engines.items()}
     finally:
         for engine in engines.values():
             engine.stop()
+
+
+@pytest.fixture(scope="module")
+def timeline(run):
+    return run[0]
 
 
 def total(series: dict) -> float:
     return sum(series.values())
 
 
+def states_of(timeline, name: str) -> list[str | None]:
+    return [sample.states.get("0") for sample in timeline[name]]
+
+
 @pytest.mark.parametrize("name", ["vllm-saturation", "sglang-saturation"])
 def test_kv_saturation_reaches_saturated_then_thrashing(timeline, name):
-    states = [state for state, *_ in timeline[name]]
+    states = states_of(timeline, name)
     assert "saturated" in states, states
     first_saturated = states.index("saturated")
     assert "thrashing" in states[first_saturated:], states
-    assert max(total(waiting) for _, waiting, _, _ in timeline[name]) >= 10
+    assert max(total(sample.waiting) for sample in timeline[name]) >= 10
+    assert "capped" not in states[first_saturated:], states  # the queue behind a full pool is KV's
+    # while saturated, the queue waits for KV (SGLang gives no reason: the whole queue)
+    saturated = [sample for sample in timeline[name] if sample.states.get("0") == "saturated"]
+    assert all(sample.for_kv["0"] > 0 for sample in saturated)
+    if name.startswith("sglang"):
+        assert all(sample.for_kv["0"] == sample.waiting["0"] for sample in saturated)
 
 
 @pytest.mark.parametrize("name", ["vllm-cap", "sglang-cap"])
-def test_concurrency_cap_queues_without_leaving_ok_or_tight(timeline, name):
-    states = {state for state, *_ in timeline[name]}
-    assert states <= {"ok", "tight"}, states
-    assert max(total(waiting) for _, waiting, _, _ in timeline[name]) >= 20  # requests did wait
-    assert max(total(preempted) for _, _, preempted, _ in timeline[name]) == 0
+def test_concurrency_cap_reads_capped_and_nothing_waits_for_kv(timeline, name):
+    states = {state for sample in timeline[name] for state in sample.states.values()}
+    assert "capped" in states and states <= {"ok", "tight", "capped"}, states
+    assert max(total(sample.waiting) for sample in timeline[name]) >= 20  # requests did wait
+    assert max(total(sample.preempted) for sample in timeline[name]) == 0
+    long_queues = [(sample, rank) for sample in timeline[name] for rank, waiting in sample.waiting.items()
+                   if waiting >= 20]
+    assert long_queues
+    for sample, rank in long_queues:
+        assert sample.states[rank] == "capped"
+        assert (sample.for_kv[rank], sample.with_room[rank]) == (0, sample.waiting[rank])
+
+
+@pytest.mark.parametrize("name", ["vllm-steady-dp2", "vllm-steady-dp2-tokens", "sglang-steady"])
+def test_steady_pools_read_ok(timeline, name):
+    states = {state for sample in timeline[name] for state in sample.states.values()}
+    assert states == {"ok"}
+    assert max(total(sample.waiting) for sample in timeline[name]) == 0
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_waiting_split_adds_up_to_the_queue(timeline, name):
+    checked = 0
+    for sample in timeline[name]:
+        for rank, waiting in sample.waiting.items():
+            if rank in sample.for_kv:
+                assert sample.for_kv[rank] + sample.with_room[rank] == waiting
+                assert sample.for_kv[rank] >= 0 and sample.with_room[rank] >= 0
+                checked += 1
+    assert checked >= 100
+
+
+@pytest.mark.parametrize("name", ["vllm-steady-dp2", "vllm-steady-dp2-tokens"])
+def test_data_parallel_vllm_capacity_is_each_engines_own(run, name):
+    """vLLM writes num_gpu_blocks summed over its engines into each engine's cache_config_info; every rank's
+    capacity must still be its own pool (the simulator's configured blocks), not the deployment's."""
+    timeline, states = run
+    configs = [rank.config for rank in states[name].ranks]
+    assert len(configs) == 2
+    last = timeline[name][-1]
+    for index, config in enumerate(configs):
+        assert last.capacity_blocks[str(index)] == config.num_blocks
+        assert last.capacity_tokens[str(index)] == config.num_blocks * config.block_size
 
 
 @pytest.mark.parametrize("name", ["vllm-restart", "sglang-restart"])
 def test_restart_gives_no_negative_value_and_no_preemption_burst(timeline, name):
-    prompts = [total(p) for *_, p in timeline[name] if p]
+    prompts = [total(sample.prompts) for sample in timeline[name] if sample.prompts]
     assert any(b < a for a, b in zip(prompts, prompts[1:])), "the engine never restarted"
-    assert "thrashing" not in {state for state, *_ in timeline[name]}
-    assert min(min(p.values(), default=0) for *_, p in timeline[name]) >= 0
+    assert "thrashing" not in states_of(timeline, name)
+    assert min(min(sample.prompts.values(), default=0) for sample in timeline[name]) >= 0
 
 
 @pytest.mark.parametrize("flavor", ["vllm-v1", "vllm-v0", "sglang"])

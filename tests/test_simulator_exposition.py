@@ -120,6 +120,21 @@ def test_vllm_v1_with_data_parallelism_labels_each_engine():
     assert {s.labels["engine"] for s in page.samples["vllm:cache_config_info"]} == {"0", "1"}
     for index, model in enumerate(run.models):
         assert page.value("vllm:prompt_tokens_total", engine=str(index)) == model.counters.prompt_tokens > 0
+    # vLLM's frontend writes the blocks of both engines into each engine's series: (1024 + 1 null) x 2
+    assert [s.labels["num_gpu_blocks"] for s in page.samples["vllm:cache_config_info"]] == ["2050", "2050"]
+    assert all("kv_cache_size_tokens" not in s.labels for s in page.samples["vllm:cache_config_info"])
+
+
+def test_vllm_v1_kv_tokens_writes_the_first_engines_token_capacity_unsummed():
+    page = Page("vllm-v1-kv-tokens", simulate("vllm-v1-kv-tokens", 60, dp=2, scenario="steady"))
+    infos = page.samples["vllm:cache_config_info"]
+    assert [s.labels["engine"] for s in infos] == ["0", "1"]
+    for info in infos:
+        assert info.labels["num_gpu_blocks"] == "2050"  # summed: (1024 + 1) x 2
+        # one engine: 1025 blocks / (8192 max_model_len / 16 = 512 blocks per request) = 2.001953125 requests
+        # of 8192 tokens: int(2.001953125 x 8192) = 16400 tokens (= 1025 x 16, null block included)
+        assert info.labels["kv_cache_max_concurrency"] == "2.001953125"
+        assert info.labels["kv_cache_size_tokens"] == "16400"
 
 
 def test_vllm_v0_page_has_legacy_names_model_name_only_and_no_created():
@@ -249,6 +264,7 @@ def test_sglang_with_data_parallelism_labels_ranks_and_sums_tokenizer_counters()
 @pytest.mark.parametrize("flavor", list(FLAVORS))
 def test_every_flavor_renders_an_idle_engine(flavor):
     page = Page(flavor, simulate(flavor, 0))
-    usage_name = {"vllm-v1": "vllm:kv_cache_usage_perc", "vllm-v0": "vllm:gpu_cache_usage_perc",
+    usage_name = {"vllm-v1": "vllm:kv_cache_usage_perc", "vllm-v1-kv-tokens": "vllm:kv_cache_usage_perc",
+                  "vllm-v0": "vllm:gpu_cache_usage_perc",
                   "sglang": "sglang:token_usage"}[flavor]
     assert [s.value for s in page.samples[usage_name]] == [0.0]

@@ -52,12 +52,12 @@ def poll_duration(v: View):
 def poll_failures(v: View):
     return timeseries(
         "Poll failures by reason",
-        describe("Failed polls per second, by target and reason: timeout, connect, http_status, too_large, parse, "
-              "unknown_engine.",
+        describe("Failed polls per second, by target and reason (timeout, connect, http_status, too_large, parse, "
+              "unknown_engine); only reasons that occurred in the window are drawn.",
               "no red band (Targets up turns red). connect/timeout: the engine is down or slow; http_status: "
               "wrong URL or auth; parse/unknown_engine: an engine version the exporter does not understand yet."),
         FAILURES_PER_SECOND,
-        [Query(promql.rate(v.scope, "kvcache_target_scrape_failures_total", ("target", "reason")),
+        [Query(promql.rate(v.scope, "kvcache_target_scrape_failures_total", ("target", "reason")) + " > 0",
                "{{target}} {{reason}}")],
         bands.neutral(),
         v.drill_down,

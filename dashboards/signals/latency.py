@@ -6,12 +6,7 @@ from exporter.thresholds import Thresholds
 
 from dashboards import bands, promql
 from dashboards.panels import Query, describe, heatmap, timeseries
-from dashboards.view import RATIO, SECONDS, View, percent
-
-LATENCY_QUANTILES = (0.5, 0.9, 0.99)
-
-# KVCacheQueueDominatesTTFT compares p90s (see Thresholds.queue_share_of_ttft).
-QUEUE_SHARE_QUANTILE = 0.9
+from dashboards.view import RATIO, SECONDS, View, legend_of, percent
 
 TTFT = "kvcache_time_to_first_token_seconds"
 
@@ -19,22 +14,37 @@ ITL = "kvcache_inter_token_latency_seconds"
 
 QUEUE_TIME = "kvcache_queue_time_seconds"
 
+# Finished requests: the traffic floor under which the queue share is not shown (as in the alert).
+FINISHED = "kvcache_e2e_request_latency_seconds_count"
+
+PER_TARGET_QUANTILE = ("target",)
+
+QUANTILES_SHOW = (
+    " Each quantile is one target's, from its engine's own buckets (quantiles cap at the top bucket); "
+    "buckets of different engines are never added up, as their bounds differ."
+)
+
 
 def _quantiles(v: View, title: str, histogram: str, shows: str, when_red: str):
     return timeseries(
         title,
-        describe(shows + " Quantiles over the selection from the engines' own buckets; they cap at the top bucket.",
-              when_red),
+        describe(shows + QUANTILES_SHOW, when_red),
         SECONDS,
-        [Query(promql.quantile(q, v.scope, histogram), f"p{q * 100:g}") for q in LATENCY_QUANTILES],
+        [Query(promql.quantile(q, v.scope, histogram, PER_TARGET_QUANTILE),
+               legend_of(PER_TARGET_QUANTILE, f"p{q * 100:g}")) for q in v.latency_quantiles],
         bands.neutral(),
+        v.drill_down,
     )
+
+
+def _named(v: View, what: str) -> str:
+    return f"{what} {'/'.join(f'p{q * 100:g}' for q in v.latency_quantiles)}"
 
 
 def ttft(v: View):
     return _quantiles(
-        v, "Time to first token", TTFT,
-        "Arrival to first output token (queueing included), p50/p90/p99.",
+        v, _named(v, "Time to first token"), TTFT,
+        "Arrival to first output token (queueing included).",
         "no absolute red (latency targets are per service). If TTFT rises with Queue time, requests wait for "
         "capacity; see Share of TTFT spent queueing.",
     )
@@ -42,8 +52,8 @@ def ttft(v: View):
 
 def itl(v: View):
     return _quantiles(
-        v, "Inter-token latency", ITL,
-        "Gap between output tokens while decoding, p50/p90/p99.",
+        v, _named(v, "Inter-token latency"), ITL,
+        "Gap between output tokens while decoding.",
         "no absolute red. ITL rising with running requests is a large batch (compute); with preemptions, "
         "recomputation after KV ran out.",
     )
@@ -51,30 +61,37 @@ def itl(v: View):
 
 def queue_time(v: View):
     return _quantiles(
-        v, "Queue time", QUEUE_TIME,
-        "Time a request waits before its first forward pass, p50/p90/p99. Engines record it when a request is "
+        v, _named(v, "Queue time"), QUEUE_TIME,
+        "Time a request waits before its first forward pass. Engines record it when a request is "
         "scheduled or finishes, so it shows a shortage an interval late; the waiting gauges show it at once.",
         "no absolute red; see Share of TTFT spent queueing, which turns red when queueing dominates.",
     )
 
 
+def queue_share(scope: promql.Scope, by: tuple[str, ...], t: Thresholds) -> str:
+    """Seconds spent queueing per second of TTFT, in [0, 1], where requests finish above the traffic floor."""
+    busy = promql.at_least(promql.rate(scope, FINISHED, by), t.traffic_floor_requests_per_second)
+    return promql.share_of_sums(scope, QUEUE_TIME, TTFT, by, busy)
+
+
 def queue_share_of_ttft(v: View):
     t = v.thresholds
-    q = QUEUE_SHARE_QUANTILE
     return timeseries(
         "Share of TTFT spent queueing",
         describe(
-            f"p{q * 100:g} queue time divided by p{q * 100:g} time to first token, {v.per}: how much of the wait "
-            "for the first token is queueing rather than prefill.",
+            f"Seconds requests spent queueing per second of time to first token, {v.per}: "
+            "rate(queue time sum) / rate(TTFT sum), capped at 100 %, shown while at least "
+            f"{t.traffic_floor_requests_per_second:g} requests/s finish (the alert's traffic floor). A ratio of "
+            "the histograms' sums, so the engines' bucket bounds cannot distort it.",
             f"above {percent(t.queue_share_of_ttft)} queueing dominates TTFT (KVCacheQueueDominatesTTFT): the "
-            "target lacks capacity, not speed. If its pressure state is saturated, KV is short; otherwise the "
-            "running cap or compute is. Scale out or route traffic away.",
+            "target lacks capacity, not speed. If its pressure state is saturated, KV is short; if capped, the "
+            "running cap is. Scale out or route traffic away.",
         ),
         RATIO,
-        [Query(promql.ratio(promql.quantile(q, v.scope, QUEUE_TIME, v.split),
-                            promql.quantile(q, v.scope, TTFT, v.split)), v.line())],
+        [Query(queue_share(v.scope, v.split, t), v.line())],
         bands.queue_share(t),
         v.drill_down,
+        min_max=(0, 1),
     )
 
 

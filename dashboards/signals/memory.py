@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dashboards import bands, promql
-from dashboards.panels import Query, describe, timeseries
+from dashboards.panels import Query, describe, stat, timeseries
 from dashboards.view import BYTES, View
 
 MEMORY_ONLY_WHERE = "Present only where the target's model architecture is in the exporter's configuration."
 
 
 def bytes_per_token(v: View):
-    return timeseries(
+    return stat(
         "KV bytes per token",
         describe(
             "Bytes of KV one token costs for this model: 2 x layers x KV heads x head dim x bytes per element "
@@ -18,7 +18,7 @@ def bytes_per_token(v: View):
             "no red band. A change means a different model, KV dtype or architecture entry: check the deployment.",
         ),
         BYTES,
-        [Query(promql.highest(v.scope, "kvcache_bytes_per_token", v.split), v.line())],
+        [Query(promql.highest(v.scope, "kvcache_bytes_per_token"), "bytes per token")],
         bands.neutral(),
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dashboards import bands, promql
 from dashboards.panels import Query, describe, stat, timeseries
-from dashboards.view import RATIO, TOKENS_PER_SECOND, View, percent
+from dashboards.view import PER_TARGET, RATIO, TOKENS_PER_SECOND, View, percent
 
 HIT = "kvcache_prefix_cache_hit_tokens_total"
 
@@ -12,20 +12,28 @@ QUERIED = "kvcache_prefix_cache_queried_tokens_total"
 
 
 def hit_ratio_now(v: View):
+    t = v.thresholds
     return stat(
-        "Prefix-cache hit ratio",
+        "Lowest prefix-cache hit ratio",
         describe(
-            "Share of looked-up prompt tokens served from the prefix cache over the rate interval: "
-            "sum(rate(hit tokens)) / sum(rate(queried tokens)). Never a ratio of lifetime counters.",
+            "The lowest windowed prefix-cache hit ratio of any target that looks up at least "
+            f"{t.traffic_floor_prefix_tokens_per_second:g} prompt tokens/s: sum(rate(hit tokens)) / "
+            "sum(rate(queried tokens)) per target over the rate interval, never lifetime counters.",
             "this stat has no absolute red: a good ratio depends on the workload. Hit ratio vs baseline "
-            "turns red when the ratio falls below its own baseline, the condition of KVCachePrefixHitRateDrop.",
+            "turns red when a target's ratio falls below its own baseline, the condition of "
+            "KVCachePrefixHitRateDrop.",
         ),
         RATIO,
-        [Query(promql.rate_ratio(v.scope, "kvcache_prefix_cache_hit_tokens_total",
-                                 "kvcache_prefix_cache_queried_tokens_total"), "hit ratio")],
+        [Query(promql.least(busy_hit_ratio(v, PER_TARGET)), "hit ratio")],
         bands.neutral(),
         min_max=(0, 1),
     )
+
+
+def busy_hit_ratio(v: View, by: tuple[str, ...], offset: str = "") -> str:
+    """The windowed hit ratio per `by` group, where it looks up at least the alert's traffic floor."""
+    busy = promql.at_least(promql.rate(v.scope, QUERIED, by), v.thresholds.traffic_floor_prefix_tokens_per_second)
+    return promql.only_where(promql.rate_ratio(v.scope, HIT, QUERIED, by, offset), busy, by)
 
 
 def hit_ratio(v: View):
@@ -62,9 +70,7 @@ def hit_vs_queried(v: View):
 def hit_ratio_vs_baseline(v: View):
     t = v.thresholds
     offset = t.prefix_hit_baseline_offset
-    now = promql.rate_ratio(v.scope, HIT, QUERIED, v.split)
     before = promql.rate_ratio(v.scope, HIT, QUERIED, v.split, offset=offset)
-    busy = promql.at_least(promql.rate(v.scope, QUERIED, v.split), t.traffic_floor_prefix_tokens_per_second)
     return timeseries(
         "Hit ratio vs baseline",
         describe(
@@ -76,7 +82,7 @@ def hit_ratio_vs_baseline(v: View):
             "restart that emptied it. Compare with KV usage and Evictable tokens.",
         ),
         RATIO,
-        [Query(promql.only_where(promql.ratio(now, before), busy, v.split), v.line())],
+        [Query(promql.ratio(busy_hit_ratio(v, v.split), before), v.line())],
         bands.hit_ratio_vs_baseline(t),
         v.drill_down,
     )

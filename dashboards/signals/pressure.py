@@ -2,29 +2,31 @@
 
 from __future__ import annotations
 
-from exporter.derive import PRESSURE_STATES
+from exporter.contract import PRESSURE_STATES
 
 from dashboards import bands, promql
 from dashboards.panels import Query, describe, stat, state_timeline, timeseries, value_names
 from dashboards.view import PER_TARGET, PREEMPTIONS_PER_MINUTE, PREEMPTIONS_PER_SECOND, REQUESTS, TARGETS, View, percent
 
 
-def _state_names():
+def state_names():
     return value_names({index: (state, bands.STATE_COLORS[state]) for index, state in enumerate(PRESSURE_STATES)})
 
 
 def targets_per_state(v: View):
-    state_bands = {"ok": bands.neutral(), "tight": bands.any_present("yellow"),
-                   "saturated": bands.any_present("red"), "thrashing": bands.any_present("dark-red")}
+    state_bands = {state: bands.any_present(color) for state, color in bands.STATE_COLORS.items()}
+    state_bands["ok"] = bands.neutral()
     return stat(
         "Targets per pressure state",
         describe(
             "How many targets are in each KV pressure state the exporter derives: ok (room to spare), tight "
-            f"(usage at or above {percent(v.thresholds.high_water_ratio)}, nothing queued for KV), saturated "
+            f"(usage at or above {percent(v.thresholds.high_water_ratio)}, nothing queued for KV), capped "
+            "(requests wait while the KV pool has room: the running-request cap or compute holds them), saturated "
             "(requests queue because KV is full), thrashing (the engine preempts requests to free KV). A target "
             "with several data-parallel ranks counts in every state one of its ranks is in.",
-            "targets are saturated or thrashing: KV, not compute, limits them. Open the target from Pressure state "
-            "over time, then add capacity or shed load; tight (amber) is the early warning.",
+            "targets are saturated or thrashing: KV, not compute, limits them; add KV capacity or shed load. "
+            "Capped (orange): raise the running cap or add replicas, KV is not the limit. Tight (amber) is the "
+            "early warning.",
         ),
         TARGETS,
         [Query(promql.count_in_state(v.scope, "kvcache_pressure_state", state, PER_TARGET), state, state_bands[state])
@@ -38,14 +40,16 @@ def state_now(v: View):
         "Pressure state",
         describe(
             "The worst KV pressure state of the target's pools now: ok, tight (nearly full, nothing queued for KV), "
-            "saturated (requests queue because KV is full) or thrashing (preempting requests to free KV).",
-            "saturated or thrashing: requests wait or are recomputed for lack of KV. Follow Waiting for capacity "
-            "and Preemptions below; reduce concurrency or max sequence length, or add replicas.",
+            "capped (requests wait while KV has room), saturated (requests queue because KV is full) or thrashing "
+            "(preempting requests to free KV).",
+            "saturated or thrashing: requests wait or are recomputed for lack of KV. Follow Waiting for KV "
+            "and Preemptions below; reduce concurrency or max sequence length, or add replicas. Capped: the "
+            "running cap, not KV, holds requests back; raise it or add replicas.",
         ),
         "none",
         [Query(promql.rank_of_states(v.scope, "kvcache_pressure_state", PRESSURE_STATES, ()), "state")],
         bands.neutral(),
-        mappings=_state_names(),
+        mappings=state_names(),
     )
 
 
@@ -54,29 +58,36 @@ def states_over_time(v: View):
         "Pressure state over time",
         describe(
             f"The KV pressure state over time, one lane {v.per} showing the worst state of the pools it covers: "
-            "ok, tight (nearly full), saturated (queueing for KV) or thrashing (preempting to free KV).",
+            "ok, tight (nearly full), capped (queueing with KV room), saturated (queueing for KV) or thrashing "
+            "(preempting to free KV).",
             "saturated or thrashing: requests wait or are recomputed for lack of KV. The periods line up with the "
             "waiting and preemption panels next to it; on the fleet dashboard, click the lane to open the target.",
         ),
         Query(promql.rank_of_states(v.scope, "kvcache_pressure_state", PRESSURE_STATES, v.split), v.line()),
-        _state_names(),
+        state_names(),
         v.drill_down,
     )
+
+
+WAITING_SPLIT = (
+    "Queued requests split by cause, from the exporter's pressure logic for every engine: waiting for KV "
+    "(the pool is full) and waiting with KV room (the running-request cap or compute holds them)."
+)
 
 
 def waiting_now(v: View):
     return stat(
         "Waiting requests",
         describe(
-            "Requests queued and not yet scheduled (waiting), and the part of them that waits for KV or batch "
-            "capacity (for capacity; vLLM only, SGLang does not say why a request waits).",
-            "requests wait for capacity: the engine has no KV (or hit its running cap) for them. If KV usage is "
-            "high too, KV is the limit: see the Pressure row; if not, the running-request cap is.",
+            f"{WAITING_SPLIT} Summed over the selection.",
+            "requests wait for KV: the pool is full, see the Pressure row and Headroom. Waiting with KV room "
+            "(amber) is the running-request cap or compute: raise the cap or add replicas, not KV.",
         ),
         REQUESTS,
         [
-            Query(promql.total(v.scope, "kvcache_requests_waiting"), "waiting"),
-            Query(promql.total(v.scope, "kvcache_requests_waiting_for_capacity"), "for capacity", bands.any_present()),
+            Query(promql.total(v.scope, "kvcache_requests_waiting_for_kv"), "for KV", bands.any_present()),
+            Query(promql.total(v.scope, "kvcache_requests_waiting_with_kv_room"), "with KV room",
+                  bands.any_present("yellow")),
         ],
         bands.neutral(),
     )
@@ -84,17 +95,16 @@ def waiting_now(v: View):
 
 def waiting(v: View):
     return timeseries(
-        "Waiting vs waiting for capacity",
+        f"Waiting requests by cause {v.per}",
         describe(
-            f"Queued requests {v.per}, and the part that waits for KV or batch capacity (vLLM only).",
-            "requests wait for capacity (the red line marks one): KV is full if usage is high at the same time, "
-            "else the running-request cap is the limit. Waiting without capacity waits is a compute or "
-            "scheduling backlog.",
+            f"{WAITING_SPLIT} {v.per.capitalize()}.",
+            "requests wait for KV (the red line marks one): add KV capacity or shed load. Waiting with KV room is "
+            "a running-cap or compute backlog: the pool state reads capped.",
         ),
         REQUESTS,
         [
-            Query(promql.total(v.scope, "kvcache_requests_waiting", v.split), v.line("waiting")),
-            Query(promql.total(v.scope, "kvcache_requests_waiting_for_capacity", v.split), v.line("for capacity")),
+            Query(promql.total(v.scope, "kvcache_requests_waiting_for_kv", v.split), v.line("for KV")),
+            Query(promql.total(v.scope, "kvcache_requests_waiting_with_kv_room", v.split), v.line("with KV room")),
         ],
         bands.any_present(),
         v.drill_down,
@@ -103,11 +113,12 @@ def waiting(v: View):
 
 def running(v: View):
     return timeseries(
-        "Running requests",
+        f"Running requests {v.per}",
         describe(
-            f"Requests in the running batch {v.per}: each holds KV for its whole sequence.",
-            "no red band. Running flat while waiting grows means the batch cannot grow: KV (see KV usage) or the "
-            "running-request cap stops it.",
+            f"Requests in the running batch {v.per}, each holding KV for its whole sequence, and the engine's "
+            "running-request cap where the engine exposes it: the batch cannot grow past it.",
+            "no red band. Running flat at the cap while requests wait is the capped state; running flat below "
+            "the cap with requests waiting is KV (see Headroom).",
         ),
         REQUESTS,
         [Query(promql.total(v.scope, "kvcache_requests_running", v.split), v.line())],
@@ -119,16 +130,17 @@ def running(v: View):
 def preemptions_per_minute(v: View):
     t = v.thresholds
     return stat(
-        "Preemptions per minute",
+        "Most preemptions per minute",
         describe(
-            "Requests the engines preempted (vLLM) or retracted (SGLang) to free KV, per minute, summed over the "
-            "selection. Each one throws away computed KV that must be recomputed.",
+            "Requests the engines preempted (vLLM) or retracted (SGLang) to free KV, per minute, of the target "
+            "that preempts most. Each one throws away computed KV that must be recomputed.",
             f"at or above {t.thrashing_preemptions_per_second * 60:g}/min a target counts as thrashing (dark red at "
             f"the critical preemption-storm rate, {t.preemption_storm_critical_per_second * 60:g}/min). Find the "
             "pool in the Preemption rate panel and lower its concurrency or sequence length, or add KV capacity.",
         ),
         PREEMPTIONS_PER_MINUTE,
-        [Query(promql.scaled(promql.rate(v.scope, "kvcache_preemptions_total"), 60), "preemptions")],
+        [Query(promql.worst(promql.scaled(promql.rate(v.scope, "kvcache_preemptions_total", PER_TARGET), 60)),
+               "preemptions")],
         bands.preemption_rate(t, per_seconds=60),
     )
 

@@ -39,22 +39,38 @@ class VllmAdapter(Adapter):
     )
 
     def complete(self, samples: Samples, snapshot: Snapshot) -> None:
-        """Capacity from `cache_config_info` labels: one block of `num_gpu_blocks` is the null block."""
+        """Per-engine capacity from `cache_config_info` labels.
+
+        With data parallelism vLLM's frontend adds up `num_gpu_blocks` over the engines it started
+        (vllm/v1/engine/core_client.py, "Sum num_gpu_blocks from all engines in DP case"; before that
+        vllm/v1/engine/utils.py at the startup handshake) and then writes that one config, sum included,
+        into the series of every engine. So each engine's pool is the sum over the engines on the page;
+        the even split is exact for alike engines (the usual DP setup) and a guess when their GPUs or
+        memory differ, which the page cannot show. One block per engine is the null block. Newer vLLM
+        (#42206) also writes `kv_cache_size_tokens`, which it does not add up (the first engine's
+        value), counted from the same blocks as the engine's pool, null block included.
+        """
         name = self.first_present(("vllm:cache_config_info",), samples)
-        for sample in samples.get(name, ()) if name else ():
+        infos = samples.get(name, ()) if name else ()
+        engines = max(1, len({sample.labels["engine"] for sample in infos if "engine" in sample.labels}))
+        for sample in infos:
             labels = sample.labels
             # Before the `engine` label (#15755) one info series described every engine alike.
             ranks = [labels["engine"]] if "engine" in labels else list(snapshot.ranks) or ["0"]
             values = {}
-            blocks = _number(labels.get("num_gpu_blocks"))
-            if blocks is not None and blocks > 1:
-                values["capacity_blocks"] = blocks - 1
+            summed = _number(labels.get("num_gpu_blocks"))
+            engine_blocks = summed // engines if summed is not None else None
+            if engine_blocks is not None and engine_blocks > 1:
+                values["capacity_blocks"] = engine_blocks - 1
             block_size = _number(labels.get("block_size"))
             if block_size:
                 values["block_size_tokens"] = block_size
-            # Group-aware token capacity (hybrid models) where the engine states it (#42206).
+            # Group-aware token capacity (hybrid models) where the engine states it (#42206), less the
+            # null block's share of it.
             tokens = _number(labels.get("kv_cache_size_tokens"))
-            if tokens:
+            if tokens and "capacity_blocks" in values:
+                values["capacity_tokens"] = float(math.floor(tokens - tokens / engine_blocks))
+            elif tokens:
                 values["capacity_tokens"] = tokens
             for rank in ranks:
                 snapshot.ranks.setdefault(rank, RankValues()).gauges.update(values)

@@ -1,0 +1,209 @@
+"""The rows `top` shows: one per pool with its figures, the fleet totals, and the columns: how a
+value is written, how it sorts (worst first), how long it stays when the terminal is narrow.
+
+Rows are plain dicts and `--json` prints them as they are; nothing here needs a terminal library.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .. import contract
+from .rates import RateWindow
+from .source import CAPACITY_MISSES, RUNNING_MAX, Frame
+
+STATES = contract.PRESSURE_STATES  # mildest first
+TARGET_MIN_WIDTH = 8
+USAGE_BAR_WIDTH = 8
+
+
+def build_rows(frame: Frame, window: RateWindow) -> list[dict[str, Any]]:
+    """One dict per pool, in page order; a value the exporter does not give is None."""
+    rows = []
+    for key, pool in frame.pools.items():
+        gauges = pool.gauges
+        rates = window.rates(key)
+        rows.append({
+            "target": pool.target, "engine": pool.engine, "model": pool.model, "dp_rank": pool.dp_rank,
+            "state": pool.state,
+            "usage_ratio": gauges.get("usage_ratio"),
+            "capacity_tokens": gauges.get("capacity_tokens"),
+            "free_tokens": gauges.get("free_tokens"),
+            "headroom_requests": gauges.get("headroom_requests"),
+            "requests_running": gauges.get("requests_running"),
+            "requests_running_max": gauges.get(RUNNING_MAX),
+            "requests_waiting": gauges.get("requests_waiting"),
+            "requests_waiting_for_kv": gauges.get("requests_waiting_for_kv"),
+            "requests_waiting_with_kv_room": gauges.get("requests_waiting_with_kv_room"),
+            "preemptions_per_min": rates.preemptions_per_min,
+            "prefix_hit_ratio": rates.prefix_hit_ratio,
+            "ttft_p90_seconds": rates.ttft_p90_seconds,
+            "polled_at": pool.at,
+        })
+        if CAPACITY_MISSES in pool.counters:  # the key exists only where the exporter has the series
+            rows[-1]["capacity_misses_per_min"] = rates.capacity_misses_per_min
+    return rows
+
+
+def totals(frame: Frame, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fleet sums (of what can be summed: tokens, requests, per-minute rates) and pools per state."""
+    def total(name: str) -> float | None:
+        values = [row[name] for row in rows if row[name] is not None]
+        return sum(values) if values else None
+
+    capacity, free = total("capacity_tokens"), total("free_tokens")
+    states = {state: sum(row["state"] == state for row in rows) for state in STATES}
+    return {
+        "pools": len(rows),
+        "targets": len(frame.targets_up),
+        "targets_up": sum(frame.targets_up.values()),
+        "capacity_tokens": capacity,
+        "free_tokens": free,
+        "usage_ratio": (capacity - free) / capacity if capacity and free is not None else None,
+        "requests_running": total("requests_running"),
+        "requests_waiting_for_kv": total("requests_waiting_for_kv"),
+        "requests_waiting_with_kv_room": total("requests_waiting_with_kv_room"),
+        "preemptions_per_min": total("preemptions_per_min"),
+        "states": states,
+    }
+
+
+# -- how values are written -------------------------------------------------------------------
+
+def count(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
+
+
+def per_min(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value < 100 else count(round(value))
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.3g}s" if value < 1000 else f"{value:.0f}s"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.0f}%"
+
+
+def _whole(value: float | None) -> str:
+    """Whole requests: 0.6 of a typical request does not fit one."""
+    return "-" if value is None else count(math.floor(value))
+
+
+def _running(row: dict) -> str:
+    running, cap = row["requests_running"], row["requests_running_max"]
+    return count(running) if cap is None or running is None else f"{count(running)}/{count(cap)}"
+
+
+def _severity(state: str | None) -> int:
+    return STATES.index(state) if state in STATES else -1
+
+
+def _low_first(value: float | None) -> float:
+    return math.inf if value is None else value
+
+
+def _high_first(value: float | None) -> float:
+    return math.inf if value is None else -value
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str  # also the sort name (`s`, --sort)
+    header: str
+    text: Callable[[dict], str]
+    worst_first: Callable[[dict], Any]  # sort key: the worst row sorts first
+    keep: int  # when the terminal is narrow, the column with the lowest `keep` goes first
+    justify: str = "right"
+    min_width: int = 0
+
+
+COLUMNS = (
+    Column("target", "TARGET", lambda r: r["target"], lambda r: r["target"], 100, "left"),
+    Column("dp", "DP", lambda r: r["dp_rank"], lambda r: r["dp_rank"], 40, "left"),
+    Column("engine", "ENGINE", lambda r: r["engine"], lambda r: r["engine"], 20, "left"),
+    Column("model", "MODEL", lambda r: r["model"], lambda r: r["model"], 10, "left"),
+    Column("state", "STATE", lambda r: r["state"] or "-",
+           lambda r: (-_severity(r["state"]), _high_first(r["usage_ratio"])), 99, "left", max(map(len, STATES))),
+    Column("usage", "KV USED", lambda r: percent(r["usage_ratio"]), lambda r: _high_first(r["usage_ratio"]), 98),
+    Column("free", "FREE\nTOKENS", lambda r: count(r["free_tokens"]), lambda r: _low_first(r["free_tokens"]), 90),
+    Column("headroom", "HEAD\nROOM", lambda r: _whole(r["headroom_requests"]),
+           lambda r: _low_first(r["headroom_requests"]), 95),
+    Column("running", "RUN", _running, lambda r: _high_first(r["requests_running"]), 50),
+    Column("waiting-kv", "WAIT\nKV", lambda r: count(r["requests_waiting_for_kv"]),
+           lambda r: _high_first(r["requests_waiting_for_kv"]), 97),
+    Column("waiting-room", "WAIT\nROOM", lambda r: count(r["requests_waiting_with_kv_room"]),
+           lambda r: _high_first(r["requests_waiting_with_kv_room"]), 96),
+    Column("preempt", "PREEMPT\n/min", lambda r: per_min(r["preemptions_per_min"]),
+           lambda r: _high_first(r["preemptions_per_min"]), 89),
+    Column("hit", "HIT\n1m", lambda r: _ratio(r["prefix_hit_ratio"]), lambda r: _low_first(r["prefix_hit_ratio"]), 60),
+    Column("ttft", "TTFT\np90 1m", lambda r: _seconds(r["ttft_p90_seconds"]),
+           lambda r: _high_first(r["ttft_p90_seconds"]), 88),
+    Column("misses", "MISSES\n/min", lambda r: per_min(r.get("capacity_misses_per_min")),
+           lambda r: _high_first(r.get("capacity_misses_per_min")), 70),
+)
+SORTS = tuple(column.name for column in COLUMNS if column.name not in ("dp", "engine", "model"))
+_BY_NAME = {column.name: column for column in COLUMNS}
+
+
+def sort_rows(rows: list[dict], sort: str) -> list[dict]:
+    """Worst first by the sort column; ties by severity, then by target and rank, so the order is stable."""
+    tie = _BY_NAME["state"].worst_first
+    return sorted(rows, key=lambda r: (_BY_NAME[sort].worst_first(r), tie(r), r["target"], r["dp_rank"]))
+
+
+def filter_rows(rows: list[dict], text: str) -> list[dict]:
+    """Rows whose target, engine, model, rank or state holds `text` (case-insensitive)."""
+    needle = text.lower()
+    return [r for r in rows if any(needle in (r[k] or "").lower()
+                                   for k in ("target", "engine", "model", "dp_rank", "state"))]
+
+
+# -- layout -------------------------------------------------------------------------------------
+
+def _natural_widths(columns: list[Column], rows: list[dict]) -> dict[str, int]:
+    widths = {}
+    for column in columns:
+        cells = [len(column.text(row)) for row in rows]
+        widths[column.name] = max([column.min_width] + [len(line) for line in column.header.split("\n")] + cells)
+    return widths
+
+
+def fit(rows: list[dict], width: int | None, bar: bool) -> list[tuple[Column, int]]:
+    """The columns to show and their widths: every column when `width` is None, else the most
+    important ones that fit in `width` (one space between columns); the misses column only where the
+    exporter has capacity misses. The target column is cut (with an ellipsis) before anything is dropped."""
+    columns = [c for c in COLUMNS if c.name != "misses" or any("capacity_misses_per_min" in r for r in rows)]
+    widths = _natural_widths(columns, rows)
+    if bar:
+        widths["usage"] = USAGE_BAR_WIDTH + 5
+    if width is None:
+        return [(column, widths[column.name]) for column in columns]
+    natural_target = widths["target"]
+    widths["target"] = min(natural_target, TARGET_MIN_WIDTH)
+
+    def used(shown: list[Column]) -> int:
+        return sum(widths[c.name] for c in shown) + len(shown) - 1
+
+    while len(columns) > 1 and used(columns) > width:
+        columns.remove(min(columns, key=lambda c: c.keep))
+    widths["target"] = max(1, min(natural_target, widths["target"] + width - used(columns)))
+    return [(column, widths[column.name]) for column in columns]
+
+

@@ -1,0 +1,163 @@
+"""Where `top` gets its numbers: a running exporter's /metrics, or the engines polled directly.
+
+Both sources hand back the same thing, kvcache_* exposition text, which `read_frame` turns into
+one reading per pool: a direct poll runs the exporter's own pipeline (fetch, adapt, derive) and
+renders its exposition, so the two paths can never disagree on a derived value or a state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from .. import contract, exposition, parser
+from ..config import Config
+
+P = contract.PREFIX
+TTFT = "time_to_first_token_seconds"
+# Families that exporters of other versions may not have yet; read when present, shown as "-" when not.
+RUNNING_MAX = "requests_running_max"
+CAPACITY_MISSES = "capacity_miss_blocks_total"  # issue 16 (KV events); the column shows only where it exists
+_GAUGES = tuple(contract.RANK_GAUGES) + (RUNNING_MAX,)
+_COUNTERS = tuple(contract.COUNTERS) + (CAPACITY_MISSES,)
+_LAST_SUCCESS = "target_last_success_timestamp_seconds"
+WANTED = frozenset(
+    [P + name for name in (*_GAUGES, *_COUNTERS, contract.PRESSURE_STATE[0], "target_up", _LAST_SUCCESS)]
+    + [P + TTFT + "_bucket"])
+_IDENTITY = ("target", "engine", "model", "dp_rank")
+
+
+class SourceError(Exception):
+    """A read that gave no page: the message says where and why, in one line."""
+
+
+@dataclass(slots=True)
+class Pool:
+    """One data-parallel pool's values as one read saw them."""
+
+    target: str
+    engine: str
+    model: str
+    dp_rank: str
+    at: float  # unix time of the poll these values come from (the target's last success)
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    ttft: list[tuple[float, float]] = field(default_factory=list)  # (le, cumulative count), ascending
+    state: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return self.target, self.engine, self.model, self.dp_rank
+
+
+@dataclass(slots=True)
+class Frame:
+    """Everything one read saw: the pools, and which targets answered the exporter's last poll."""
+
+    read_at: float
+    pools: dict[tuple[str, str, str, str], Pool]
+    targets_up: dict[str, bool]
+
+
+def read_frame(text: str, read_at: float) -> Frame:
+    """The pools on a kvcache_* page. Raises parser.ParseError on a page that is not exposition text."""
+    samples = parser.parse(text, WANTED)
+    polled: dict[str, float] = {}
+    for sample in samples.get(P + _LAST_SUCCESS, ()):
+        polled[sample.labels.get("target", "")] = sample.value
+    targets_up = {s.labels.get("target", ""): s.value == 1.0 for s in samples.get(P + "target_up", ())}
+    pools: dict[tuple[str, str, str, str], Pool] = {}
+
+    def pool_of(labels: dict[str, str]) -> Pool:
+        key = tuple(labels.get(name, "") for name in _IDENTITY)
+        found = pools.get(key)
+        if found is None:
+            found = pools[key] = Pool(*key, at=polled.get(key[0], read_at))
+        return found
+
+    for names, into in ((_GAUGES, "gauges"), (_COUNTERS, "counters")):
+        for name in names:
+            for sample in samples.get(P + name, ()):
+                getattr(pool_of(sample.labels), into)[name] = sample.value
+    for sample in samples.get(P + contract.PRESSURE_STATE[0], ()):
+        if sample.value == 1.0:
+            pool_of(sample.labels).state = sample.labels.get("state")
+    for sample in samples.get(P + TTFT + "_bucket", ()):
+        labels = sample.labels
+        pool_of(labels).ttft.append((float(labels.get("le", "nan")), sample.value))
+    for pool in pools.values():
+        pool.ttft.sort()
+    return Frame(read_at, pools, targets_up)
+
+
+def metrics_url(url: str) -> str:
+    """An exporter's base URL as given (`http://host:10490`) to its /metrics URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be an http:// or https:// URL, got {url!r}")
+    return url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics"
+
+
+class ExporterSource:
+    """A running exporter's /metrics."""
+
+    def __init__(self, url: str, timeout: float):
+        self.url = metrics_url(url)
+        self.timeout = timeout
+
+    @property
+    def description(self) -> str:
+        return self.url
+
+    def read(self) -> str:
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout) as response:
+                return response.read().decode("utf-8")
+        except urllib.error.HTTPError as err:
+            raise SourceError(f"{self.url}: HTTP {err.code}") from None
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            raise SourceError(f"{self.url}: {getattr(reason, 'strerror', None) or reason}") from None
+        except UnicodeDecodeError:
+            raise SourceError(f"{self.url}: the page is not UTF-8") from None
+
+    def close(self) -> None:
+        pass
+
+
+class DirectSource:
+    """The engines of a configuration, polled with the exporter's own pipeline at every read.
+
+    Every method runs in the one thread that reads: the targets' connections belong to its event loop.
+    """
+
+    def __init__(self, config: Config):
+        from ..app import fetch_settings
+        from ..target import Target
+
+        self.config = config
+        self.loop = asyncio.new_event_loop()
+        self.targets = [Target(t, fetch_settings(config, t), config.thresholds, config.labels)
+                        for t in config.targets]
+
+    @property
+    def description(self) -> str:
+        return f"{len(self.targets)} target{'s' if len(self.targets) != 1 else ''} polled directly"
+
+    def read(self) -> str:
+        # A failed poll is counted by its target and shows as target_up 0: the read itself never fails.
+        self.loop.run_until_complete(self._poll_all())
+        parts = exposition.render((t.text for t in self.targets), time.time(), self.config.staleness)
+        return b"".join(parts).decode("utf-8")
+
+    async def _poll_all(self) -> None:
+        await asyncio.gather(*(target.poll() for target in self.targets))
+
+    def close(self) -> None:
+        for target in self.targets:
+            target.close()
+        self.loop.close()

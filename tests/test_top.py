@@ -1,0 +1,214 @@
+"""`kvcache-exporter top` without a terminal: `--once` and `--json` against a recorded exporter page
+read twice (tests/fixtures/top/README.md works out every figure by hand), a direct poll of engine
+fixture pages, bad input, and the arithmetic behind the per-minute figures."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter import contract
+from exporter.top import rows as top_rows, source
+from exporter.top.rates import Rates, RateWindow, histogram_quantile
+from exporter.top.source import Frame, Pool
+from tests import harness
+from tests.pageserver import PageServer, alternating, page
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PAGES = [(FIXTURES / "top" / f"exporter-{n}.txt").read_text() for n in (1, 2)]
+
+
+def top(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "exporter", "top", *args], capture_output=True, text=True,
+                          cwd=harness.REPO, timeout=60)
+
+
+def top_on_recorded_pages(*args: str) -> subprocess.CompletedProcess:
+    with PageServer({"/metrics": alternating(page(PAGES[0]), page(PAGES[1]))}) as server:
+        result = top("--exporter", server.url(""), "--interval", "0.1s", *args)
+        assert server.requests["/metrics"] == 2
+    return result
+
+
+def test_once_prints_the_worst_pool_first_with_the_per_minute_figures():
+    result = top_on_recorded_pages("--once")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == """\
+pools 3  targets up 3/4  KV 36% used, 41.8k of 65.5k tokens free
+running 38  waiting for KV 40, with KV room 100  preemptions/min 12.0
+thrashing 0  saturated 1  capped 1  tight 0  ok 1
+
+                                                 FREE HEAD     WAIT WAIT PREEMPT  HIT   TTFT MISSES
+TARGET    DP ENGINE MODEL    STATE     KV USED TOKENS ROOM RUN   KV ROOM    /min   1m p90 1m   /min
+sat       0  vllm   llama-8b saturated     95%    816    1  30   40    0    12.0 0.60  4.67s   60.0
+cap       0  sglang qwen-7b  capped        20%  26.2k   40 8/8    0  100     0.0    -   9.1s      -
+restarted 1  vllm   llama-8b ok            10%  14.7k    -   0    0    0     0.0    -      -      -
+"""
+    # KV: (65536 - 41776) / 65536 = 36%; 816 + 26214 + 14746 = 41776 free; preemptions 12 + 0 + 0.
+
+
+def test_json_gives_the_same_rows_as_numbers():
+    result = top_on_recorded_pages("--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["fleet"] == {
+        "pools": 3, "targets": 4, "targets_up": 3, "capacity_tokens": 65536.0, "free_tokens": 41776.0,
+        "usage_ratio": (65536 - 41776) / 65536, "requests_running": 38.0, "requests_waiting_for_kv": 40.0,
+        "requests_waiting_with_kv_room": 100.0, "preemptions_per_min": 12.0,
+        "states": {"ok": 1, "tight": 0, "capped": 1, "saturated": 1, "thrashing": 0},
+    }
+    common = {"requests_running_max": None, "polled_at": 1030.0}
+    sat, cap, restarted = out["pools"]
+    assert math.isclose(sat.pop("ttft_p90_seconds"), 2.5 + 2.5 * (54 - 15) / (60 - 15), rel_tol=1e-12)
+    assert sat == {**common, "target": "sat", "engine": "vllm", "model": "llama-8b", "dp_rank": "0",
+                   "state": "saturated", "usage_ratio": 0.95, "capacity_tokens": 16384.0, "free_tokens": 816.0,
+                   "headroom_requests": 1.5, "requests_running": 30.0, "requests_waiting": 40.0,
+                   "requests_waiting_for_kv": 40.0, "requests_waiting_with_kv_room": 0.0,
+                   "preemptions_per_min": (16 - 10) / 0.5, "prefix_hit_ratio": (1600 - 1000) / (3000 - 2000),
+                   "capacity_misses_per_min": (130 - 100) / 0.5}
+    assert cap == {**common, "target": "cap", "engine": "sglang", "model": "qwen-7b", "dp_rank": "0",
+                   "state": "capped", "usage_ratio": 0.2, "capacity_tokens": 32768.0, "free_tokens": 26214.0,
+                   "headroom_requests": 40.0, "requests_running": 8.0, "requests_running_max": 8.0,
+                   "requests_waiting": 100.0, "requests_waiting_for_kv": 0.0, "requests_waiting_with_kv_room": 100.0,
+                   "preemptions_per_min": 0.0, "prefix_hit_ratio": None, "ttft_p90_seconds": 1 + 9 * 18 / 20}
+    assert restarted == {**common, "target": "restarted", "engine": "vllm", "model": "llama-8b", "dp_rank": "1",
+                         "state": "ok", "usage_ratio": 0.1, "capacity_tokens": 16384.0, "free_tokens": 14746.0,
+                         "headroom_requests": None, "requests_running": 0.0, "requests_waiting": 0.0,
+                         "requests_waiting_for_kv": 0.0, "requests_waiting_with_kv_room": 0.0,
+                         "preemptions_per_min": 0.0, "prefix_hit_ratio": None, "ttft_p90_seconds": None}
+
+
+def test_filter_and_sort_narrow_the_table_not_the_fleet():
+    result = top_on_recorded_pages("--json", "--filter", "LLAMA", "--sort", "free")
+    out = json.loads(result.stdout)
+    assert [row["target"] for row in out["pools"]] == ["sat", "restarted"]  # 816 free tokens before 14746
+    assert out["fleet"]["pools"] == 3
+
+
+def test_direct_poll_reads_the_engines_with_the_exporters_pipeline(tmp_path):
+    names = ("vllm-v1.txt", "sglang-0.5.txt")
+    expected = {name: yaml.safe_load((FIXTURES / f"{name}.expected.yml").read_text()) for name in names}
+    with PageServer({f"/{name}": page((FIXTURES / name).read_text()) for name in names}) as server:
+        config = tmp_path / "exporter.yml"
+        config.write_text(yaml.safe_dump({"targets": [{"name": "from-config", "url": server.url("/sglang-0.5.txt")}]}))
+        result = top("--config", str(config), "--target", server.url("/vllm-v1.txt"), "--json", "--interval", "0.1s")
+    assert result.returncode == 0, result.stderr
+    pools = {(row["target"], row["dp_rank"]): row for row in json.loads(result.stdout)["pools"]}
+    targets = {"vllm-v1.txt": server.url("/vllm-v1.txt").split("/")[2], "sglang-0.5.txt": "from-config"}
+    assert set(pools) == {(targets[name], rank) for name in names for rank in expected[name]["ranks"]}
+    for name in names:
+        for rank, want in expected[name]["ranks"].items():
+            row = pools[targets[name], rank]
+            assert (row["engine"], row["model"]) == (expected[name]["engine"], expected[name]["model"])
+            for key in ("usage_ratio", "capacity_tokens", "free_tokens", "requests_running", "requests_waiting"):
+                assert math.isclose(row[key], want[key], rel_tol=1e-9, abs_tol=1e-6), (name, rank, key)
+            assert math.isclose(row["headroom_requests"], want["free_tokens"] / want["live_tokens_per_request"],
+                                rel_tol=1e-9)
+            # the page is the same at both reads: nothing was preempted in between, no TTFT was observed
+            assert (row["preemptions_per_min"], row["ttft_p90_seconds"]) == (0.0, None)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--interval", "soon"], "kvcache-exporter top: command line: --interval: not a positive duration"),
+    (["--exporter", "http://127.0.0.1:1", "--target", "http://127.0.0.1:2/metrics"],
+     "kvcache-exporter top: command line: --exporter: reads an exporter; --target and --config poll engines"),
+    (["--exporter", "ftp://host"], "kvcache-exporter top: command line: --exporter: must be an http:// or https://"),
+    (["--config", "/nonexistent/exporter.yml"], "kvcache-exporter top: /nonexistent/exporter.yml: (file): No such file"),
+    (["--target", "not-a-url"], "kvcache-exporter top: command line: --target: must be an http:// or https:// URL"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args, message):
+    result = top(*args, "--once")
+    assert result.returncode == 2
+    assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_an_exporter_that_does_not_answer_is_one_line_and_exit_code_1():
+    url = f"http://127.0.0.1:{harness.free_port()}"
+    result = top("--exporter", url, "--once")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.startswith(f"kvcache-exporter top: {url}/metrics: ") and result.stderr.count("\n") == 1
+
+
+def test_without_rich_the_table_names_the_install_command_and_json_still_works():
+    blocked = "import sys; sys.modules['rich'] = None; from exporter.cli import main; sys.exit(main(sys.argv[1:]))"
+    with PageServer({"/metrics": alternating(page(PAGES[0]), page(PAGES[1]))}) as server:
+        common = ["top", "--exporter", server.url(""), "--interval", "0.1s"]
+        table = subprocess.run([sys.executable, "-c", blocked, *common, "--once"], capture_output=True, text=True,
+                               cwd=harness.REPO, timeout=60)
+        as_json = subprocess.run([sys.executable, "-c", blocked, *common, "--json"], capture_output=True, text=True,
+                                 cwd=harness.REPO, timeout=60)
+    assert (table.returncode, table.stderr) == (
+        2, "kvcache-exporter top needs the rich library: pip install 'kvcache-exporter[top]'\n")
+    assert as_json.returncode == 0 and len(json.loads(as_json.stdout)["pools"]) == 3
+
+
+# -- the arithmetic -------------------------------------------------------------------------------
+
+def test_histogram_quantile_interpolates_like_promql():
+    inf = math.inf
+    assert histogram_quantile(0.9, [(1.0, 0.0), (2.0, 10.0), (inf, 10.0)]) == 1.0 + 1.0 * 9 / 10
+    assert histogram_quantile(0.5, [(4.0, 10.0), (inf, 10.0)]) == 2.0  # first bucket: from 0 to its bound
+    assert histogram_quantile(0.9, [(1.0, 5.0), (2.0, 5.0), (inf, 10.0)]) == 2.0  # in +Inf: the highest bound
+    assert histogram_quantile(0.9, [(1.0, 0.0), (inf, 0.0)]) is None  # no observation
+    assert histogram_quantile(0.9, [(1.0, 3.0)]) is None  # no +Inf bucket: not a histogram
+
+
+def pool(at: float, preempted: float) -> Pool:
+    return Pool("t", "vllm", "m", "0", at, counters={"preemptions_total": preempted})
+
+
+def frame(*pools: Pool) -> Frame:
+    return Frame(pools[0].at, {p.key: p for p in pools}, {"t": True})
+
+
+def test_rates_use_the_last_minute_of_polls_and_count_nothing_for_a_restart():
+    window = RateWindow()
+    for at, preempted in ((0.0, 100.0), (30.0, 130.0), (30.0, 130.0), (100.0, 200.0)):
+        window.add(frame(pool(at, preempted)))
+    # the poll at 0 s is older than the minute before 100 s; the one at 30 s is the base: 70 in 70 s
+    assert window.rates(pool(0, 0).key).preemptions_per_min == pytest.approx(60.0)
+    window.add(frame(pool(130.0, 5.0)))  # restarted: the step 200 -> 5 counts nothing
+    window.add(frame(pool(160.0, 35.0)))
+    # base 100 s (the last poll at or before 160 - 60): steps +0 (restart) and +30, over 60 s
+    assert window.rates(pool(0, 0).key).preemptions_per_min == pytest.approx(30.0)
+
+
+def test_a_pool_read_once_has_no_rates_yet():
+    window = RateWindow()
+    window.add(frame(pool(0.0, 1.0)))
+    assert window.rates(pool(0, 0).key) == Rates()  # every figure None: shown as "-"
+
+
+# -- layout -----------------------------------------------------------------------------------------
+
+def recorded_rows() -> list[dict]:
+    window = RateWindow()
+    for text in PAGES:
+        last = source.read_frame(text, 0.0)
+        window.add(last)
+    return top_rows.build_rows(last, window)
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100, 200])
+def test_the_columns_fit_the_width_and_the_state_stays(width):
+    layout = top_rows.fit(recorded_rows(), width, bar=True)
+    names = [column.name for column, _ in layout]
+    assert sum(w for _, w in layout) + len(layout) - 1 <= width
+    assert {"target", "state", "usage"} <= set(names)
+    everything = top_rows.fit(recorded_rows(), None, bar=True)
+    if sum(w for _, w in everything) + len(everything) - 1 <= width:
+        assert len(layout) == len(everything)
+
+
+def test_every_family_top_reads_is_in_the_contract_or_announced():
+    announced = {source.RUNNING_MAX, source.CAPACITY_MISSES}  # families other issues add; shown as "-" until then
+    known = set(contract.RANK_GAUGES) | set(contract.COUNTERS) | set(contract.HISTOGRAMS) | {
+        contract.PRESSURE_STATE[0], *contract.TARGET_FAMILIES}
+    read = {name.removeprefix(contract.PREFIX).removesuffix("_bucket") for name in source.WANTED}
+    assert read - known == announced

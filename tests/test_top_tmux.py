@@ -1,0 +1,159 @@
+"""`kvcache-exporter top` used as a person would: in a real terminal (tmux), against an exporter
+polling simulated engines in the kv-saturation and concurrency-cap scenarios; keys sent with
+send-keys, the screen read back with capture-pane.
+
+Timeline at SPEED 10 with seed 3 (simulator/scenarios.py): the cap binds from ~65 simulated seconds
+(6.5 s here); the saturation engine's pool fills and requests queue for KV from ~110 s, and its
+preemptions make it thrashing from ~165 s. The screen is read every 0.1 s until it shows the
+saturated pool on top while the capped pool is marked capped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simulator.server import start_engine
+from tests import harness
+
+SPEED = 10.0
+TARGETS = {"sat-pool": ("vllm-v1", "kv-saturation"), "cap-pool": ("vllm-v1", "concurrency-cap")}
+SEEN_WITHIN = 40.0  # wall seconds: saturated from ~11 s, thrashing from ~16 s at this speed
+CLOCK = re.compile(r"\d\d:\d\d:\d\d")
+
+
+class Terminal:
+    """A tmux server of its own (-L) running one command in an 80x24 window."""
+
+    def __init__(self, command: str, log_dir):
+        self.tmux = harness.require_binary("tmux")
+        self.socket = f"kvcache-top-test-{os.getpid()}"
+        self.errors = log_dir / "top.stderr"
+        self._run("new-session", "-d", "-s", "top", "-x", "80", "-y", "24", f"{command} 2>{self.errors}")
+        self.socket_path = self._run("display-message", "-p", "#{socket_path}").strip()
+
+    def _run(self, *args: str) -> str:
+        return subprocess.run([self.tmux, "-L", self.socket, *args], check=True, capture_output=True,
+                              text=True, timeout=10).stdout
+
+    def keys(self, *keys: str) -> None:
+        self._run("send-keys", "-t", "top", *keys)
+
+    def screen(self) -> list[str]:
+        return self._run("capture-pane", "-p", "-t", "top").splitlines()
+
+    def resize(self, width: int, height: int) -> None:
+        self._run("resize-window", "-t", "top", "-x", str(width), "-y", str(height))
+
+    def alive(self) -> bool:
+        return subprocess.run([self.tmux, "-L", self.socket, "has-session", "-t", "top"],
+                              capture_output=True, timeout=10).returncode == 0
+
+    def close(self) -> None:
+        subprocess.run([self.tmux, "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+        Path(self.socket_path).unlink(missing_ok=True)  # tmux leaves its socket file behind
+
+
+def table(screen: list[str]) -> tuple[str, list[list[str]]]:
+    """The table's second header line and its rows (split on blanks), from a screen capture."""
+    start = next(i for i, line in enumerate(screen) if line.startswith("TARGET"))
+    rows = []
+    for line in screen[start + 1:]:
+        if line.startswith("q quit") or line.startswith("filter:") or not line.strip():
+            break
+        rows.append(line.split())
+    return screen[start], rows
+
+
+def wait_for_screen(terminal: Terminal, predicate, timeout: float, what: str) -> list[str]:
+    deadline, screen = time.monotonic() + timeout, []
+    while time.monotonic() < deadline:
+        screen = terminal.screen()
+        try:
+            if predicate(screen):
+                return screen
+        except StopIteration:  # no table on the screen yet
+            pass
+        assert terminal.alive(), terminal.errors.read_text()
+        time.sleep(0.1)
+    raise AssertionError(f"the screen never showed {what}; last screen:\n" + "\n".join(screen)
+                         + f"\nstderr: {terminal.errors.read_text()}")
+
+
+@pytest.fixture
+def terminal(tmp_path):
+    engines = {name: start_engine(flavor, scenario, speed=SPEED, seed=3)
+               for name, (flavor, scenario) in TARGETS.items()}
+    try:
+        config = tmp_path / "exporter.yml"
+        config.write_text(yaml.safe_dump({"poll_interval": "0.25s", "targets": [
+            {"name": name, "url": engine.url} for name, engine in engines.items()]}))
+        with harness.exporter(tmp_path, "--config", str(config)) as exporter:
+            command = (f"cd {harness.REPO} && PYTHONPATH={harness.REPO} {sys.executable} -m exporter top "
+                       f"--exporter {exporter.url} --interval 0.25s")
+            terminal = Terminal(command, tmp_path)
+            try:
+                yield terminal
+            finally:
+                terminal.close()
+    finally:
+        for engine in engines.values():
+            engine.stop()
+
+
+def saturated_on_top_and_capped_marked(screen: list[str]) -> bool:
+    _, rows = table(screen)
+    states = {row[0]: row[1] for row in rows}
+    return bool(rows) and rows[0][:2] == ["sat-pool", "saturated"] and states.get("cap-pool") == "capped"
+
+
+def test_the_screen_shows_the_saturated_pool_on_top_and_answers_keys(terminal):
+    screen = wait_for_screen(terminal, saturated_on_top_and_capped_marked, SEEN_WITHIN,
+                             "the saturated pool on top and the capped pool marked capped")
+    # 80 columns: the columns that do not fit are dropped, not wrapped (one line per pool, two pools).
+    header, rows = table(screen)
+    assert len(rows) == 2 and all(len(line) <= 80 for line in screen), screen
+    assert header.split() == ["TARGET", "STATE", "KV", "USED", "TOKENS", "ROOM", "RUN", "KV", "ROOM", "/min",
+                              "1m", "p90", "1m"], header
+    assert "MODEL" not in header and "MISSES" not in "\n".join(screen)  # no capacity-miss series on this exporter
+    assert screen[3].split()[:8] == ["thrashing", "0", "saturated", "1", "capped", "1", "tight", "0"], screen[3]
+
+    terminal.keys("s")  # state -> usage: the full pool still first, the capped one (usage < 0.3) second
+    screen = wait_for_screen(terminal, lambda s: any("sort: usage" in line for line in s), 5,
+                             "the sort column usage")
+    assert [row[0] for row in table(screen)[1]] == ["sat-pool", "cap-pool"]
+
+    terminal.keys("/", "c", "a", "p", "-", "Enter")
+    screen = wait_for_screen(terminal, lambda s: [r[0] for r in table(s)[1]] == ["cap-pool"], 5,
+                             "only the capped pool after /cap-")
+    assert any("filter: cap-" in line for line in screen)
+
+    terminal.keys("Escape")  # clears the filter
+    wait_for_screen(terminal, lambda s: len(table(s)[1]) == 2, 5, "both pools after Esc")
+
+    terminal.keys("p")
+    paused = wait_for_screen(terminal, lambda s: "PAUSED" in s[0], 5, "PAUSED")
+    time.sleep(1.5)  # four reads at --interval 0.25s: none of them reaches a paused screen
+    assert CLOCK.search(terminal.screen()[0]).group() == CLOCK.search(paused[0]).group()
+    terminal.keys("p")
+    wait_for_screen(terminal, lambda s: "PAUSED" not in s[0], 5, "the screen running again")
+
+    terminal.resize(140, 30)  # wide: the model column comes back, and nothing is cut
+    screen = wait_for_screen(terminal, lambda s: "MODEL" in table(s)[0], 5, "the MODEL column at 140 columns")
+    assert {row[0] for row in table(screen)[1]} == {"sat-pool", "cap-pool"}
+    terminal.resize(50, 12)  # narrow: still a table with a state per pool
+    screen = wait_for_screen(terminal, lambda s: "KV" in table(s)[0] and "TOKENS" not in table(s)[0], 5,
+                             "the 50-column layout")
+    assert all(len(line) <= 50 for line in screen)
+    assert {row[1] for row in table(screen)[1]} <= {"saturated", "thrashing", "capped", "tight", "ok"}
+
+    terminal.keys("q")
+    harness.wait_until(lambda: not terminal.alive(), 5, what="top to quit on q")
+    assert terminal.errors.read_text() == ""
