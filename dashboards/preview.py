@@ -162,19 +162,26 @@ def panel_steps(panel: dict, ref_id: str | None = None, header: str | None = Non
     return panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
 
 
-def value_texts(panel: dict, header: str | None = None) -> dict[str, str]:
+def value_mappings(panel: dict, header: str | None = None) -> dict[str, dict]:
+    """Value mappings of a panel or of one column (by name): code -> {"text", "color"}."""
     mappings = panel["fieldConfig"]["defaults"].get("mappings", [])
     for override in panel["fieldConfig"].get("overrides", []):
         if override["matcher"]["options"] == header:
             mappings = next((p["value"] for p in override["properties"] if p["id"] == "mappings"), mappings)
-    return {code: result["text"] for mapping in mappings for code, result in mapping["options"].items()}
+    return {code: result for mapping in mappings for code, result in mapping["options"].items()}
 
 
-def formatted(value: float | None, unit: str, names: dict[str, str]) -> str:
+def value_color(panel: dict, value: float, ref_id: str | None = None, header: str | None = None) -> str:
+    """A mapped value's own colour (Grafana lets a mapping's colour win over the bands), else its band's."""
+    mapped = value_mappings(panel, header).get(f"{value:g}", {}).get("color")
+    return COLORS.get(mapped, mapped) if mapped else band_color(panel_steps(panel, ref_id, header), value)
+
+
+def formatted(value: float | None, unit: str, mappings: dict[str, dict]) -> str:
     if value is None:
         return "No data"
-    if names and f"{value:g}" in names:
-        return names[f"{value:g}"]
+    if f"{value:g}" in mappings:
+        return mappings[f"{value:g}"]["text"]
     if unit == "percentunit":
         return f"{value:.1%}"
     if unit == "s":
@@ -213,14 +220,17 @@ def draw_stat(ax, data: PanelData) -> None:
         for labels, points in data.series[target["refId"]] or [({}, [])]:
             finite = [v for _, v in points if not math.isnan(v)]
             value = finite[-1] if finite else None
-            color = band_color(panel_steps(panel, target["refId"]), value) if value is not None else "#888888"
-            lines.append((legend(target.get("legendFormat", ""), labels), formatted(value, unit, value_texts(panel)),
+            color = value_color(panel, value, ref_id=target["refId"]) if value is not None else "#888888"
+            lines.append((legend(target.get("legendFormat", ""), labels), formatted(value, unit, value_mappings(panel)),
                           color))
     ax.set_axis_off()
+    # Several values share the tile: smaller figures, each right of its name, so none covers another.
+    size, x = (14, 0.5) if len(lines) == 1 else (max(6, 11 - len(lines)), 0.72)
     for index, (name, text, color) in enumerate(lines):
         y = 1 - (index + 0.5) / len(lines)
-        ax.text(0.5, y, f"{text}", ha="center", va="center", fontsize=14, weight="bold", color="white",
-                bbox={"facecolor": color, "edgecolor": "none", "boxstyle": "round,pad=0.4"}, transform=ax.transAxes)
+        ax.text(x, y, f"{text}", ha="center", va="center", fontsize=size if len(text) < 14 else size * 0.7,
+                weight="bold", color="white",
+                bbox={"facecolor": color, "edgecolor": "none", "boxstyle": "round,pad=0.3"}, transform=ax.transAxes)
         if len(lines) > 1:
             ax.text(0.02, y, name, ha="left", va="center", fontsize=7, transform=ax.transAxes)
 
@@ -228,7 +238,7 @@ def draw_stat(ax, data: PanelData) -> None:
 def draw_timeseries(ax, data: PanelData, max_lines: int = 12) -> None:
     panel = data.panel
     unit = panel["fieldConfig"]["defaults"]["unit"]
-    names = value_texts(panel)
+    names = {code: mapped["text"] for code, mapped in value_mappings(panel).items()}
     drawn = []
     for target in panel["targets"]:
         for labels, points in data.series[target["refId"]]:
@@ -311,8 +321,8 @@ def draw_table(ax, data: PanelData) -> None:
         for header, value in zip(headers, row[1:]):
             unit = next(p["value"] for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == header
                         for p in o["properties"] if p["id"] == "unit")
-            cells[-1].append(formatted(value, unit, value_texts(panel, header)))
-            colors[-1].append(band_color(panel_steps(panel, header=header), value) if value is not None else "white")
+            cells[-1].append(formatted(value, unit, value_mappings(panel, header)))
+            colors[-1].append(value_color(panel, value, header=header) if value is not None else "white")
     drawn = ax.table(cellText=cells, cellColours=colors, colLabels=[key_label, *headers], loc="upper center",
                      cellLoc="center")
     drawn.auto_set_font_size(False)

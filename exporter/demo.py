@@ -8,9 +8,11 @@ from .runtime import app
 from . import config as cfg
 
 DEMO_ENGINES = (
-    # (flavor, scenario, target name): vLLM runs into a KV shortage and recovers; SGLang serves steadily.
+    # (flavor, scenario, target name): vLLM runs into a KV shortage and recovers; SGLang serves steadily;
+    # a second SGLang queues behind its running-request cap with KV to spare (state `capped`).
     ("vllm-v1", "kv-saturation", "demo-vllm"),
     ("sglang", "steady", "demo-sglang"),
+    ("sglang", "concurrency-cap", "demo-sglang-capped"),
 )
 DEMO_LISTEN = "127.0.0.1:10490"
 DEMO_SPEED = 4.0
