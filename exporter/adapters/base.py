@@ -41,7 +41,10 @@ class Adapter:
     title: ClassVar[str]  # the engine's name in messages and documents
     model_label: ClassVar[str] = "model_name"  # the label that names the served model
     marker: ClassVar[str]  # a regex matching the start of this engine's sample names
-    rank_label: ClassVar[str]  # the label that tells data-parallel replicas apart
+    # Detected only on a page without any other engine's series: a server that re-exports engine
+    # pages next to its own series (Dynamo's worker port) is read as the engine it passes through.
+    detect_last: ClassVar[bool] = False
+    rank_label: ClassVar[str | None]  # the label that tells data-parallel replicas apart; None: one pool
     series: ClassVar[tuple[Series, ...]]
     base_match: ClassVar[dict[str, str]] = {}
     extra_names: ClassVar[tuple[str, ...]] = ()  # read by the `complete` hook
@@ -81,7 +84,7 @@ class Adapter:
         return None
 
     def rank_of(self, labels: dict[str, str]) -> str:
-        return labels.get(self.rank_label, "0")
+        return labels.get(self.rank_label, "0") if self.rank_label else "0"
 
     def _slice_of(self, label_text: str, series: Series, extra_key: str | None) -> tuple | None:
         """(output key, breakdown slice) of a label set, or None when the series' filters reject it. The
