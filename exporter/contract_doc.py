@@ -59,21 +59,8 @@ DERIVED = {
     "headroom_requests": "free tokens / live tokens per request",
 }
 # Families an engine has no source for: absent for its targets.
-_NO_POOL_DETAIL = {"evictable_tokens", "requests_waiting_for_capacity", "preemptions_total"}
-_NO_PREFIX_COUNTERS = {"prefix_cache_queried_tokens_total", "prefix_cache_hit_tokens_total", "prompt_tokens_total",
-                       "generation_tokens_total"}
-NOT_REPORTED = {
-    "vllm": {"evictable_tokens"},
-    "sglang": {"requests_waiting_for_capacity"},
-    # No preemption counter (paused requests are a gauge of something else): never `thrashing`.
-    "trtllm": _NO_POOL_DETAIL,
-    # `reused` counts blocks, with no queried denominator; no latency histograms in the backend.
-    "triton": _NO_POOL_DETAIL | _NO_PREFIX_COUNTERS | {"time_to_first_token_seconds", "inter_token_latency_seconds",
-                                                       "queue_time_seconds", "e2e_request_latency_seconds"},
-    "lmdeploy": _NO_POOL_DETAIL | {"capacity_blocks", "block_size_tokens"},
-    # The frontend's prefix-hit tokens are router predictions, its per-worker blocks too: not read.
-    "dynamo": _NO_POOL_DETAIL | _NO_PREFIX_COUNTERS | {"queue_time_seconds"},
-}
+# Families an engine has no source for (the adapters' `not_reported`): absent for its targets.
+NOT_REPORTED = {engine: set(adapter.not_reported) for engine, adapter in ADAPTERS.items()}
 # Labels a target-level family carries beyond `target`, `engine` and the static labels.
 TARGET_EXTRA_LABELS = {"target_scrape_failures_total": ("reason",), "target_info": ("url", "version")}
 EXPORTER_LABELS = {contract.BUILD_INFO[0]: ("version",)}

@@ -16,6 +16,10 @@ from ..sources.parser import ParseError, Sample, parse_labels
 from ..snapshot import Histogram, RankValues, Snapshot
 
 Kind = Literal["gauge", "counter", "histogram"]
+# Families most engines beyond vLLM and SGLang lack: the evictable split, the waiting reason, a preemption counter.
+NO_POOL_DETAIL = frozenset({"evictable_tokens", "requests_waiting_for_capacity", "preemptions_total"})
+PREFIX_AND_TOKEN_COUNTERS = frozenset({"prefix_cache_queried_tokens_total", "prefix_cache_hit_tokens_total",
+                                       "prompt_tokens_total", "generation_tokens_total"})
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
@@ -46,6 +50,8 @@ class Adapter:
     detect_last: ClassVar[bool] = False
     rank_label: ClassVar[str | None]  # the label that tells data-parallel replicas apart; None: one pool
     series: ClassVar[tuple[Series, ...]]
+    # Contract families the engine has no source for: absent for its targets (docs and dashboards say so).
+    not_reported: ClassVar[frozenset[str]] = frozenset()
     base_match: ClassVar[dict[str, str]] = {}
     extra_names: ClassVar[tuple[str, ...]] = ()  # read by the `complete` hook
 

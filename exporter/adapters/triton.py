@@ -10,7 +10,7 @@ preemption counter: those families stay absent.
 
 from __future__ import annotations
 
-from .base import Adapter, Samples, Series
+from .base import NO_POOL_DETAIL, PREFIX_AND_TOKEN_COUNTERS, Adapter, Samples, Series
 from ..snapshot import Snapshot
 
 KV = ("nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_kv_cache_block_statistics")
@@ -31,6 +31,10 @@ class TritonAdapter(Adapter):
     marker = r"nv_trt_llm_"
     rank_label = None  # one executor (one KV pool) per model instance
     model_label = "model"
+    # `reused` counts blocks with no queried denominator; the backend has no latency histograms.
+    not_reported = NO_POOL_DETAIL | PREFIX_AND_TOKEN_COUNTERS | {
+        "time_to_first_token_seconds", "inter_token_latency_seconds", "queue_time_seconds",
+        "e2e_request_latency_seconds"}
     series = (
         Series("usage_ratio", KV, match=_kv("fraction")),
         Series("capacity_blocks", KV, match=_kv("max")),

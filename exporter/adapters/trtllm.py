@@ -11,7 +11,7 @@ refreshed when a request finishes, so on an idle or stuck server they keep their
 
 from __future__ import annotations
 
-from .base import Adapter, Samples, Series
+from .base import NO_POOL_DETAIL, Adapter, Samples, Series
 from ..snapshot import Snapshot
 
 PREFIX = "trtllm_"
@@ -29,6 +29,8 @@ class TrtllmAdapter(Adapter):
     marker = (r"trtllm[:_]|(?:request_success_total|(?:e2e_request_latency|time_to_first_token"
               r"|time_per_output_token|request_queue_time)_seconds_(?:bucket|count|sum))\{engine_type=")
     rank_label = None  # one KV pool per server; attention-DP ranks are not labelled
+    # No preemption counter (paused requests are a gauge of something else): never `thrashing`.
+    not_reported = NO_POOL_DETAIL
     extra_names = ("trtllm_kv_cache_config_info",)
     series = (
         Series("usage_ratio", ("trtllm_kv_cache_utilization",)),
