@@ -8,8 +8,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter.adapters import ADAPTERS
 from exporter.config import DEFAULT_LISTEN, DEFAULT_POLL_INTERVAL
-from exporter.config import ENGINES as EXPORTER_ENGINES
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "kvcache-exporter"
@@ -22,7 +22,7 @@ PROBE_INTERVAL_SECONDS = DEFAULT_POLL_INTERVAL
 # then llm-d's newer one. Values other than the exporter's engines leave the engine to detection.
 ENGINE_LABELS = ("inference.networking.k8s.io/engine-type", "llm-d.ai/engine-type")
 DEFAULT_ENGINE = "auto"  # the exporter recognises the engine from its page
-ENGINES = tuple(engine for engine in EXPORTER_ENGINES if engine != DEFAULT_ENGINE)
+ENGINES = tuple(ADAPTERS)
 DEFAULT_POD_SELECTOR = "kvcache-exporter/probe=true"
 # Names of the container ports that serve an engine's /metrics (vLLM and SGLang serve it on their API port).
 ENGINE_PORT_NAMES = ("http", "metrics")
