@@ -31,8 +31,9 @@ def _whole(value: float, rounding) -> float:
 def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str, float]:
     """Capacity, used and free in blocks and tokens, and live tokens per request, from what the engine gave.
 
-    Block counts come from the usage ratio where the engine reports blocks (vLLM), and from token
-    counts where it reports tokens (SGLang); a value whose inputs are missing stays absent.
+    Block counts come from the usage ratio where the engine reports blocks (vLLM), from its used-block
+    count where it reports one (TensorRT-LLM, Triton), and from token counts where it reports tokens
+    (SGLang); a value whose inputs are missing stays absent.
     """
     given = rank.gauges
     out = {k: v for k, v in given.items() if k != "used_tokens"}
