@@ -207,3 +207,13 @@ def test_adding_an_engine_is_one_adapter_module(tmp_path):
         assert harness.value(samples, "kvcache_headroom_requests", target=target, dp_rank="0") == 5
         assert harness.value(samples, "kvcache_pressure_state", target=target, dp_rank="1", state="saturated") == 1
         assert harness.value(samples, "kvcache_pressure_state", target=target, dp_rank="0", state="ok") == 1
+
+
+def test_tensorrt_llm_block_size_from_its_kv_cache_config_info():
+    """Without the tokens-per-block gauge the block size comes from `trtllm_kv_cache_config_info{page_size}`."""
+    text = "".join(line for line in (FIXTURES / "trtllm-1.3.txt").read_text().splitlines(keepends=True)
+                   if "kv_cache_tokens_per_block" not in line)
+    assert 'page_size="32"' in text
+    gauges = adapt(text)[1].ranks["0"].gauges
+    assert gauges["block_size_tokens"] == 32
+    assert adapt(text.replace('page_size="32"', 'page_size="none"'))[1].ranks["0"].gauges.get("block_size_tokens") is None
