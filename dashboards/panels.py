@@ -39,6 +39,18 @@ def describe(shows: str, when_red: str) -> str:
     return f"{shows}\n\n{RED_ADVICE} {when_red}"
 
 
+def without_source(family: str) -> str:
+    """The sentence naming the engines that have no source for a contract family (the adapters'
+    `not_reported`): their targets have no line in the panel, which is not a reading of 0."""
+    from exporter.adapters import ADAPTERS
+
+    titles = [adapter.title for adapter in ADAPTERS.values() if family in adapter.not_reported]
+    if not titles:
+        return ""
+    named = ", ".join(titles[:-1]) + " and " + titles[-1] if len(titles) > 1 else titles[0]
+    return f" No line for {named} targets: their engine has no source for it (absent, not 0)."
+
+
 @dataclass(frozen=True)
 class Query:
     expr: str

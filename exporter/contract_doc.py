@@ -37,6 +37,8 @@ INFO_LABEL_SOURCES = {
         "capacity_blocks": "`sglang:cache_config_info{num_pages}` (0.5.10)",
         "block_size_tokens": "`sglang:cache_config_info{page_size}` (0.5.10)",
     },
+    "trtllm": {"block_size_tokens": "`trtllm_kv_cache_config_info{page_size}`"},
+    "triton": {"requests_waiting": "before v0.18: `request_type=\"active\"` - `request_type=\"scheduled\"`"},
 }
 # How the exporter computes a family the engine does not report itself (exporter/derive.py).
 DERIVED = {
@@ -57,10 +59,8 @@ DERIVED = {
     "headroom_requests": "free tokens / live tokens per request",
 }
 # Families an engine has no source for: absent for its targets.
-NOT_REPORTED = {
-    "vllm": {"evictable_tokens"},
-    "sglang": {"requests_waiting_for_capacity"},
-}
+# Families an engine has no source for (the adapters' `not_reported`): absent for its targets.
+NOT_REPORTED = {engine: set(adapter.not_reported) for engine, adapter in ADAPTERS.items()}
 # Labels a target-level family carries beyond `target`, `engine` and the static labels.
 TARGET_EXTRA_LABELS = {"target_scrape_failures_total": ("reason",), "target_info": ("url", "version")}
 EXPORTER_LABELS = {contract.BUILD_INFO[0]: ("version",)}
@@ -69,7 +69,9 @@ EXPORTER_LABELS = {contract.BUILD_INFO[0]: ("version",)}
 STATE_RULES = {
     "thrashing": f"preemptions (vLLM) or retractions (SGLang) at `thrashing_preemptions_per_second` "
                  f"({T.thrashing_preemptions_per_second:g}/s) or more over the last `window_seconds` "
-                 f"({T.window_seconds:g} s).",
+                 f"({T.window_seconds:g} s). Engines without a preemption counter never read thrashing "
+                 f"(their preemptions are unknown, not 0): " + ", ".join(
+                     ADAPTERS[e].title for e in ADAPTERS if "preemptions_total" in NOT_REPORTED.get(e, ())) + ".",
     "saturated": f"requests wait for capacity (vLLM's `capacity` reason; the whole queue where the engine "
                  f"gives no reason) **and** KV is what is short: usage at `low_water_ratio` "
                  f"({T.low_water_ratio:g}) or above, or fewer free tokens than a live request holds on "
@@ -110,16 +112,17 @@ the staleness period instead of freezing at their last values. The prefix-cache 
 
 
 def _labels_section() -> str:
-    ranks = ", ".join(f"{adapter.title} `{adapter.rank_label}`" for name, adapter in ADAPTERS.items())
+    ranks = ", ".join(f"{adapter.title} `{adapter.rank_label}`" for adapter in ADAPTERS.values() if adapter.rank_label)
     engines = ", ".join(f"`{name}`" for name in ADAPTERS)
+    models = ", ".join(f"{adapter.title} `{adapter.model_label}`" for adapter in ADAPTERS.values())
     return f"""\
 ## Labels
 
 | label | on | value |
 |---|---|---|
 | `target` | every per-target series | the target's `name` in the configuration; default `host:port` of its URL |
-| `engine` | every per-target series | {engines} |
-| `model` | per-pool series | the served model name the engine reports (`model_name`), `""` if none |
+| `engine` | every per-target series | {engines}: the engine that produced the numbers (a page Dynamo passes through on a worker's port keeps its engine; `dynamo` is Dynamo's own series) |
+| `model` | per-pool series | the served model name the engine reports ({models}), `""` if none |
 | `dp_rank` | per-pool series | the data-parallel replica, one KV pool each ({ranks}); `"0"` without one |
 | static labels | every per-target series | the configuration's `labels:`, global and per target (e.g. `cluster`, `pool`) |
 
@@ -192,6 +195,34 @@ def _families_section() -> str:
             + "\n".join(rows) + "\n")
 
 
+# What a reader of an engine's numbers must know that no table says.
+ENGINE_NOTES = {
+    "trtllm": "`trtllm-serve` serves the page on `/prometheus/metrics` only with `return_perf_metrics: true`, and "
+              "the KV and queue gauges need `enable_iter_perf_stats: true` too. It refreshes those gauges when a "
+              "request finishes: on an idle server, or one where nothing finishes, they keep their last values "
+              "while `kvcache_target_up` stays 1, so a frozen usage is not proof of a steady pool. Names are read "
+              "in all three generations (`trtllm_`, `trtllm:` as Dynamo 0.7 re-exported them, and the unprefixed "
+              "request families before 1.3.0rc5, which have no KV or queue series). Do not poll its JSON "
+              "`/metrics` as well: both drain the same stats queue.",
+    "triton": "Triton's metrics port (8002). `requests_waiting` is active minus scheduled requests (admitted, not "
+              "scheduled this iteration), not the executor's own queue, which is not exported.",
+    "dynamo": "Dynamo's own series, read only where no engine page is on the target: a worker port's "
+              "`dynamo_component_*` (usage and blocks copied from the engine's KV stats) or the frontend's "
+              "`dynamo_frontend_*`. Frontend values are measured at the frontend, not in the engine: in-flight "
+              "counts every request it holds, queued those without a first response (prefill included), and the "
+              "latencies include the network hop. The router's per-worker KV blocks and prefix-hit tokens are "
+              "predictions, not engine truth, and are not read.",
+}
+
+
+def _engine_notes_section() -> str:
+    unknown = set(ENGINE_NOTES) - set(ADAPTERS)
+    if unknown:
+        raise LookupError(f"ENGINE_NOTES in exporter/contract_doc.py names unknown engines {sorted(unknown)}")
+    notes = "\n".join(f"- {ADAPTERS[engine].title}: {note}" for engine, note in ENGINE_NOTES.items())
+    return f"## Engine notes\n\n{notes}\n"
+
+
 def _failure_reasons_section() -> str:
     rows = "\n".join(f"| `{reason}` | {meaning} |" for reason, meaning in contract.FAILURE_REASONS.items())
     return f"""\
@@ -228,7 +259,8 @@ restart never reads as a preemption burst.
 
 
 def markdown() -> str:
-    return "\n".join((INTRO, _labels_section(), _families_section(), _pressure_section(), _failure_reasons_section()))
+    return "\n".join((INTRO, _labels_section(), _families_section(), _engine_notes_section(), _pressure_section(),
+                      _failure_reasons_section()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""`kvcache-exporter --demo`: a simulated vLLM and SGLang engine side by side, and the exporter polling them."""
+"""`kvcache-exporter --demo`: simulated vLLM, SGLang and TensorRT-LLM engines side by side, and the exporter polling them."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from . import config as cfg
 
 DEMO_ENGINES = (
     # (flavor, scenario, target name): vLLM runs into a KV shortage and recovers; SGLang serves steadily;
-    # a second SGLang queues behind its running-request cap with KV to spare (state `capped`).
+    # TensorRT-LLM queues behind its running-request cap with KV to spare.
     ("vllm-v1", "kv-saturation", "demo-vllm"),
     ("sglang", "steady", "demo-sglang"),
-    ("sglang", "concurrency-cap", "demo-sglang-capped"),
+    ("trtllm", "concurrency-cap", "demo-trtllm"),
 )
 DEMO_LISTEN = "127.0.0.1:10490"
 DEMO_SPEED = 4.0
@@ -37,7 +37,7 @@ def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | No
         def banner() -> None:  # once the exporter listens: a port in use is one line of error, no banner
             print("kvcache-exporter demo: simulated engines, no GPU needed", flush=True)
             for engine, (flavor, scenario, name) in zip(engines, DEMO_ENGINES):
-                print(f"  {name:12} {flavor:8} scenario {scenario:14} {engine.url}")
+                print(f"  {name:12} {flavor:8} scenario {scenario:15} {engine.url}")
             print(f"  exporter     http://{host}:{port}/metrics")
             print(f"Try: curl -s http://{host}:{port}/metrics | grep -E 'kvcache_(pressure_state|usage_ratio)'")
             print("Ctrl-C stops everything.", flush=True)

@@ -31,8 +31,9 @@ def _whole(value: float, rounding) -> float:
 def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str, float]:
     """Capacity, used and free in blocks and tokens, and live tokens per request, from what the engine gave.
 
-    Block counts come from the usage ratio where the engine reports blocks (vLLM), and from token
-    counts where it reports tokens (SGLang); a value whose inputs are missing stays absent.
+    Block counts come from the usage ratio where the engine reports blocks (vLLM), from its used-block
+    count where it reports one (TensorRT-LLM, Triton), and from token counts where it reports tokens
+    (SGLang); a value whose inputs are missing stays absent.
     """
     given = rank.gauges
     out = {k: v for k, v in given.items() if k != "used_tokens"}
@@ -45,14 +46,16 @@ def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str,
         tokens = blocks * block
     usage = given.get("usage_ratio")
     used_tokens = given.get("used_tokens")
-    used_blocks = None
+    used_blocks = given.get("used_blocks")  # engines that count blocks (TensorRT-LLM, Triton)
+    if used_tokens is None and used_blocks is not None and block:
+        used_tokens = used_blocks * block
     if used_tokens is not None:
         if blocks is not None and block:
             used_blocks = min(blocks, _whole(used_tokens / block, math.ceil))
         if usage is None and tokens:
             usage = used_tokens / tokens
     elif usage is not None and blocks is not None:
-        used_blocks = _whole(usage * blocks, round)
+        used_blocks = used_blocks if used_blocks is not None else _whole(usage * blocks, round)
         if block:
             used_tokens = used_blocks * block
     elif usage is not None and tokens is not None:

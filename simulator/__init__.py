@@ -1,4 +1,4 @@
-"""A simulated vLLM / SGLang server: a KV-cache model behind an engine-shaped /metrics endpoint."""
+"""A simulated vLLM / SGLang / TensorRT-LLM server: a KV-cache model behind an engine-shaped /metrics endpoint."""
 
 from .server import SimulatedEngine, start_engine
 

@@ -1,9 +1,9 @@
-"""kvcache-sim: serve a simulated vLLM or SGLang /metrics endpoint.
+"""kvcache-sim: serve a simulated vLLM, SGLang or TensorRT-LLM metrics endpoint.
 
-    kvcache-sim --flavor vllm-v1|vllm-v0|sglang --scenario NAME|FILE.yml [--listen HOST:PORT]
+    kvcache-sim --flavor vllm-v1|vllm-v0|sglang|trtllm --scenario NAME|FILE.yml [--listen HOST:PORT]
                 [--speed X] [--seed N] [--model NAME] [--tp N] [--dp N] [--log-level LEVEL]
 
-Prints `kvcache-sim <flavor> serving http://HOST:PORT/metrics` once listening, runs until
+Prints `kvcache-sim <flavor> serving http://HOST:PORT/metrics` (`/prometheus/metrics` for trtllm) once listening, runs until
 SIGTERM or SIGINT. A bad argument or scenario file: one line on stderr, exit code 2.
 """
 
@@ -52,7 +52,7 @@ def _positive_int(value: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog=PROG, description="Serve a simulated vLLM or SGLang /metrics endpoint.")
+    parser = _OneLineParser(prog=PROG, description="Serve a simulated vLLM, SGLang or TensorRT-LLM metrics endpoint.")
     parser.add_argument("--flavor", required=True, choices=list(FLAVORS), help="engine and version imitated")
     parser.add_argument("--scenario", default="steady",
                         help=f"built-in ({', '.join(BUILTIN_SCENARIOS)}) or a YAML scenario file")

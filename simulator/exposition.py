@@ -25,6 +25,12 @@ One custom prometheus_client Collector per flavor reads the latest published `En
   per-rank counters and `queue_time_seconds` too. Tokenizer-side metrics carry
   `engine_type, model_name` (+ `is_streaming="true"` on TTFT, e2e and the token counters),
   are summed over DP ranks and appear on first use, like `num_retracted_requests_total`.
+- `trtllm`: TensorRT-LLM `trtllm-serve`'s /prometheus/metrics in the `trtllm_` generation (1.3.0rc5 on,
+  with #12545's labels `engine_type="pytorch"` and the served `model_name`, and #12636's
+  `prompt_cached_tokens_total`; names of tensorrt_llm/metrics/collector.py). Multiprocess client: no
+  `_created`, gauges carry `pid`, histogram `_sum` first. Iteration gauges refresh only when a request
+  finishes (never while idle); token counters and histograms are per finished request. No preemption
+  counter. The simulator's per-token ITL observations stand in for TRT-LLM's per-request TPOT. No DP.
 """
 
 from __future__ import annotations
@@ -69,6 +75,9 @@ SGLANG_BUCKETS = HistogramBuckets(
 )
 
 SGLANG_DECODE_LOG_INTERVAL = 40
+# collector.py's defaults are vLLM's: TTFT, TPOT (= vLLM's ITL buckets), e2e and queue time.
+TRTLLM_BUCKETS = HistogramBuckets(ttft=VLLM_TTFT_BUCKETS, itl=VLLM_ITL_BUCKETS, e2e=VLLM_REQUEST_LATENCY_BUCKETS,
+                                  queue=VLLM_REQUEST_LATENCY_BUCKETS)
 
 
 @dataclass(frozen=True)
@@ -349,6 +358,50 @@ class SglangCollector(Collector):
         return family
 
 
+# -- TensorRT-LLM -------------------------------------------------------------------------------
+
+class TrtllmCollector(Collector):
+    def __init__(self, source: StateSource):
+        self.source = source
+        self._pid = str(os.getpid())
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.source()
+        snap = state.ranks[0]
+        labels = {"engine_type": "pytorch", "model_name": state.model_name}
+        # Gauges are created without multiprocess_mode, so the multiprocess collector adds `pid`.
+        with_pid = {**labels, "pid": self._pid}
+        report, config, counters = snap.report, snap.config, snap.counters
+        for name, doc, value in (
+            ("trtllm_kv_cache_utilization", "KV cache utilization", report.used_blocks / config.num_blocks),
+            ("trtllm_kv_cache_max_blocks", "Maximum number of KV cache blocks", config.num_blocks),
+            ("trtllm_kv_cache_free_blocks", "Number of free KV cache blocks", config.num_blocks - report.used_blocks),
+            ("trtllm_kv_cache_used_blocks", "Number of used KV cache blocks", report.used_blocks),
+            ("trtllm_kv_cache_tokens_per_block", "Number of tokens per KV cache block", config.block_size),
+            ("trtllm_num_requests_running", "Number of active requests", report.running),
+            ("trtllm_num_requests_waiting", "Number of queued requests", report.waiting),
+        ):
+            yield gauge(name, doc, [(with_pid, float(value))])
+        for name, doc, value in (
+            ("trtllm_prompt_tokens_total", "Cumulative number of prompt (input) tokens processed.",
+             counters.finished_prompt_tokens),
+            ("trtllm_generation_tokens_total", "Cumulative number of generation (output) tokens produced.",
+             counters.finished_generation_tokens),
+            ("trtllm_prompt_cached_tokens_total", "Process-lifetime total prompt tokens served from KV cache.",
+             counters.finished_cached_tokens),
+        ):
+            yield counter(name, doc, [(labels, float(value))])
+        yield counter("trtllm_request_success_total", "Count of successfully processed requests.",
+                      [({**labels, "finished_reason": "stop"}, float(counters.finished_requests))])
+        for name, doc, key in (
+            ("trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
+            ("trtllm_time_per_output_token_seconds", "Histogram of time per output token in seconds.", "itl"),
+            ("trtllm_e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", "e2e"),
+            ("trtllm_request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "queue"),
+        ):
+            yield histogram(name, doc, [(labels, snap.histograms[key])], multiprocess=True)
+
+
 # -- flavors ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -360,6 +413,7 @@ class Flavor:
     max_dp: int | None
     make_collector: Callable[[StateSource, int], Collector]  # (state source, seed)
     python_collectors: bool  # single-process clients also show python_* families
+    metrics_path: str = "/metrics"
 
 
 FLAVORS: dict[str, Flavor] = {
@@ -384,4 +438,11 @@ FLAVORS: dict[str, Flavor] = {
                             report_every_decode_steps=SGLANG_DECODE_LOG_INTERVAL),
         default_port=30000, default_model="meta-llama/Llama-3.1-8B-Instruct", max_dp=None,
         make_collector=lambda source, seed: SglangCollector(source, seed), python_collectors=False),
+    "trtllm": Flavor(
+        name="trtllm",
+        reporting=Reporting(buckets=TRTLLM_BUCKETS, queue_time_at_finish=True, report_idle_s=math.inf,
+                            report_when_requests_finish=True),
+        default_port=8000, default_model="meta-llama/Llama-3.1-8B-Instruct", max_dp=1,
+        make_collector=lambda source, seed: TrtllmCollector(source), python_collectors=False,
+        metrics_path="/prometheus/metrics"),
 }

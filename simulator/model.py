@@ -79,6 +79,9 @@ class Reporting:
     queue_time_at_finish: bool  # vLLM observes queue time when a request finishes; SGLang at first scheduling
     report_every_decode_steps: int = 1  # gauges refresh on prefill steps and every N decode steps
     report_idle_s: float = 30.0  # ... and after this long idle
+    # TensorRT-LLM's iteration-stats loop wakes when a request finishes: only then do gauges refresh
+    # (not on prefill, not when idle).
+    report_when_requests_finish: bool = False
 
 
 class Histogram:
@@ -484,7 +487,7 @@ class EngineModel:
             self.running = [r for r in self.running if r.generated < r.output_len]
         self.histograms["iteration_tokens"].observe(tokens)
         self.now = end
-        self._after_step(prefill_tokens, prefill_hits)
+        self._after_step(prefill_tokens, prefill_hits, finished)
 
     def _seal_full_blocks(self, request: Request, computed_before: int) -> None:
         size = self.config.block_size
@@ -521,7 +524,11 @@ class EngineModel:
 
     # -- reporting -------------------------------------------------------------------------
 
-    def _after_step(self, prefill_tokens: int, prefill_hits: int) -> None:
+    def _after_step(self, prefill_tokens: int, prefill_hits: int, finished: bool) -> None:
+        if self.reporting.report_when_requests_finish:
+            if finished:
+                self.report = self._make_report(prefill_hit_ratio=0.0)
+            return
         if prefill_tokens:
             total = prefill_tokens + prefill_hits
             self.report = self._make_report(prefill_hit_ratio=prefill_hits / total)

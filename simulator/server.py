@@ -50,10 +50,10 @@ class SimulatedEngine:
             PlatformCollector(registry=self.registry)
         self.registry.register(flavor.make_collector(self.state, seed))
 
-        self._http = ThreadingHTTPServer((host, port), _handler_for(self.registry))
+        self._http = ThreadingHTTPServer((host, port), _handler_for(self.registry, flavor.metrics_path))
         self._http.daemon_threads = True
         self.host, self.port = self._http.server_address[:2]
-        self.url = f"http://{self.host}:{self.port}/metrics"
+        self.url = f"http://{self.host}:{self.port}{flavor.metrics_path}"
         self._threads = [
             threading.Thread(target=self._http.serve_forever, name=f"kvcache-sim-http-{self.port}", daemon=True),
             threading.Thread(target=self._advance_forever, name=f"kvcache-sim-model-{self.port}", daemon=True),
@@ -122,11 +122,11 @@ def encode(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_PLAIN_0_0_4
 
 
-def _handler_for(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+def _handler_for(registry: CollectorRegistry, metrics_path: str) -> type[BaseHTTPRequestHandler]:
     class MetricsHandler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = urlsplit(self.path).path
-            if path == "/metrics":
+            if path == metrics_path:
                 self._reply(200, *encode(registry, self.headers.get("Accept", "")))
             elif path == "/health":
                 self._reply(200, b"", "text/plain; charset=utf-8")

@@ -16,8 +16,14 @@ def is_openmetrics(text: str) -> bool:
 
 def oracle_samples(text: str) -> list[tuple]:
     """Every sample of the page per prometheus_client, as comparable tuples."""
-    parse = parse_openmetrics if is_openmetrics(text) else parse_text
-    return sorted(_key(s.name, s.labels, s.value) for family in parse(text) for s in family.samples)
+    if is_openmetrics(text):
+        return sorted(_key(s.name, s.labels, s.value) for family in parse_openmetrics(text) for s in family.samples)
+    # The text parser names a counter's samples `x_total` even where the page writes `x` (Triton's
+    # prometheus-cpp counters have no suffix): the name on the wire is the one to compare.
+    on_page = {line.split("{", 1)[0].split(" ", 1)[0].strip() for line in text.splitlines()
+               if line.strip() and not line.lstrip().startswith("#")}
+    return sorted(_key(s.name if s.name in on_page else s.name.removesuffix("_total"), s.labels, s.value)
+                  for family in parse_text(text) for s in family.samples)
 
 
 def our_samples(text: str, names: frozenset[str] | None = None) -> list[tuple]:

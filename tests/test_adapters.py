@@ -17,10 +17,52 @@ def adapt(text: str):
     return adapter, adapter.adapt(parser.parse(text, adapter.wanted))
 
 
-@pytest.mark.parametrize("page, engine", [("vllm-v1.txt", "vllm"), ("vllm-v0.txt", "vllm"),
-                                          ("sglang-0.5.txt", "sglang"), ("sglang-underscore.txt", "sglang")])
-def test_detection(page, engine):
-    assert adapters.detect((FIXTURES / page).read_text()).engine == engine
+def _expected_engines() -> dict[str, str]:
+    """Every fixture page and sequence page with the engine its expectations name."""
+    import yaml
+
+    pages = {p.name.removesuffix(".expected.yml"): yaml.safe_load(p.read_text())["engine"]
+             for p in FIXTURES.glob("*.txt.expected.yml")}
+    for sequence in (FIXTURES / "sequences").iterdir():
+        engine = sequence.name.split("-")[0]
+        pages.update({f"sequences/{sequence.name}/{p.name}": engine for p in sequence.glob("*.txt")})
+    return pages
+
+
+EXPECTED_ENGINES = _expected_engines()
+
+
+@pytest.mark.parametrize("page", sorted(EXPECTED_ENGINES))
+def test_detection(page):
+    """No page is taken for another engine's, including pages that carry two engines' prefixes
+    (Dynamo's own series next to the engine page it passes through)."""
+    assert adapters.detect((FIXTURES / page).read_text()).engine == EXPECTED_ENGINES[page]
+
+
+def test_detection_covers_every_engine():
+    assert set(EXPECTED_ENGINES.values()) == set(adapters.ADAPTERS)
+
+
+def test_an_engine_page_wins_over_dynamos_own_series_wherever_they_stand():
+    text = (FIXTURES / "dynamo-1.6-vllm-worker.txt").read_text()
+    blocks = text.split("# HELP ")
+    engine_first = "# HELP ".join([blocks[0], *blocks[3:], *blocks[1:3]])
+    assert engine_first.index("vllm:") < engine_first.index("dynamo_component_")
+    assert adapters.detect(engine_first).engine == adapters.detect(text).engine == "vllm"
+
+
+def test_generic_request_histograms_are_not_tensorrt_llm():
+    """The unprefixed TensorRT-LLM names are generic: without its hard-coded first label they are someone else's."""
+    page = (FIXTURES / "trtllm-1.1-unprefixed.txt").read_text().replace('{engine_type="undefined",', '{')
+    assert adapters.detect(page) is None
+
+
+def test_tensorrt_llm_spellings_read_the_same():
+    """The request families read alike unprefixed (1.1), `trtllm:` (Dynamo 0.7) and `trtllm_` (1.3)."""
+    readings = [adapt((FIXTURES / page).read_text())[1].ranks["0"].histograms
+                for page in ("trtllm-1.1-unprefixed.txt", "trtllm-dynamo-0.7.txt", "trtllm-1.3.txt")]
+    assert len(readings[0]) == 4
+    assert readings[0] == readings[1] == readings[2]
 
 
 def test_no_engine_detected_on_other_pages():
@@ -165,3 +207,13 @@ def test_adding_an_engine_is_one_adapter_module(tmp_path):
         assert harness.value(samples, "kvcache_headroom_requests", target=target, dp_rank="0") == 5
         assert harness.value(samples, "kvcache_pressure_state", target=target, dp_rank="1", state="saturated") == 1
         assert harness.value(samples, "kvcache_pressure_state", target=target, dp_rank="0", state="ok") == 1
+
+
+def test_tensorrt_llm_block_size_from_its_kv_cache_config_info():
+    """Without the tokens-per-block gauge the block size comes from `trtllm_kv_cache_config_info{page_size}`."""
+    text = "".join(line for line in (FIXTURES / "trtllm-1.3.txt").read_text().splitlines(keepends=True)
+                   if "kv_cache_tokens_per_block" not in line)
+    assert 'page_size="32"' in text
+    gauges = adapt(text)[1].ranks["0"].gauges
+    assert gauges["block_size_tokens"] == 32
+    assert adapt(text.replace('page_size="32"', 'page_size="none"'))[1].ranks["0"].gauges.get("block_size_tokens") is None

@@ -1,6 +1,6 @@
 """What on-call sees is what the engines did: both dashboards and the alert rules against ground truth.
 
-A mixed fleet of simulated engines (vLLM and SGLang; kv-saturation, concurrency-cap,
+A mixed fleet of simulated engines (vLLM, SGLang and TensorRT-LLM; kv-saturation, concurrency-cap,
 prefix-collapse, steady; one SGLang target with two data-parallel ranks) runs TIME_SCALE times
 faster than real time through the real exporter into Debian's Prometheus, which evaluates the
 generated rules on the same compressed clock (`alerts.generate.compress`, as test_alerts_e2e).
@@ -31,6 +31,7 @@ import yaml
 
 from alerts import generate
 from dashboards import build, fleet, lint, preview, target
+from exporter.adapters import ADAPTERS
 from exporter.contract import PRESSURE_STATES
 from exporter import units
 from exporter.thresholds import DEFAULT
@@ -61,9 +62,22 @@ FLEET = {
     "vllm-prefix": ("vllm-v1", "prefix-collapse", 1, 5, {}),
     "vllm-steady": ("vllm-v1", "steady", 1, 6, {}),
     "sglang-steady": ("sglang", "steady", 1, 7, {}),
+    # No preemption counter, gauges refreshed only when a request finishes, token counters per finished request.
+    "trtllm-sat": ("trtllm", "kv-saturation", 1, 8, {}),
 }
 STEADY = {"vllm-steady", "sglang-steady"}
-QUEUEING = {"vllm-sat", "sglang-sat-dp2", "vllm-cap", "sglang-cap"}
+QUEUEING = {"vllm-sat", "sglang-sat-dp2", "vllm-cap", "sglang-cap", "trtllm-sat"}
+KV_SATURATION = {"vllm-sat", "sglang-sat-dp2", "trtllm-sat"}
+
+
+def engine_of(name: str) -> str:
+    return FLEET[name][0].split("-")[0]
+
+
+# Targets whose engine exports no preemption counter: the preemption alert has nothing to read there.
+WITHOUT_PREEMPTIONS = {name for name in FLEET if "preemptions_total" in ADAPTERS[engine_of(name)].not_reported}
+# Engines whose prompt and cached-token counters count a request when it finishes, not when it is admitted.
+COUNTED_AT_FINISH = {"trtllm"}
 STATE_CODE = {state: code for code, state in enumerate(PRESSURE_STATES)}
 
 
@@ -105,11 +119,13 @@ class Truth:
     samples: dict[str, list[tuple[float, tuple[Rank, ...]]]] = field(default_factory=dict)
 
     def record(self, name: str, now: float, engine) -> None:
+        at_finish = engine_of(name) in COUNTED_AT_FINISH
         ranks = tuple(Rank(
             waiting=s.report.waiting, waiting_reason=s.report.waiting_reason, running=s.report.running,
             used_blocks=s.report.used_blocks, num_blocks=s.config.num_blocks, block_size=s.config.block_size,
             preemptions=s.counters.preemptions, finished=s.counters.finished_requests,
-            queried=s.counters.prefix_queried_tokens, hits=s.counters.prefix_hit_tokens,
+            queried=s.counters.finished_prompt_tokens if at_finish else s.counters.prefix_queried_tokens,
+            hits=s.counters.finished_cached_tokens if at_finish else s.counters.prefix_hit_tokens,
             queue_sum=s.histograms["queue"].sum, ttft_sum=s.histograms["ttft"].sum,
             ttft_buckets=tuple(s.histograms["ttft"].cumulative()),
         ) for s in engine.state().ranks)
@@ -156,6 +172,8 @@ def busy(truth, name, t):
 
 def preempting_above(rate):
     def condition(truth, name, t):
+        if name in WITHOUT_PREEMPTIONS:
+            return False  # the engine preempts but exports no count of it: nothing can fire
         return truth.delta(name, t, WINDOW_S, lambda r: r.preemptions) / WINDOW_S > rate and busy(truth, name, t)
     return condition
 
@@ -235,7 +253,7 @@ def exporter_config(urls: dict[str, str]) -> dict:
         "poll_interval": f"{INTERVAL_S:g}s",
         "labels": {"cluster": "truth"},
         "pressure": dataclasses.asdict(THRESHOLDS),
-        "targets": [{"name": name, "url": url, "engine": FLEET[name][0].split("-")[0],
+        "targets": [{"name": name, "url": url, "engine": engine_of(name),
                      "labels": {"pool": FLEET[name][1]}} for name, url in urls.items()],
     }
 
@@ -335,10 +353,12 @@ def test_the_run_did_what_the_scenarios_say(run):
     truth = run.truth
     reasons = {name: {r.waiting_reason for ranks in truth.between(name, run.start, run.end) for r in ranks
                       if r.waiting} for name in FLEET}
-    assert {"vllm-sat", "sglang-sat-dp2"} <= {n for n, why in reasons.items() if "kv" in why}
+    assert KV_SATURATION <= {n for n, why in reasons.items() if "kv" in why}
     assert {"vllm-cap", "sglang-cap"} <= {n for n, why in reasons.items() if "cap" in why}
     assert "kv" not in reasons["vllm-cap"] | reasons["sglang-cap"] | reasons["vllm-steady"] | reasons["sglang-steady"]
     assert len(truth.at("sglang-sat-dp2", run.end)) == 2
+    # TensorRT-LLM's engine preempts as the others do; it only has no counter to show it.
+    assert truth.delta("trtllm-sat", run.end, run.end - run.start, lambda r: r.preemptions) > 0
 
 
 @pytest.mark.usefixtures("artifacts_on_failure")
@@ -495,7 +515,25 @@ def test_alerts_fire_where_the_engines_were_in_trouble_and_nowhere_else(run):
     assert not {a for a in fired if a[0] in NEVER}
     assert not {a for a in fired if a[2] in STEADY}, "an alert fired on a steady pool"
     # The scenarios' point, which the truth bands above must agree with.
-    assert {("KVCacheShortageQueueing", "critical", n) for n in ("vllm-sat", "sglang-sat-dp2")} <= fired
+    assert {("KVCacheShortageQueueing", "critical", n) for n in KV_SATURATION} <= fired
+    assert not {a for a in fired if a[0] == "KVCachePreemptionStorm" and a[2] in WITHOUT_PREEMPTIONS}
     assert {("KVCacheQueueDominatesTTFT", "warning", n) for n in QUEUEING} <= fired
     assert ("KVCachePrefixHitRateDrop", "warning", "vllm-prefix") in fired
     assert not {a for a in fired if a[0] == "KVCacheShortageQueueing" and a[2] in ("vllm-cap", "sglang-cap")}
+
+
+@pytest.mark.usefixtures("artifacts_on_failure")
+def test_panels_without_inputs_are_absent_for_the_engine_and_say_why(run, fleet_all):
+    """TensorRT-LLM has no preemption counter: no preemption line for its target (not a line at 0), and the
+    panel's description names it; every panel with inputs has its line."""
+    assert WITHOUT_PREEMPTIONS == {"trtllm-sat"}
+    for title in ("Preemption rate per target", "Most preemptions per minute"):
+        assert "TensorRT-LLM" in fleet_all[title].panel["description"], title
+    preemptions = by_target(fleet_all["Preemption rate per target"])
+    assert "trtllm-sat" not in preemptions and {"vllm-sat", "sglang-sat-dp2"} <= set(preemptions)
+    for title in ("Time to first token p90", "Share of TTFT spent queueing", "Prefix-cache hit ratio per target",
+                  "Pressure state over time"):
+        lines = by_target(fleet_all[title])
+        assert lines.get("trtllm-sat"), title
+    states = {PRESSURE_STATES[int(code)] for _, code in by_target(fleet_all["Pressure state over time"])["trtllm-sat"]}
+    assert "saturated" in states and "thrashing" not in states, states

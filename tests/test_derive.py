@@ -23,6 +23,30 @@ def test_vllm_blocks_from_usage_and_capacity():
     assert gauges["live_tokens_per_request"] == 3200
 
 
+def test_engines_that_count_used_blocks_keep_their_count():
+    """TensorRT-LLM and Triton report used blocks: tokens follow from them, and the count is not
+    recomputed from a usage ratio that rounds (Triton's fraction) or disagrees."""
+    gauges = derive.kv_gauges(rank(usage_ratio=0.49, capacity_blocks=8000, used_blocks=4000, block_size_tokens=64,
+                                   requests_running=60))
+    assert (gauges["used_blocks"], gauges["free_blocks"]) == (4000, 4000)
+    assert (gauges["used_tokens"], gauges["free_tokens"]) == (256000, 256000)  # 4000 x 64, 8000 x 64 - 256000
+    assert gauges["usage_ratio"] == 0.49  # as the engine reports it
+    # without a usage gauge (Triton before v0.18) usage is used / capacity: 800 x 128 / (8000 x 128)
+    assert derive.kv_gauges(rank(capacity_blocks=8000, used_blocks=800, block_size_tokens=128))["usage_ratio"] == 0.1
+    # without a block size the reported count still stands
+    assert derive.kv_gauges(rank(usage_ratio=0.49, capacity_blocks=8000, used_blocks=4000))["used_blocks"] == 4000
+
+
+def test_without_a_preemption_counter_a_full_pool_never_reads_thrashing():
+    """TensorRT-LLM, Triton, LMDeploy: the rate is unknown (no history), so the state is what the queue says."""
+    snapshot = Snapshot("trtllm", "m", "", {"0": rank(usage_ratio=0.99, capacity_blocks=100, requests_waiting=9)})
+    histories: dict = {}
+    for now in (0.0, 15.0, 30.0):
+        derived, histories = derive.derive(snapshot, histories, now, T)
+    assert derived["0"].pressure == "saturated"
+    assert histories["0"] == ()
+
+
 def test_sglang_tokens_from_raw_pool_gauges():
     gauges = derive.kv_gauges(rank(usage_ratio=0.31, capacity_tokens=100000, block_size_tokens=1,
                                    used_tokens=30500, evictable_tokens=20000, requests_running=5))

@@ -261,10 +261,79 @@ def test_sglang_with_data_parallelism_labels_ranks_and_sums_tokenizer_counters()
     assert page.value("sglang:prompt_tokens_total") == total > 0
 
 
+# -- TensorRT-LLM -------------------------------------------------------------------------------
+
+TRTLLM_LABELS = frozenset({"engine_type", "model_name"})
+
+
+def test_trtllm_page_has_the_trtllm_generation_in_multiprocess_shape():
+    run = simulate("trtllm", 300)
+    model = run.models[0]
+    page = Page("trtllm", run)
+    assert "_created" not in page.text
+    for name in ("trtllm_kv_cache_utilization", "trtllm_kv_cache_max_blocks", "trtllm_kv_cache_used_blocks",
+                 "trtllm_kv_cache_free_blocks", "trtllm_kv_cache_tokens_per_block", "trtllm_num_requests_running",
+                 "trtllm_num_requests_waiting"):
+        assert page.types[name] == "gauge" and page.label_keys(name) == {TRTLLM_LABELS | {"pid"}}, name
+    for name in ("trtllm_prompt_tokens", "trtllm_prompt_cached_tokens", "trtllm_generation_tokens"):
+        assert page.types[name] == "counter" and page.label_keys(name + "_total") == {TRTLLM_LABELS}, name
+    assert not any("preempt" in name or "paused" in name for name in page.samples)  # no preemption counter
+
+    report, counters = model.report, model.counters
+    assert page.value("trtllm_kv_cache_utilization") == report.used_blocks / 1024
+    assert page.value("trtllm_kv_cache_used_blocks") + page.value("trtllm_kv_cache_free_blocks") == 1024
+    assert page.value("trtllm_num_requests_waiting") == report.waiting > 0
+    assert page.value("trtllm_prompt_cached_tokens_total") == counters.finished_cached_tokens > 0
+    assert page.value("trtllm_prompt_tokens_total") == counters.finished_prompt_tokens
+    finished = page.value("trtllm_request_success_total", finished_reason="stop")
+    assert page.value("trtllm_e2e_request_latency_seconds_count") == finished == counters.finished_requests
+    assert page.value("trtllm_request_queue_time_seconds_count") == finished  # observed at finish
+    les = [s.labels["le"] for s in page.samples["trtllm_time_to_first_token_seconds_bucket"]]
+    assert les == [*map(str, map(float, VLLM_TTFT_BUCKETS)), "+Inf"]
+
+
+def test_trtllm_gauges_refresh_only_when_a_request_finishes():
+    """The iteration-stats loop wakes at request completion: while nothing finishes the gauges keep the
+    last completion's state even though the pool and the batch move on."""
+    run = simulate("trtllm", 30, scenario="steady")
+    model = run.models[0]
+    stale = refreshed = 0
+    now = 30.0
+    for _ in range(2000):
+        finished, report = model.counters.finished_requests, model.report
+        now += 0.01
+        run.advance_to(now)
+        if model.counters.finished_requests == finished:
+            assert model.report is report  # no completion, no refresh
+            stale += (len(model.running), model.pool.used) != (report.running, report.used_blocks)
+        else:
+            refreshed += model.report is not report
+    assert stale > 10 and refreshed > 10
+
+
 @pytest.mark.parametrize("flavor", list(FLAVORS))
 def test_every_flavor_renders_an_idle_engine(flavor):
     page = Page(flavor, simulate(flavor, 0))
     usage_name = {"vllm-v1": "vllm:kv_cache_usage_perc", "vllm-v1-kv-tokens": "vllm:kv_cache_usage_perc",
                   "vllm-v0": "vllm:gpu_cache_usage_perc",
-                  "sglang": "sglang:token_usage"}[flavor]
+                  "sglang": "sglang:token_usage", "trtllm": "trtllm_kv_cache_utilization"}[flavor]
     assert [s.value for s in page.samples[usage_name]] == [0.0]
+
+
+@pytest.mark.parametrize("flavor", list(FLAVORS))
+def test_the_adapter_reads_what_the_model_holds(flavor):
+    """Each simulated page parses like prometheus_client's parser reads it (Page) and the exporter's adapter,
+    detected from the page, reads the model's reported pool and queue."""
+    from exporter import adapters
+    from exporter.sources import parser
+
+    run = simulate(flavor, 300)
+    page = Page(flavor, run)
+    adapter = adapters.detect(page.text)
+    assert adapter.engine == flavor.split("-")[0]
+    snapshot = adapter.adapt(parser.parse(page.text, adapter.wanted))
+    report = run.models[0].report
+    gauges = snapshot.ranks["0"].gauges
+    assert (gauges["requests_running"], gauges["requests_waiting"]) == (report.running, report.waiting)
+    assert gauges["usage_ratio"] == pytest.approx(report.used_blocks / 1024, abs=0.005)  # SGLang rounds to 0.01
+    assert snapshot.model == MODEL

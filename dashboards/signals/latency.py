@@ -5,7 +5,7 @@ from __future__ import annotations
 from exporter.thresholds import Thresholds
 
 from dashboards import bands, promql
-from dashboards.panels import Query, describe, heatmap, timeseries
+from dashboards.panels import Query, describe, heatmap, timeseries, without_source
 from dashboards.view import RATIO, SECONDS, View, legend_of, percent
 
 TTFT = "kvcache_time_to_first_token_seconds"
@@ -28,7 +28,7 @@ QUANTILES_SHOW = (
 def _quantiles(v: View, title: str, histogram: str, shows: str, when_red: str):
     return timeseries(
         title,
-        describe(shows + QUANTILES_SHOW, when_red),
+        describe(shows + QUANTILES_SHOW + without_source(histogram.removeprefix("kvcache_")), when_red),
         SECONDS,
         [Query(promql.quantile(q, v.scope, histogram, PER_TARGET_QUANTILE),
                legend_of(PER_TARGET_QUANTILE, f"p{q * 100:g}")) for q in v.latency_quantiles],
@@ -82,7 +82,8 @@ def queue_share_of_ttft(v: View):
             f"Seconds requests spent queueing per second of time to first token, {v.per}: "
             "rate(queue time sum) / rate(TTFT sum), capped at 100 %, shown while at least "
             f"{t.traffic_floor_requests_per_second:g} requests/s finish (the alert's traffic floor). A ratio of "
-            "the histograms' sums, so the engines' bucket bounds cannot distort it.",
+            "the histograms' sums, so the engines' bucket bounds cannot distort it."
+            + without_source(QUEUE_TIME.removeprefix("kvcache_")),
             f"above {percent(t.queue_share_of_ttft)} queueing dominates TTFT (KVCacheQueueDominatesTTFT): the "
             "target lacks capacity, not speed. If its pressure state is saturated, KV is short; if capped, the "
             "running cap is. Scale out or route traffic away.",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dashboards import bands, promql
-from dashboards.panels import Query, describe, stat, timeseries
+from dashboards.panels import Query, describe, stat, timeseries, without_source
 from dashboards.view import PER_TARGET, RATIO, TOKENS_PER_SECOND, View, percent
 
 HIT = "kvcache_prefix_cache_hit_tokens_total"
@@ -41,7 +41,8 @@ def hit_ratio(v: View):
         f"Prefix-cache hit ratio {v.per}",
         describe(
             f"Windowed share of looked-up prompt tokens served from the prefix cache, {v.per}: "
-            "sum(rate(hit)) / sum(rate(queried)); no value without lookups.",
+            "sum(rate(hit)) / sum(rate(queried)); no value without lookups."
+            + without_source(HIT.removeprefix("kvcache_")),
             "no absolute red (it depends on the workload); see Hit ratio vs baseline. A drop with KV usage high "
             "means live requests evict the cache.",
         ),

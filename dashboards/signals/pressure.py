@@ -5,7 +5,7 @@ from __future__ import annotations
 from exporter.contract import PRESSURE_STATES
 
 from dashboards import bands, promql
-from dashboards.panels import Query, describe, stat, state_timeline, timeseries, value_names
+from dashboards.panels import Query, describe, stat, state_timeline, timeseries, value_names, without_source
 from dashboards.view import PER_TARGET, PREEMPTIONS_PER_MINUTE, PREEMPTIONS_PER_SECOND, REQUESTS, TARGETS, View, percent
 
 
@@ -133,7 +133,8 @@ def preemptions_per_minute(v: View):
         "Most preemptions per minute",
         describe(
             "Requests the engines preempted (vLLM) or retracted (SGLang) to free KV, per minute, of the target "
-            "that preempts most. Each one throws away computed KV that must be recomputed.",
+            "that preempts most. Each one throws away computed KV that must be recomputed."
+            + without_source("preemptions_total"),
             f"at or above {t.thrashing_preemptions_per_second * 60:g}/min a target counts as thrashing (dark red at "
             f"the critical preemption-storm rate, {t.preemption_storm_critical_per_second * 60:g}/min). Find the "
             "pool in the Preemption rate panel and lower its concurrency or sequence length, or add KV capacity.",
@@ -150,7 +151,8 @@ def preemption_rate(v: View):
     return timeseries(
         f"Preemption rate {v.per}",
         describe(
-            f"Requests preempted (vLLM) or retracted (SGLang) per second to free KV, {v.per}.",
+            f"Requests preempted (vLLM) or retracted (SGLang) per second to free KV, {v.per}."
+            + without_source("preemptions_total"),
             f"from {t.thrashing_preemptions_per_second:g}/s the pool is thrashing (dark red from "
             f"{t.preemption_storm_critical_per_second:g}/s, a critical preemption storm): work is recomputed. "
             "Lower concurrency or max sequence length, or give the target more KV.",

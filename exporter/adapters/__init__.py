@@ -22,9 +22,15 @@ def _discover() -> dict[str, Adapter]:
 
 
 ADAPTERS: dict[str, Adapter] = _discover()
-_DETECT = re.compile(
-    "^(?:" + "|".join(f"(?P<{name}>{adapter.marker})" for name, adapter in ADAPTERS.items()) + ")", re.MULTILINE
-)
+
+
+def _markers(last: bool) -> re.Pattern | None:
+    alternatives = [f"(?P<{name}>{adapter.marker})" for name, adapter in ADAPTERS.items() if adapter.detect_last == last]
+    return re.compile("^(?:" + "|".join(alternatives) + ")", re.MULTILINE) if alternatives else None
+
+
+# Engines first; then the servers whose own series sit next to the engine pages they pass through.
+_DETECT = tuple(pattern for pattern in (_markers(False), _markers(True)) if pattern)
 
 
 def titles() -> str:
@@ -35,5 +41,8 @@ def titles() -> str:
 
 def detect(text: str) -> Adapter | None:
     """The adapter whose series the page holds (the first engine-prefixed sample line decides)."""
-    match = _DETECT.search(text)
-    return ADAPTERS[match.lastgroup] if match else None
+    for pattern in _DETECT:
+        match = pattern.search(text)
+        if match:
+            return ADAPTERS[match.lastgroup]
+    return None

@@ -16,6 +16,10 @@ from ..sources.parser import ParseError, Sample, parse_labels
 from ..snapshot import Histogram, RankValues, Snapshot
 
 Kind = Literal["gauge", "counter", "histogram"]
+# Families most engines beyond vLLM and SGLang lack: the evictable split, the waiting reason, a preemption counter.
+NO_POOL_DETAIL = frozenset({"evictable_tokens", "requests_waiting_for_capacity", "preemptions_total"})
+PREFIX_AND_TOKEN_COUNTERS = frozenset({"prefix_cache_queried_tokens_total", "prefix_cache_hit_tokens_total",
+                                       "prompt_tokens_total", "generation_tokens_total"})
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
@@ -41,8 +45,13 @@ class Adapter:
     title: ClassVar[str]  # the engine's name in messages and documents
     model_label: ClassVar[str] = "model_name"  # the label that names the served model
     marker: ClassVar[str]  # a regex matching the start of this engine's sample names
-    rank_label: ClassVar[str]  # the label that tells data-parallel replicas apart
+    # Detected only on a page without any other engine's series: a server that re-exports engine
+    # pages next to its own series (Dynamo's worker port) is read as the engine it passes through.
+    detect_last: ClassVar[bool] = False
+    rank_label: ClassVar[str | None]  # the label that tells data-parallel replicas apart; None: one pool
     series: ClassVar[tuple[Series, ...]]
+    # Contract families the engine has no source for: absent for its targets (docs and dashboards say so).
+    not_reported: ClassVar[frozenset[str]] = frozenset()
     base_match: ClassVar[dict[str, str]] = {}
     extra_names: ClassVar[tuple[str, ...]] = ()  # read by the `complete` hook
 
@@ -81,7 +90,7 @@ class Adapter:
         return None
 
     def rank_of(self, labels: dict[str, str]) -> str:
-        return labels.get(self.rank_label, "0")
+        return labels.get(self.rank_label, "0") if self.rank_label else "0"
 
     def _slice_of(self, label_text: str, series: Series, extra_key: str | None) -> tuple | None:
         """(output key, breakdown slice) of a label set, or None when the series' filters reject it. The
