@@ -3,8 +3,8 @@
 One ZMQ SUB socket per target and DP rank (zmq.asyncio: no thread per stream). Two tasks per stream:
 the reader moves messages from the socket into a bounded queue (a full queue drops the message and
 counts it, reason `overflow`) and the tracker decodes them and folds them into the pool's state.
-Both hand the loop back after every BURST messages, so a flooding engine slows its own stream, never
-the polls of /metrics or a scrape.
+Both hand the loop back after a bounded burst of messages, so a flooding engine loses its own
+messages (counted), never delays the polls of /metrics or a scrape.
 
 Sequence numbers: a jump forward is a gap, asked back from the replay endpoint when there is one
 (what does not come back is counted, reason `gap`); a step back is a publisher restart: the pool's
@@ -28,12 +28,16 @@ from ..exposition import P, Prefixes, TargetText, label_text, line
 from ..sources.kvevents import END_SEQ, DecodeError, decode_payload, parse_seq
 
 log = logging.getLogger(__name__)
-BURST = 256  # messages handled before the loop gets a turn
+BURST = 256  # messages the tracker handles before the loop gets a turn
+# Messages the reader moves per turn: more than the tracker handles, so that a stream faster than the
+# tracker fills (and overflows) the exporter's queue, where it is counted, instead of backing up in
+# libzmq's buffers as lag nobody sees.
+READ_BURST = 4 * BURST
 QUEUE_MESSAGES = 10_000  # between the socket and the tracker, per stream
 QUEUE_BYTES = 64 * 1024 * 1024
 REPLAY_MAX = 10_000  # the engines' default replay buffer (buffer_steps): a longer gap is not asked for
 REPLAY_TIMEOUT = 2.0  # seconds for a whole replay
-RECEIVE_HWM = 100_000  # the engines' own PUB high-water mark
+RECEIVE_HWM = 10_000  # messages libzmq buffers for the reader
 
 
 class EventStream:
@@ -64,37 +68,66 @@ class EventStream:
         socket = self._socket = context.socket(zmq.SUB)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
-        # Refused by libzmq beyond twice the limit (the connection drops, the sequence shows a gap);
-        # between the limit and that, refused here and counted as `decode`.
+        # A frame above twice the limit is refused by libzmq, which then drops the connection for good (a
+        # protocol error): _rejoin connects again and the lost sequence numbers show as a gap. Between the
+        # limit and that, the message is refused here and counted as `decode`.
         socket.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.max_message_bytes)
         socket.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
+        monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         socket.connect(self.endpoint)
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._read()), loop.create_task(self._track())]
+        self._tasks = [loop.create_task(self._read()), loop.create_task(self._track()),
+                       loop.create_task(self._rejoin(monitor))]
+        for task in self._tasks:
+            task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("kv events of %s rank %d: %s stopped", self.target.name, self.rank, task.get_coro().__name__,
+                      exc_info=task.exception())
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._socket is not None:
+            self._socket.disable_monitor()
             self._socket.close(linger=0)
 
+    async def _rejoin(self, monitor: zmq.asyncio.Socket) -> None:
+        """Connect again after every disconnection: libzmq itself does after a network error, never after
+        a protocol error (an oversized frame)."""
+        try:
+            while True:
+                await monitor.recv_multipart()
+                log.info("kv events of %s rank %d: disconnected from %s, connecting again", self.target.name,
+                         self.rank, self.endpoint)
+                self._socket.disconnect(self.endpoint)
+                self._socket.connect(self.endpoint)
+        finally:
+            monitor.close(linger=0)
+
     async def _read(self) -> None:
-        socket, queue = self._socket, self._queue
+        socket = self._socket
         while True:
-            for _ in range(BURST):
-                frames = await socket.recv_multipart()
-                size = sum(len(frame) for frame in frames)
-                if len(queue) >= QUEUE_MESSAGES or self._queued_bytes + size > QUEUE_BYTES:
-                    self.dropped["overflow"] += 1
-                    self._overflow_unseen += 1
-                    continue
-                queue.append(frames)
-                self._queued_bytes += size
-                self._wake.set()
-                if not socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # nothing more waiting: let the tracker run
+            self._enqueue(await socket.recv_multipart())
+            for _ in range(READ_BURST - 1):
+                try:  # what else is waiting, without a wait
+                    frames = await socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
                     break
+                self._enqueue(frames)
             await asyncio.sleep(0)
+
+    def _enqueue(self, frames: list[bytes]) -> None:
+        size = sum(len(frame) for frame in frames)
+        if len(self._queue) >= QUEUE_MESSAGES or self._queued_bytes + size > QUEUE_BYTES:
+            self.dropped["overflow"] += 1
+            self._overflow_unseen += 1
+            return
+        self._queue.append(frames)
+        self._queued_bytes += size
+        self._wake.set()
 
     async def _track(self) -> None:
         queue = self._queue
