@@ -12,14 +12,15 @@ than real time and evaluates these rules, not a hand-written variant, on that cl
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
 import yaml
 
+from exporter import config as exporter_config
 from exporter.thresholds import DEFAULT, Thresholds
+from exporter.units import format_duration, parse_duration
 
 RULES_PATH = Path(__file__).with_name("kvcache-rules.yml")
 RUNBOOK_URL_BASE = "https://github.com/kvcache-exporter/kvcache-exporter/blob/main/alerts/runbook.md"
@@ -40,29 +41,6 @@ EXPORTER_JOB = "kvcache-exporter"
 # Annotation template fragments.
 WHERE = "{{ $labels.target }} (model {{ $labels.model }})"
 PER_SECOND = 'printf "%.2f"'  # rates read better as 0.25/s than as humanize's 250m/s
-
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a Prometheus duration such as `90s`, `2m` or `1h30m`."""
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"not a Prometheus duration: {text!r}")
-    return sum(int(n) * _UNITS[u] for n, u in parts)
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest Prometheus duration for `seconds`, to the millisecond."""
-    millis = round(seconds * 1000)
-    if millis <= 0:
-        raise ValueError(f"duration must be positive, got {seconds}s")
-    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if millis % size == 0:
-            return f"{millis // size}{unit}"
-    return f"{millis}ms"
-
 
 def number(value: float) -> str:
     """A threshold as PromQL prints it: no trailing `.0`."""
@@ -85,7 +63,7 @@ def compress(thresholds: Thresholds, scale: float) -> Thresholds:
         elif f.name.endswith("_seconds"):
             changes[f.name] = value / scale
         elif isinstance(value, str):
-            changes[f.name] = format_duration(parse_duration(value) / scale)
+            changes[f.name] = format_duration(parse_duration(value, strict=True) / scale)
     return replace(thresholds, **changes)
 
 
@@ -296,14 +274,6 @@ def render(rules: dict) -> str:
     return HEADER + yaml.dump(rules, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
 
 
-def thresholds_from_config(path: Path | None) -> Thresholds:
-    """Thresholds with the `pressure:` section of an exporter config file applied."""
-    if path is None:
-        return DEFAULT
-    config = yaml.safe_load(path.read_text()) or {}
-    return Thresholds.from_mapping(config.get("pressure"))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m alerts.generate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, help="exporter config file whose `pressure:` section overrides thresholds")
@@ -312,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runbook-url-base", default=RUNBOOK_URL_BASE, help="runbook URL; alerts append #<alert name>")
     parser.add_argument("--output", default=str(RULES_PATH), help="rule file to write, `-` for stdout")
     args = parser.parse_args(argv)
-    thresholds = thresholds_from_config(args.config)
+    try:
+        thresholds = exporter_config.thresholds_and_labels(str(args.config))[0] if args.config else DEFAULT
+    except exporter_config.ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
     if args.time_scale != 1:
         thresholds = compress(thresholds, args.time_scale)
     text = render(build(thresholds, args.runbook_url_base))

@@ -21,7 +21,7 @@ from statistics import median
 
 import yaml
 
-from exporter import parser
+from exporter.sources import parser
 from tests import harness
 
 from . import procstat

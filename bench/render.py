@@ -22,8 +22,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import adapters, derive, exposition, parser, server
-from exporter.target import FAILURE_REASONS, PollOutcome
+from exporter import adapters, derive, exposition
+from exporter.sources import parser
+from exporter.runtime import server
+from exporter.runtime.target import FAILURE_REASONS, PollOutcome
 from exporter.thresholds import DEFAULT
 
 from . import page_server, pages

@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from exporter import adapters, parser
+from exporter import adapters
+from exporter.sources import parser
 from tests import harness
 
 from . import measure, pages, parser_speed, procstat, report

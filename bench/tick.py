@@ -3,7 +3,7 @@ how warm the interpreter's caches are when their pages are read.
 
     python -m bench.tick [--ticks 0.01,0.05,0.25,0.5] [--targets 2000] [--page sglang-tp2]
 
-For each tick, one exporter process (with `exporter.scheduler.TICK` set before it starts) polls N
+For each tick, one exporter process (with `exporter.runtime.scheduler.TICK` set before it starts) polls N
 targets of the page server every 5 s; after a warm-up, its CPU over a window is divided by the
 polls the page server counted. Each row is one window: run it twice to see the spread.
 """
@@ -29,7 +29,7 @@ WINDOW = 15.0  # seconds: three intervals
 def cpu_per_poll(fleet: Fleet, config: Path, tick: float) -> tuple[float, int]:
     """(µs of CPU per poll, polls) of an exporter whose scheduler ticks every `tick` seconds."""
     port = harness.free_port()
-    code = ("import sys; import exporter.scheduler as scheduler; from exporter.cli import main; "
+    code = ("import sys; import exporter.runtime.scheduler as scheduler; from exporter.cli import main; "
             f"scheduler.TICK = {tick!r}; "
             f"sys.exit(main(['--config', {str(config)!r}, '--listen', '127.0.0.1:{port}']))")
     process = subprocess.Popen([sys.executable, "-c", code], cwd=harness.REPO, stderr=subprocess.DEVNULL)

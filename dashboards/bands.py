@@ -16,7 +16,7 @@ from exporter.thresholds import Thresholds
 Steps = tuple[tuple[float | None, str], ...]
 """(lower bound, colour) pairs; the first bound is None (everything below the next step)."""
 
-# The colour of each of the exporter's pressure states (exporter.derive.PRESSURE_STATES).
+# The colour of each of the exporter's pressure states (exporter.contract.PRESSURE_STATES).
 STATE_COLORS = {"ok": "green", "tight": "yellow", "capped": "orange", "saturated": "red", "thrashing": "dark-red"}
 # Headroom below one request: the next typical request does not fit (a definition, not a tunable).
 ONE_REQUEST = 1

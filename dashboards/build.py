@@ -36,12 +36,9 @@ def render(dashboard: models.Dashboard) -> str:
 
 
 def settings_from(config_path: Path) -> tuple[Thresholds, tuple[str, ...]]:
-    """Thresholds and static label names (global, then per target) of an exporter configuration file."""
-    settings = exporter_config.load_file(str(config_path))
-    names = dict.fromkeys(settings.get("labels", {}))
-    for entry in settings["targets"]:
-        names.update(dict.fromkeys(entry.labels))
-    return settings.get("thresholds", Thresholds()), tuple(names) or DEFAULT_STATIC_LABELS
+    """Thresholds and static label names of an exporter configuration file (the defaults where it sets none)."""
+    thresholds, names = exporter_config.thresholds_and_labels(str(config_path))
+    return thresholds, names or DEFAULT_STATIC_LABELS
 
 
 def drifted(rendered: dict[str, str], out: Path) -> list[str]:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import signal
 import sys
-import threading
 
-from . import __version__, config as cfg, webconfig
+from . import __version__, config as cfg, demo
+from .runtime import app, webconfig
 
 # Flag -> environment variable that sets it when the flag is not given.
 ENV = {
@@ -117,9 +115,9 @@ def load(args: argparse.Namespace, environ: dict[str, str]) -> cfg.Config:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "kv-math":
-        from . import kvmath
+        from .kvmath import cli as kvmath_cli
 
-        return kvmath.main(argv[1:])
+        return kvmath_cli.main(argv[1:])
     if argv and argv[0] == "assets":
         from . import assets
 
@@ -131,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.demo:
-            from . import demo
-
-            return demo.run(args)
+            listen = given(args, os.environ, "listen")
+            return demo.run(listen[2] if listen else None, listen[:2] if listen else ("--demo", "--listen"),
+                            args.poll_interval, args.log_level)
         environ = dict(os.environ)
         config = load(args, environ)
         web = webconfig.load(given_web_config) if (given_web_config := _web_config_path(args, environ)) else None
@@ -141,37 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvcache-exporter: {err}", file=sys.stderr)
         return 2
     reload_config = (lambda: load(args, environ)) if (args.config or environ.get(ENV["config"])) else None
-    return serve(config, listen_origin(args, environ), reload_config, web)
+    return app.serve(config, listen_origin(args, environ), reload_config, web)
 
 
 def _web_config_path(args: argparse.Namespace, environ: dict[str, str]) -> str | None:
     return args.web_config_file or environ.get(ENV["web_config_file"]) or None
-
-
-def serve(config: cfg.Config, listen_key: tuple[str, str], reload_config=None,
-          web: "webconfig.WebConfig | None" = None, on_listening=None) -> int:
-    """Run until SIGTERM or SIGINT; SIGHUP reloads the configuration file. `listen_key` is (where, key)
-    of the listen address, named if it cannot be bound; `on_listening` runs once it is bound."""
-    from .app import Exporter
-
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    exporter = Exporter(config, reload_config, web)
-    try:
-        exporter.start()
-    except OSError as err:
-        exporter.stop()
-        problem = f"cannot listen on {config.listen}: {err.strerror or err}"
-        print(f"kvcache-exporter: {cfg.ConfigError(*listen_key, problem)}", file=sys.stderr)
-        return 2
-    if on_listening is not None:
-        on_listening()
-    stop, hangup = threading.Event(), threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: hangup.set())
-    while not stop.wait(0.2):
-        if hangup.is_set():
-            hangup.clear()
-            exporter.reload()
-    exporter.stop()
-    return 0

@@ -17,9 +17,10 @@ from urllib.parse import urlsplit
 import yaml
 
 from .kvmath import ArchitectureError, KVLayout, layout_from_mapping
+from . import units
 from .thresholds import Thresholds
+from .adapters import ADAPTERS
 
-ENGINES = ("auto", "vllm", "sglang")
 DEFAULT_LISTEN = "0.0.0.0:10490"
 DEFAULT_POLL_INTERVAL = 5.0
 # Engines update most of their gauges every few seconds: a faster poll only loads them. The floor
@@ -29,10 +30,6 @@ DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 # Labels the exporter sets itself; a static label must not collide with them.
 RESERVED_LABELS = frozenset({"target", "engine", "model", "dp_rank", "state", "reason", "url", "version", "le"})
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
-_SIZE = re.compile(r"^(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-_SIZE_UNITS = {None: 1, "B": 1, "KB": 10**3, "KiB": 2**10, "MB": 10**6, "MiB": 2**20, "GB": 10**9, "GiB": 2**30}
 
 
 class ConfigError(Exception):
@@ -128,10 +125,13 @@ class Config:
 def parse_duration(text: Any) -> float:
     if isinstance(text, (int, float)) and not isinstance(text, bool) and text > 0:
         return float(text)
-    match = _DURATION.match(str(text).strip())
-    if not match or float(match.group(1)) <= 0:
+    try:
+        seconds = units.parse_duration(str(text))
+    except ValueError:
+        seconds = 0.0
+    if seconds <= 0:
         raise ValueError(f"not a positive duration (e.g. 5s, 500ms, 1m): {text!r}")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    return seconds
 
 
 def parse_poll_interval(text: Any) -> float:
@@ -145,10 +145,13 @@ def parse_poll_interval(text: Any) -> float:
 def parse_size(text: Any) -> int:
     if isinstance(text, int) and not isinstance(text, bool) and text > 0:
         return text
-    match = _SIZE.match(str(text).strip())
-    if not match or int(match.group(1)) <= 0:
+    try:
+        size = units.parse_size(str(text))
+    except ValueError:
+        size = 0
+    if size <= 0:
         raise ValueError(f"not a positive size (e.g. 16MiB): {text!r}")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    return size
 
 
 def parse_listen(text: str) -> str:
@@ -242,15 +245,14 @@ def _string(value: Any) -> str:
     return value
 
 
+def engines() -> tuple[str, ...]:
+    """The values `engine:` takes: auto-detection, or one of the registered adapters."""
+    return ("auto", *ADAPTERS)
+
+
 def _engine(value: Any) -> str:
-    if value not in ENGINES:
-        raise ValueError(f"must be one of {', '.join(ENGINES)}, got {value!r}")
-    return value
-
-
-def _mapping(value: Any) -> dict:
-    if not isinstance(value, dict):
-        raise ValueError("must be a mapping")
+    if value not in engines():
+        raise ValueError(f"must be one of {', '.join(engines())}, got {value!r}")
     return value
 
 
@@ -386,6 +388,16 @@ def _kv_layout(source: str, section: Any, key: str) -> KVLayout | None:
         return layout_from_mapping(section, base_dir=os.path.dirname(source) or ".", prefix=key + ".")
     except ArchitectureError as err:
         raise ConfigError(source, err.key, err.problem) from None
+
+
+def thresholds_and_labels(path: str) -> tuple[Thresholds, tuple[str, ...]]:
+    """A configuration file's thresholds and its static label names (global, then per target): what the
+    rule and dashboard generators follow. Raises ConfigError."""
+    settings = load_file(path)
+    names = dict.fromkeys(settings.get("labels", {}))
+    for entry in settings["targets"]:
+        names.update(dict.fromkeys(entry.labels))
+    return settings.get("thresholds", Thresholds()), tuple(names)
 
 
 def load_file(path: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 
 Names, types and meanings come from exporter/contract.py (through the exposition's family list,
 so a family added there appears here), per-engine sources from the adapters' series tables,
-pressure states from exporter/derive.py and their thresholds' defaults from exporter/thresholds.py,
+pressure states from exporter/contract.py and their thresholds' defaults from exporter/thresholds.py,
 failure reasons from exporter/contract.py.
 What no table says (values read from info labels, values the exporter computes, the rule of each
 pressure state) is written below, and generation stops naming any family or state it cannot
@@ -17,12 +17,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import contract, derive, exposition
+from . import contract, exposition
 from .adapters import ADAPTERS
 from .thresholds import DEFAULT as T
 
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
-ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 # Values an adapter's `complete` hook reads from info-style labels rather than from a series table.
 INFO_LABEL_SOURCES = {
@@ -111,7 +110,7 @@ the staleness period instead of freezing at their last values. The prefix-cache 
 
 
 def _labels_section() -> str:
-    ranks = ", ".join(f"{ENGINE_TITLES.get(name, name)} `{adapter.rank_label}`" for name, adapter in ADAPTERS.items())
+    ranks = ", ".join(f"{adapter.title} `{adapter.rank_label}`" for name, adapter in ADAPTERS.items())
     engines = ", ".join(f"`{name}`" for name in ADAPTERS)
     return f"""\
 ## Labels
@@ -165,7 +164,7 @@ def _family_labels(name: str, kind: str) -> str:
 
 def _families_section() -> str:
     engines = list(ADAPTERS)
-    head = "| family | type | labels | meaning | " + " | ".join(ENGINE_TITLES.get(e, e) for e in engines) + " |"
+    head = "| family | type | labels | meaning | " + " | ".join(ADAPTERS[e].title for e in engines) + " |"
     rows = [head, "|---|---|---|---|" + "---|" * len(engines)]
     undocumented = []
     for name, family in exposition.FAMILIES.items():
@@ -209,9 +208,9 @@ logs the reason and its detail once, when the reason changes.
 
 
 def _pressure_section() -> str:
-    if set(STATE_RULES) != set(derive.PRESSURE_STATES):
+    if set(STATE_RULES) != set(contract.PRESSURE_STATES):
         raise LookupError(f"STATE_RULES in exporter/contract_doc.py covers {sorted(STATE_RULES)}, "
-                          f"exporter/derive.py has {sorted(derive.PRESSURE_STATES)}")
+                          f"exporter/contract.py has {sorted(contract.PRESSURE_STATES)}")
     rules = "\n".join(f"{i}. `{state}`: {rule}" for i, (state, rule) in enumerate(STATE_RULES.items(), 1))
     return f"""\
 ## The pressure state

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-import os
+from simulator.server import start_engine
 
-from . import cli, config as cfg
+from .runtime import app
+from . import config as cfg
 
 DEMO_ENGINES = (
     # (flavor, scenario, target name): vLLM runs into a KV shortage and recovers; SGLang serves steadily.
@@ -16,12 +16,11 @@ DEMO_LISTEN = "127.0.0.1:10490"
 DEMO_SPEED = 4.0
 
 
-def run(args: argparse.Namespace) -> int:
-    from simulator.server import start_engine
-
-    listen = args.listen or os.environ.get(cli.ENV["listen"]) or DEMO_LISTEN
+def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | None, log_level: str | None) -> int:
+    """`listen_key` is (where, key) of the listen address, named in the error if it cannot be bound."""
+    listen = listen or DEMO_LISTEN
     try:
-        interval = cfg.parse_poll_interval(args.poll_interval or "1s")
+        interval = cfg.parse_poll_interval(poll_interval or "1s")
     except ValueError as err:
         raise cfg.ConfigError("command line", "--poll-interval", str(err)) from None
     engines = [start_engine(flavor, scenario, speed=DEMO_SPEED, seed=index)
@@ -30,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         targets = [cfg.TargetConfig(name=name, url=engine.url, labels={"cluster": "demo"})
                    for engine, (_, _, name) in zip(engines, DEMO_ENGINES)]
         config = cfg.build("--demo", {"targets": targets, "listen": cfg.parse_listen(listen),
-                                      "poll_interval": interval, "log_level": args.log_level or "info"})
+                                      "poll_interval": interval, "log_level": log_level or "info"})
         host, _, port = listen.rpartition(":")
 
         def banner() -> None:  # once the exporter listens: a port in use is one line of error, no banner
@@ -41,8 +40,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"Try: curl -s http://{host}:{port}/metrics | grep -E 'kvcache_(pressure_state|usage_ratio)'")
             print("Ctrl-C stops everything.", flush=True)
 
-        listen_key = cli.given(args, os.environ, "listen") or ("--demo", "--listen")
-        return cli.serve(config, listen_key[:2], on_listening=banner)
+        return app.serve(config, listen_key, on_listening=banner)
     finally:
         for engine in engines:
             engine.stop()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .contract import PRESSURE_STATES  # noqa: F401  (re-exported: the list lives in the contract)
 from .snapshot import RankValues, Snapshot
 from .thresholds import Thresholds
 

@@ -119,7 +119,7 @@ class TargetText:
 
 def render_target(name: str, labels: dict[str, str], url: str, outcome, failures: dict[str, int],
                   prefixes: Prefixes) -> TargetText:
-    """The lines of one target from its latest poll outcome (exporter.target.PollOutcome); `prefixes` is
+    """The lines of one target from its latest poll outcome (exporter.runtime.target.PollOutcome); `prefixes` is
     the target's cache, to be replaced when its name or labels change."""
     base = label_text({"target": name, "engine": outcome.engine, **labels})
     status = {

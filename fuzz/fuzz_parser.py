@@ -4,7 +4,7 @@
 
 Invariant: for any page text, parsing it with each adapter's wanted names, reading every
 sample's labels, adapting the samples and deriving the KV gauges and pressure state either
-returns or raises exporter.parser.ParseError. Every input is read twice: as the page text
+returns or raises exporter.sources.parser.ParseError. Every input is read twice: as the page text
 itself, and as the recipe of a structured page (structured_page). Any other exception, or more
 than 10 s on one input, is a finding: libFuzzer stops, prints the traceback and writes the input
 to fuzz/crashes/crash-<sha1>. (Target.poll turns an exception into a failed poll: such a page
@@ -28,7 +28,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))  # the exporter of this checkout, whatever else is installed
 
 with atheris.instrument_imports(include=["exporter"]):
-    from exporter import adapters, derive, parser
+    from exporter import adapters, derive
+    from exporter.sources import parser
     from exporter.thresholds import DEFAULT
 
 SEEDS = REPO / "tests" / "fixtures"

@@ -116,11 +116,12 @@ class Process:
 
 
 @contextlib.contextmanager
-def exporter(log_dir: Path, *args: str, port: int | None = None, env: dict | None = None) -> Iterator[Process]:
-    """`python -m exporter` listening on loopback; `.url` is its base URL."""
+def exporter(log_dir: Path, *args: str, port: int | None = None, env: dict | None = None,
+             checkout: Path = REPO) -> Iterator[Process]:
+    """`python -m exporter` of `checkout` listening on loopback; `.url` is its base URL."""
     port = port or free_port()
     argv = [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{port}", *args]
-    with Process("exporter", argv, log_dir, f"http://127.0.0.1:{port}/healthz", env=env) as proc:
+    with Process("exporter", argv, log_dir, f"http://127.0.0.1:{port}/healthz", env=env, cwd=checkout) as proc:
         proc.url = f"http://127.0.0.1:{port}"
         yield proc.wait_ready()
 

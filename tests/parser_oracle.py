@@ -1,4 +1,4 @@
-"""prometheus_client's parsers as the oracle for the differential tests of exporter.parser."""
+"""prometheus_client's parsers as the oracle for the differential tests of exporter.sources.parser."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter import parser
+from exporter.sources import parser
 
 
 def is_openmetrics(text: str) -> bool:

@@ -18,6 +18,7 @@ from typing import Iterator
 import yaml
 
 from dashboards import lint
+from exporter import units
 
 REPO = Path(__file__).resolve().parent.parent
 GRAMMAR_DIR = Path(__file__).resolve().parent / "promql3"
@@ -50,15 +51,14 @@ _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _EXACT_BUCKET_MATCH = re.compile(r'\b(le|quantile)\s*!?=\s*"(?!\+Inf")')
 _FUNCTION = re.compile(r"\b([a-z_]+)\s*\(")
 _RANGE = re.compile(r"\[\s*([^\]:]+?)\s*(?::[^\]]*)?\]")
-_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
 
 def duration_seconds(text: str) -> float | None:
     """A PromQL duration literal in seconds, None where it is not one (a variable, say)."""
-    if not text or _DURATION_PART.sub("", text):
+    try:
+        return units.parse_duration(text, strict=True)
+    except ValueError:
         return None
-    return sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text))
 
 
 def rule_expressions() -> Iterator[tuple[str, str]]:

@@ -20,13 +20,14 @@ import pytest
 import yaml
 
 from alerts import generate
+from exporter import units
 from exporter.thresholds import DEFAULT
 from simulator.server import start_engine
 from tests import harness
 
 TIME_SCALE = 20
 COMPRESSED = generate.compress(DEFAULT, TIME_SCALE)
-SHORTAGE_FOR = generate.parse_duration(COMPRESSED.shortage_for)
+SHORTAGE_FOR = units.parse_duration(COMPRESSED.shortage_for)
 INTERVAL = "1s"  # exporter poll, Prometheus scrape and rule evaluation
 SEED = 7
 SECRETS = {"relay-token": "relay-secret", "pagerduty-routing-key": "pd-routing-key", "smtp-password": "smtp-secret"}
@@ -200,7 +201,7 @@ def test_shortage_notification_for_kv_saturation_and_none_for_concurrency_cap(tm
         # alert would be firing and notified by then.
         queued_for = 3 * SHORTAGE_FOR
         queue_held = (f'min_over_time(sum without (dp_rank) (kvcache_requests_waiting{{target="llama-cap"}})'
-                      f'[{generate.format_duration(queued_for)}:{INTERVAL}]) > 0')
+                      f'[{units.format_duration(queued_for)}:{INTERVAL}]) > 0')
         with start_engine("vllm-v1", "concurrency-cap", speed=TIME_SCALE, seed=SEED) as engine, \
                 harness.exporter(tmp_path / "cap", "--config", str(exporter_config(
                     tmp_path / "cap.yml", "llama-cap", engine.url)), port=exporter_ports[1]):

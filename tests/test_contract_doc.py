@@ -39,6 +39,6 @@ def test_a_family_without_a_documented_source_stops_the_generator(monkeypatch):
 
 
 def test_a_pressure_state_without_a_rule_stops_the_generator(monkeypatch):
-    monkeypatch.setattr(contract_doc.derive, "PRESSURE_STATES", contract_doc.derive.PRESSURE_STATES + ("capped",))
+    monkeypatch.setattr(contract_doc.contract, "PRESSURE_STATES", contract_doc.contract.PRESSURE_STATES + ("stalled",))
     with pytest.raises(LookupError, match="STATE_RULES .* covers"):
         contract_doc.markdown()

@@ -13,7 +13,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as models
 
 from dashboards import bands, build, fleet, lint, target
-from exporter.derive import PRESSURE_STATES
+from exporter.contract import PRESSURE_STATES
 from exporter.thresholds import DEFAULT, Thresholds
 from tests.harness import REPO
 

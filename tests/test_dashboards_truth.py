@@ -32,6 +32,7 @@ import yaml
 from alerts import generate
 from dashboards import build, fleet, lint, preview, target
 from exporter.contract import PRESSURE_STATES
+from exporter import units
 from exporter.thresholds import DEFAULT
 from simulator.server import start_engine
 from tests import harness
@@ -171,7 +172,7 @@ def hit_ratio(truth, name, t) -> float | None:
 
 
 def hit_ratio_dropped(truth, name, t):
-    baseline_age = generate.parse_duration(THRESHOLDS.prefix_hit_baseline_offset)
+    baseline_age = units.parse_duration(THRESHOLDS.prefix_hit_baseline_offset)
     now, before = hit_ratio(truth, name, t), hit_ratio(truth, name, t - baseline_age)
     queried_rate = truth.delta(name, t, WINDOW_S, lambda r: r.queried) / WINDOW_S
     return (now is not None and before and t - baseline_age >= truth.samples[name][0][0]
@@ -209,7 +210,7 @@ def expected_alerts(truth: Truth) -> tuple[set, set]:
     """(alerts that must fire, alerts that may fire), each a set of (alertname, severity, target)."""
     must, may = set(), set()
     for (alertname, severity), (requires, allows, for_) in ALERT_TRUTH.items():
-        hold = generate.parse_duration(for_)
+        hold = units.parse_duration(for_)
         for name in FLEET:
             if max(held_runs(truth, name, requires)) >= hold + LAG_S:
                 must.add((alertname, severity, name))

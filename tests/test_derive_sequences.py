@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter import adapters, derive, parser
+from exporter import adapters, derive
+from exporter.sources import parser
 from exporter.thresholds import Thresholds
 
 SEQUENCES = sorted((Path(__file__).parent / "fixtures" / "sequences").iterdir())

@@ -1,4 +1,4 @@
-"""exporter.fetch against a raw HTTP server in the same event loop: framing, reuse, errors."""
+"""exporter.sources.fetch against a raw HTTP server in the same event loop: framing, reuse, errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gzip
 
 import pytest
 
-from exporter.fetch import Fetcher, FetchError, FetchSettings
+from exporter.sources.fetch import Fetcher, FetchError, FetchSettings
 
 PAGE = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n"
 

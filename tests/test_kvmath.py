@@ -1,4 +1,4 @@
-"""KV memory arithmetic (exporter/kvmath.py): exact bytes for real architectures, budgets, the CLI.
+"""KV memory arithmetic (exporter/kvmath/): exact bytes for real architectures, budgets, the CLI.
 
 Every architecture test names where its numbers come from. The config.json fixtures under
 tests/fixtures/models/ carry the published configs' numbers (only the keys that matter here).
@@ -6,7 +6,6 @@ tests/fixtures/models/ carry the published configs' numbers (only the keys that 
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
@@ -16,15 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.kvmath import (
-    ArchitectureError,
-    KVLayout,
-    format_bytes,
-    layout_from_config_json,
-    layout_from_mapping,
-    main,
-    parse_size,
-)
+from exporter.kvmath import ArchitectureError, KVLayout, layout_from_config_json, layout_from_mapping
+from exporter.kvmath.cli import main
+from exporter.units import format_bytes
 
 MODELS = Path(__file__).parent / "fixtures" / "models"
 KiB, MiB, GiB = 2**10, 2**20, 2**30
@@ -440,28 +433,6 @@ def test_hybrid_explicit_numbers():
     layout = layout_from_mapping({"layers": 32, "recurrent_layers": 28, "kv_heads": 8, "head_dim": 128})
     assert layout.attention_layers == 4 and layout.bytes_per_token() == 16 * KiB
     assert layout.recurrent_state_bytes() is None
-
-
-@pytest.mark.parametrize(
-    "text, size",
-    [("40GiB", 40 * GiB), ("80GB", 80 * 10**9), ("512 MiB", 512 * MiB), ("1.5TiB", 3 * 2**39),
-     ("1000", 1000), ("64gi", 64 * GiB), ("2k", 2000)],
-)
-def test_parse_size(text, size):
-    assert parse_size(text) == size
-
-
-@pytest.mark.parametrize("text", ["", "GiB", "40 XB", "-1GiB", "4e9", "40GiBs"])
-def test_parse_size_rejects(text):
-    with pytest.raises(ValueError, match="not a size"):
-        parse_size(text)
-
-
-@pytest.mark.parametrize(
-    "count, text", [(0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (131072, "128 KiB"), (3 * GiB // 2, "1.5 GiB")]
-)
-def test_format_bytes(count, text):
-    assert format_bytes(count) == text
 
 
 def test_layouts_are_frozen_and_validate_direct_construction():

@@ -1,4 +1,4 @@
-"""exporter.parser against prometheus_client's parsers: the same samples for every name it returns."""
+"""exporter.sources.parser against prometheus_client's parsers: the same samples for every name it returns."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from exporter import parser
+from exporter.sources import parser
 from tests.parser_oracle import oracle_samples, our_samples
 
 FIXTURES = Path(__file__).parent / "fixtures"

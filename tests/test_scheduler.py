@@ -1,4 +1,4 @@
-"""exporter.scheduler: every target once per interval, spread over the interval by its phase."""
+"""exporter.runtime.scheduler: every target once per interval, spread over the interval by its phase."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import time
 from collections import Counter
 
-from exporter.scheduler import Phases, Scheduler, phase_of
+from exporter.runtime.scheduler import Phases, Scheduler, phase_of
 
 
 class FakeTarget:

@@ -1,17 +1,36 @@
-"""Engine adapters, and detection of which one a page belongs to."""
+"""THE engine registry: every adapter module in this package, found at import, and detection of
+which engine a page belongs to. Adding an engine is one module here (a subclass of
+`base.Adapter`) and its fixtures; nothing else lists engines."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
 
 from .base import Adapter
-from .sglang import SglangAdapter
-from .vllm import VllmAdapter
 
-ADAPTERS: dict[str, Adapter] = {adapter.engine: adapter for adapter in (VllmAdapter(), SglangAdapter())}
+
+def _discover() -> dict[str, Adapter]:
+    found: dict[str, Adapter] = {}
+    for module in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base"):
+        namespace = vars(importlib.import_module(f"{__name__}.{module}"))
+        for value in namespace.values():
+            if isinstance(value, type) and issubclass(value, Adapter) and value.__module__ == namespace["__name__"]:
+                found[value.engine] = value()
+    return found
+
+
+ADAPTERS: dict[str, Adapter] = _discover()
 _DETECT = re.compile(
     "^(?:" + "|".join(f"(?P<{name}>{adapter.marker})" for name, adapter in ADAPTERS.items()) + ")", re.MULTILINE
 )
+
+
+def titles() -> str:
+    """The engines' display names, for messages: 'vLLM or SGLang'."""
+    names = [adapter.title for adapter in ADAPTERS.values()]
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
 
 def detect(text: str) -> Adapter | None:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from ..parser import ParseError, Sample, parse_labels
+from ..sources.parser import ParseError, Sample, parse_labels
 from ..snapshot import Histogram, RankValues, Snapshot
 
 Kind = Literal["gauge", "counter", "histogram"]
@@ -37,7 +37,9 @@ _SLICE_CACHE_LIMIT = 50_000
 
 
 class Adapter:
-    engine: ClassVar[str]
+    engine: ClassVar[str]  # the `engine` label and the configuration's `engine:` value
+    title: ClassVar[str]  # the engine's name in messages and documents
+    model_label: ClassVar[str] = "model_name"  # the label that names the served model
     marker: ClassVar[str]  # a regex matching the start of this engine's sample names
     rank_label: ClassVar[str]  # the label that tells data-parallel replicas apart
     series: ClassVar[tuple[Series, ...]]
@@ -168,7 +170,7 @@ class Adapter:
         for series in self.series:
             for name in self.variants_of(series.names):
                 for sample in samples.get(name, samples.get(name + "_count", ())):
-                    model = sample.labels.get("model_name")
+                    model = sample.labels.get(self.model_label)
                     if model:
                         return model
         return ""

@@ -13,6 +13,7 @@ _RETRACTION_COUNTER_ERA = ("sglang:full_token_usage", "sglang:kv_used_tokens")
 
 class SglangAdapter(Adapter):
     engine = "sglang"
+    title = "SGLang"
     marker = r"sglang[:_]"
     prefix_aliases = ("sglang_",)
     rank_label = "dp_rank"

@@ -13,6 +13,7 @@ _REQUEST_SLICES = ("priority",)
 
 class VllmAdapter(Adapter):
     engine = "vllm"
+    title = "vLLM"
     marker = r"vllm[:_]"
     prefix_aliases = ("vllm_",)
     rank_label = "engine"  # V1's data-parallel engine index; V0 has none

@@ -13,7 +13,8 @@ import json
 import sys
 import time
 
-from .. import cli, config as cfg, parser as page_parser
+from .. import cli, config as cfg
+from ..sources import parser as page_parser
 from .rates import RateWindow
 from .rows import SORTS, build_rows, filter_rows, sort_rows, totals
 from .source import DirectSource, ExporterSource, SourceError, read_frame

@@ -19,7 +19,7 @@ import tty
 from rich.console import Console
 from rich.live import Live
 
-from .. import parser
+from ..sources import parser
 from .rates import RateWindow
 from .rows import build_rows
 from .screen import Screen, ViewState

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .source import CAPACITY_MISSES, TTFT, Frame, Pool
+from .source import CAPACITY_MISSES, Frame, Pool
 
 WINDOW_SECONDS = 60.0
 

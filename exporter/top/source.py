@@ -14,7 +14,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from .. import contract, exposition, parser
+from .. import contract, exposition
+from ..sources import parser
 from ..config import Config
 
 P = contract.PREFIX
@@ -136,8 +137,8 @@ class DirectSource:
     """
 
     def __init__(self, config: Config):
-        from ..app import fetch_settings
-        from ..target import Target
+        from ..runtime.app import fetch_settings
+        from ..runtime.target import Target
 
         self.config = config
         self.loop = asyncio.new_event_loop()

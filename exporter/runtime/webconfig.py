@@ -15,7 +15,7 @@ from typing import Any
 import bcrypt
 import yaml
 
-from .config import ConfigError
+from ..config import ConfigError
 
 CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from .config import DEFAULT_MAX_BYTES, target_from_url
-from .fetch import FetchSettings
+from ..config import DEFAULT_MAX_BYTES, target_from_url
+from ..sources.fetch import FetchSettings
 from .target import Target
-from .thresholds import DEFAULT
+from ..thresholds import DEFAULT
 
 
 class TargetUnavailable(Exception):

@@ -24,8 +24,8 @@ from collections import OrderedDict
 from typing import Callable
 from urllib.parse import urlsplit
 
-from .config import ENGINES, Config, TargetConfig, target_from_url
-from .fetch import USER_AGENT
+from ..config import Config, TargetConfig, engines, target_from_url
+from ..sources.fetch import USER_AGENT
 from .target import Target
 
 SCRAPE_TIMEOUT_HEADER = "x-prometheus-scrape-timeout-seconds"
@@ -61,8 +61,8 @@ class Prober:
             return 403, "a probe cannot probe an exporter's /probe"
         url = (query.get("target") or [""])[0]
         engine = (query.get("engine") or ["auto"])[0]
-        if engine not in ENGINES:
-            return 400, f"engine must be one of {', '.join(ENGINES)}"
+        if engine not in engines():
+            return 400, f"engine must be one of {', '.join(engines())}"
         try:
             target_config = target_from_url(url)
         except ValueError as err:

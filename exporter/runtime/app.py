@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import sys
 import threading
 import time
 from dataclasses import replace
 from typing import Awaitable, Callable
 
-from . import __version__, contract, exposition
-from .config import Config, ConfigError, TargetConfig
-from .fetch import FetchSettings
+from .. import __version__, contract, exposition
+from ..config import Config, ConfigError, TargetConfig
+from ..sources.fetch import FetchSettings
 from .probe import Prober
-from .runtime.subscriber import Subscribers
 from .scheduler import Scheduler
 from .server import MetricsServer, Request, Response
+from .subscriber import Subscribers
 from .target import Target
 from .webconfig import WebConfig
 
@@ -183,3 +185,30 @@ def _static(body: bytes) -> Callable[[Request], Awaitable[Response]]:
 def _identity(config: Config, target: TargetConfig) -> tuple:
     """What makes a reloaded target the same one: its name, engine and how it is fetched."""
     return target.name, target.engine, target.url, fetch_settings(config, target)
+
+
+def serve(config: Config, listen_key: tuple[str, str], reload_config=None,
+          web: WebConfig | None = None, on_listening=None) -> int:
+    """Run until SIGTERM or SIGINT; SIGHUP reloads the configuration file. `listen_key` is (where, key)
+    of the listen address, named if it cannot be bound; `on_listening` runs once it is bound."""
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    exporter = Exporter(config, reload_config, web)
+    try:
+        exporter.start()
+    except OSError as err:
+        exporter.stop()
+        problem = f"cannot listen on {config.listen}: {err.strerror or err}"
+        print(f"kvcache-exporter: {ConfigError(*listen_key, problem)}", file=sys.stderr)
+        return 2
+    if on_listening is not None:
+        on_listening()
+    stop, hangup = threading.Event(), threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: hangup.set())
+    while not stop.wait(0.2):
+        if hangup.is_set():
+            hangup.clear()
+            exporter.reload()
+    exporter.stop()
+    return 0

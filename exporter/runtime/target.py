@@ -6,10 +6,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from . import adapters, contract, derive, exposition, parser
-from .config import TargetConfig
-from .fetch import FetchError, Fetcher, FetchSettings
-from .thresholds import Thresholds
+from .. import adapters, contract, derive, exposition
+from ..sources import parser
+from ..config import TargetConfig
+from ..sources.fetch import FetchError, Fetcher, FetchSettings
+from ..thresholds import Thresholds
 
 FAILURE_REASONS = tuple(contract.FAILURE_REASONS)
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class Target:
         adapter = adapters.ADAPTERS[engine] if engine != "auto" else adapters.detect(text)
         if adapter is None:
             if parser.has_samples(text):
-                raise PollFailed("unknown_engine", "no vLLM or SGLang series on the page")
+                raise PollFailed("unknown_engine", f"no {adapters.titles()} series on the page")
             raise PollFailed("parse", "page is not Prometheus exposition text")
         try:
             return adapter, parser.parse(text, adapter.wanted)
