@@ -2,10 +2,14 @@
 recently, and the capacity misses (blocks stored again after an eviction) with their distance.
 
 Pure: no I/O, no clock; the batches' timestamps are the only time. The distance of a capacity miss is
-the number of blocks the pool evicted between the block's eviction and its re-store. Under LRU a
-pool `d` blocks larger would have kept the block if that distance was below `d`: a miss at distance
-ratio r (distance / capacity) is a hit for a pool (1 + r) times as large. docs/kv-events.md says
-where that approximation fails.
+the number of blocks the pool evicted after the block and that have not been stored again since: under
+LRU, the blocks evicted lie below the pool's last block in the order they left it, and one that comes
+back moves above, so that count is how far below the pool the block lay (its LRU stack distance minus
+the capacity). A pool `d` blocks larger would have kept it if the distance was below `d`: a miss at
+distance ratio r (distance / capacity) is a hit for a pool (1 + r) times as large. Counting every
+eviction in between instead overstates the distance by the blocks that came back meanwhile (14 % too
+few hits predicted for a pool twice as large on the simulator's LRU workload). docs/kv-events.md says
+where the approximation fails.
 """
 
 from __future__ import annotations
@@ -52,6 +56,41 @@ class Histogram:
         return out
 
 
+class _Marks:
+    """Marks on a ring of positions with counts over ranges in O(log n) (a Fenwick tree)."""
+
+    __slots__ = ("size", "_tree", "_marked")
+
+    def __init__(self, size: int):
+        self.size = size
+        self._tree = [0] * (size + 1)
+        self._marked = bytearray(size)
+
+    def set(self, position: int, marked: bool) -> None:
+        slot = position % self.size
+        if self._marked[slot] == marked:
+            return
+        self._marked[slot] = marked
+        delta, index, tree = (1 if marked else -1), slot + 1, self._tree
+        while index <= self.size:
+            tree[index] += delta
+            index += index & -index
+
+    def _prefix(self, slot: int) -> int:  # marks in slots 0..slot-1
+        total, tree = 0, self._tree
+        while slot:
+            total += tree[slot]
+            slot -= slot & -slot
+        return total
+
+    def count(self, first: int, last: int) -> int:
+        """Marks at positions first..last (inclusive, fewer than `size` apart)."""
+        low, high = first % self.size, last % self.size
+        if low <= high:
+            return self._prefix(high + 1) - self._prefix(low)
+        return self._prefix(self.size) - self._prefix(low) + self._prefix(high + 1)
+
+
 class PoolState:
     """Resident blocks, the ghost list of evicted ones and the counters derived from them."""
 
@@ -71,16 +110,26 @@ class PoolState:
         # hash -> store time (of its first copy); duplicates (the same content in two physical blocks) in _copies
         self.resident: dict[int, float] = {}
         self._copies: dict[int, int] = {}
-        # hash -> ordinal of its eviction, and the evicted hashes in eviction order to bound it
+        # The ghost list: hash -> its position in the order of evictions (the last copy's), and the hashes
+        # in that order (the oldest at `_ghost_end - len`). Under LRU the evicted blocks lie below the pool
+        # in the order they left it; a position whose block came back since is marked in `_restored`.
         self.ghost: dict[int, int] = {}
         self._ghost_keys: deque[int] = deque()
-        self._ghost_ordinals: deque[int] = deque()
+        self._ghost_end = 0
+        self._ghost_limit = GHOST_FACTOR * (self.capacity or DEFAULT_CAPACITY)
+        self._restored = _Marks(self._ghost_limit)
 
     def set_capacity(self, capacity: int | None) -> None:
-        if capacity is not None and capacity > 0:
-            self.capacity = int(capacity)
-        self._ghost_limit = GHOST_FACTOR * (self.capacity or DEFAULT_CAPACITY)
+        if capacity is None or capacity <= 0 or int(capacity) == self.capacity:
+            return
+        self.capacity = int(capacity)
+        self._ghost_limit = GHOST_FACTOR * self.capacity
         self._trim_ghost()
+        self._restored = _Marks(self._ghost_limit)  # the same marks, on a ring of the new size
+        start = self._ghost_end - len(self._ghost_keys)
+        for position, key in enumerate(self._ghost_keys, start):
+            if self.ghost.get(key) != position:
+                self._restored.set(position, True)
 
     def apply(self, ts: float, events: list[BlockEvent]) -> None:
         for event in events:
@@ -106,11 +155,20 @@ class PoolState:
                 self._copies[key] = self._copies.get(key, 1) + 1
                 continue
             resident[key] = ts
-            ordinal = ghost.pop(key, None)
-            if ordinal is not None:
+            position = ghost.pop(key, None)
+            if position is not None:
                 self.capacity_misses += 1
                 if self.capacity:
-                    self.distance.observe((self.evicted - ordinal - 1) / self.capacity)
+                    self.distance.observe(self._depth(position) / self.capacity)
+                self._restored.set(position, True)
+
+    def _depth(self, position: int) -> int:
+        """How far below the pool's last block a ghost lies under LRU: the evictions after its own whose
+        blocks have not come back since (a block that came back was stored above it, not below)."""
+        first, last = position + 1, self._ghost_end - 1
+        if first > last:
+            return 0
+        return last - first + 1 - self._restored.count(first, last)
 
     def _remove(self, ts: float, hashes: list[int]) -> None:
         resident, copies = self.resident, self._copies
@@ -126,14 +184,16 @@ class PoolState:
             stored_at = resident.pop(key, None)
             if stored_at is not None:  # else stored before the stream was joined: residency unknown
                 self.residency.observe(max(0.0, ts - stored_at))
-            ordinal = self.ghost[key] = self.evicted - 1
+            position = self.ghost[key] = self._ghost_end
+            self._ghost_end = position + 1
+            self._restored.set(position, False)  # the slot of the entry the trim below drops
             self._ghost_keys.append(key)
-            self._ghost_ordinals.append(ordinal)
         self._trim_ghost()
 
     def _trim_ghost(self) -> None:
-        keys, ordinals, ghost = self._ghost_keys, self._ghost_ordinals, self.ghost
+        keys, ghost = self._ghost_keys, self.ghost
         while len(keys) > self._ghost_limit:
-            oldest, ordinal = keys.popleft(), ordinals.popleft()
-            if ghost.get(oldest) == ordinal:  # not re-stored (and evicted again) since
+            position = self._ghost_end - len(keys)
+            oldest = keys.popleft()
+            if ghost.get(oldest) == position:  # not re-stored (and evicted again) since
                 del ghost[oldest]

@@ -111,8 +111,9 @@ EVENT_FAMILIES = {
                                                "when the block is reallocated, not when it is freed). " + _STREAMED),
     "capacity_miss_blocks_total": ("counter", "Blocks stored again while their hash was in the list of recent "
                                               "evictions: evicted for room, needed again, recomputed. " + _STREAMED),
-    "capacity_miss_distance_ratio": ("histogram", "Per capacity-miss block: blocks the pool evicted between its "
-                                                  "eviction and its re-store, divided by the pool's capacity in "
+    "capacity_miss_distance_ratio": ("histogram", "Per capacity-miss block: blocks the pool evicted after it "
+                                                  "and not stored again before its re-store (how far below the "
+                                                  "pool it lay under LRU), divided by the pool's capacity in "
                                                   "blocks. Under LRU, the misses at or below x are those a pool "
                                                   "(1 + x) times as large would have kept. " + _STREAMED),
     "block_residency_seconds": ("histogram", "Time from a block's store to its eviction, by the batches' "

@@ -119,13 +119,32 @@ def test_capacity_miss_distance_counts_the_evictions_in_between():
     assert pool.residency.cumulative()[1] == (5.0, 1)
 
 
+def test_a_block_that_came_back_no_longer_lies_between():
+    # LRU stack: a, b, c leave the pool in that order; b comes back (it goes on top of the pool), so a lies
+    # below c only: a pool 2 blocks larger would have kept a (depth 1 < 2).
+    pool = PoolState(capacity=2)
+    pool.apply(0.0, [stored(10, 11, 12), removed(10), removed(11), removed(12), stored(11), stored(10)])
+    assert pool.capacity_misses == 2
+    assert pool.distance.sum == pytest.approx((1 + 1) / 2)  # b: c after it; a: b and c after it, b came back
+
+
+def test_the_ring_of_marks_survives_a_capacity_change_and_wraps():
+    pool = PoolState(capacity=2)
+    pool.apply(0.0, [stored(*range(100, 120)), removed(*range(100, 120))])  # positions 0..19, window 8
+    pool.apply(1.0, [stored(118)])  # depth 1 (119)
+    pool.set_capacity(3)  # a list of 12 now; the list of 8 had dropped 100..111 already
+    assert set(pool.ghost) == set(range(112, 118)) | {119}
+    pool.apply(2.0, [stored(200), removed(200), stored(113)])  # 114..117, 119, 200 after it: depth 6
+    assert pool.distance.sum == pytest.approx(1 / 2 + 6 / 3)
+
+
 def test_duplicate_copies_are_reference_counted():
     pool = PoolState(capacity=4)
     pool.apply(0.0, [stored(7), stored(7)])  # vLLM can cache the same content twice
     pool.apply(1.0, [removed(7)])  # one physical copy reallocated: the content is still resident
     assert 7 in pool.resident and 7 not in pool.ghost and pool.evicted == 1
     pool.apply(2.0, [removed(7)])
-    assert 7 not in pool.resident and pool.ghost[7] == 1
+    assert 7 not in pool.resident and pool.ghost[7] == 0 and pool.evicted == 2  # the first on the ghost list
     pool.apply(3.0, [stored(7)])
     assert pool.capacity_misses == 1 and pool.distance.sum == 0.0
     assert pool.residency.count == 1 and pool.residency.sum == 2.0  # stored at 0, last copy gone at 2
