@@ -42,6 +42,12 @@ EXPORTER_JOB = "kvcache-exporter"
 WHERE = "{{ $labels.target }} (model {{ $labels.model }})"
 PER_SECOND = 'printf "%.2f"'  # rates read better as 0.25/s than as humanize's 250m/s
 
+# Pools 1.25x to 4x as large (fp8 KV: x2 tokens per byte; docs/kv-math.md): the what-if rules, one
+# series per factor, from the KV event streams' capacity-miss distance histogram.
+WHAT_IF_FACTORS = (1.25, 1.5, 2.0, 4.0)
+DISTANCE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)  # exporter.blocks.DISTANCE_BUCKETS
+
+
 def number(value: float) -> str:
     """A threshold as PromQL prints it: no trailing `.0`."""
     return f"{value:g}"
@@ -65,6 +71,51 @@ def compress(thresholds: Thresholds, scale: float) -> Thresholds:
         elif isinstance(value, str):
             changes[f.name] = format_duration(parse_duration(value, strict=True) / scale)
     return replace(thresholds, **changes)
+
+
+def _bucket(bound: float) -> str:
+    """The distance histogram's bucket selector; Prometheus 3 writes a whole `le` as "1", 2.x as exposed "1.0"."""
+    if bound == int(bound):
+        return f'kvcache_capacity_miss_distance_ratio_bucket{{le=~"{int(bound)}|{int(bound)}.0"}}'
+    return f'kvcache_capacity_miss_distance_ratio_bucket{{le="{bound:g}"}}'
+
+
+def kept_tokens(factor: float, window: str) -> str:
+    """Prompt tokens per second a pool `factor` times as large would have served from cache: the capacity
+    misses at distance ratio <= factor - 1 (interpolated between buckets, as histogram_quantile does)
+    times the block size."""
+    x = factor - 1
+    if x in DISTANCE_BUCKETS:
+        within = f"rate({_bucket(x)}[{window}])"
+    else:
+        low = max(b for b in DISTANCE_BUCKETS if b < x)
+        high = min(b for b in DISTANCE_BUCKETS if b > x)
+        share = (x - low) / (high - low)
+        within = (f"{number(1 - share)} * rate({_bucket(low)}[{window}])\n"
+                  f"    + ignoring (le) {number(share)} * rate({_bucket(high)}[{window}])")
+    return f"sum without (dp_rank, le) (\n  (\n    {within}\n  )\n  * ignoring (le) kvcache_block_size_tokens\n)"
+
+
+def what_if_rules(t: Thresholds) -> list[dict]:
+    """What more KV would buy: capacity misses (blocks evicted for room and computed again) as prompt
+    tokens, and per pool size factor the tokens a larger pool would have kept and the hit ratio it had."""
+    w = format_duration(t.window_seconds)
+    rules = [
+        {"record": "kvcache:capacity_miss_tokens:rate", "expr": (
+            f"sum {PER_TARGET} (\n  rate(kvcache_capacity_miss_blocks_total[{w}]) * kvcache_block_size_tokens\n)")},
+        {"record": "kvcache:capacity_miss_share_of_queried:ratio", "expr": (
+            "kvcache:capacity_miss_tokens:rate\n/\n(kvcache:prefix_cache_queried_tokens:rate > 0)")},
+    ]
+    for factor in WHAT_IF_FACTORS:
+        label = {"factor": number(factor)}
+        rules.append({"record": "kvcache:capacity_miss_tokens_kept:rate", "labels": label,
+                      "expr": kept_tokens(factor, w)})
+        rules.append({"record": "kvcache:prefix_cache_hit_ratio:projected", "labels": dict(label), "expr": (
+            f"clamp_max(\n"
+            f"  (\n    sum {PER_TARGET} (rate(kvcache_prefix_cache_hit_tokens_total[{w}]))\n"
+            f"    + ignoring (factor) kvcache:capacity_miss_tokens_kept:rate{{factor=\"{number(factor)}\"}}\n  )\n"
+            f"  /\n  (kvcache:prefix_cache_queried_tokens:rate > 0),\n  1\n)")})
+    return rules
 
 
 def lookup(expr_format: str, pipe: str) -> str:
@@ -148,6 +199,9 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
     queue_mean = lookup("kvcache:queue_time_seconds:mean{target=%q}", "humanizeDuration")
     ttft_mean = lookup("kvcache:time_to_first_token_seconds:mean{target=%q}", "humanizeDuration")
     value_per_second = "{{ $value | " + PER_SECOND + " }}"
+    kept_2x = lookup('kvcache:capacity_miss_tokens_kept:rate{target=%q,factor="2"}', 'printf "%.0f"')
+    projected_2x = lookup('kvcache:prefix_cache_hit_ratio:projected{target=%q,factor="2"}', "humanizePercentage")
+    hit_now = lookup("kvcache:prefix_cache_hit_ratio:rate{target=%q}", "humanizePercentage")
     last_poll_age = lookup("time() - max(kvcache_target_last_success_timestamp_seconds{target=%q})", "humanizeDuration")
 
     def storm(severity: str, per_second: float) -> dict:
@@ -207,6 +261,17 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             runbook_base,
         ),
         alert(
+            "KVCacheCapacityMisses", "info",
+            f"kvcache:capacity_miss_share_of_queried:ratio > {number(t.capacity_miss_share)}\n"
+            f"and kvcache:prefix_cache_queried_tokens:rate >= {number(t.traffic_floor_prefix_tokens_per_second)}",
+            t.capacity_miss_for,
+            f"{WHERE}: prompts are computed again because the KV pool evicted them",
+            f"{{{{ $value | humanizePercentage }}}} of the prompt tokens looked up on {WHERE} over {w} had been "
+            f"cached, were evicted for room and were computed again. A pool twice as large would have served "
+            f"{kept_2x} tokens/s of them from cache (projected hit ratio {projected_2x}, now {hit_now}).",
+            runbook_base,
+        ),
+        alert(
             "KVCacheQueueDominatesTTFT", "warning",
             f"kvcache:queue_share_of_ttft:ratio > {number(t.queue_share_of_ttft)}\n"
             f"and kvcache:requests_finished:rate >= {number(t.traffic_floor_requests_per_second)}",
@@ -254,7 +319,7 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
 def build(thresholds: Thresholds = DEFAULT, runbook_base: str = RUNBOOK_URL_BASE) -> dict:
     # One group: Prometheus evaluates a group's rules in order, so every alert reads recording
     # rules of the same evaluation; separate groups run concurrently and lag by one interval.
-    rules = recording_rules(thresholds) + alerting_rules(thresholds, runbook_base)
+    rules = recording_rules(thresholds) + what_if_rules(thresholds) + alerting_rules(thresholds, runbook_base)
     return {"groups": [{"name": "kvcache", "rules": rules}]}
 
 
