@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from exporter import config as exporter_config
+from exporter.blocks import WHAT_IF_FACTORS, kept_buckets, le_matcher
 from exporter.thresholds import DEFAULT, Thresholds
 from exporter.units import format_duration, parse_duration
 
@@ -41,12 +42,6 @@ EXPORTER_JOB = "kvcache-exporter"
 # Annotation template fragments.
 WHERE = "{{ $labels.target }} (model {{ $labels.model }})"
 PER_SECOND = 'printf "%.2f"'  # rates read better as 0.25/s than as humanize's 250m/s
-
-# Pools 1.25x to 4x as large (fp8 KV: x2 tokens per byte; docs/kv-math.md): the what-if rules, one
-# series per factor, from the KV event streams' capacity-miss distance histogram.
-WHAT_IF_FACTORS = (1.25, 1.5, 2.0, 4.0)
-DISTANCE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)  # exporter.blocks.DISTANCE_BUCKETS
-
 
 def number(value: float) -> str:
     """A threshold as PromQL prints it: no trailing `.0`."""
@@ -73,26 +68,13 @@ def compress(thresholds: Thresholds, scale: float) -> Thresholds:
     return replace(thresholds, **changes)
 
 
-def _bucket(bound: float) -> str:
-    """The distance histogram's bucket selector; Prometheus 3 writes a whole `le` as "1", 2.x as exposed "1.0"."""
-    if bound == int(bound):
-        return f'kvcache_capacity_miss_distance_ratio_bucket{{le=~"{int(bound)}|{int(bound)}.0"}}'
-    return f'kvcache_capacity_miss_distance_ratio_bucket{{le="{bound:g}"}}'
-
-
 def kept_tokens(factor: float, window: str) -> str:
     """Prompt tokens per second a pool `factor` times as large would have served from cache: the capacity
-    misses at distance ratio <= factor - 1 (interpolated between buckets, as histogram_quantile does)
-    times the block size."""
-    x = factor - 1
-    if x in DISTANCE_BUCKETS:
-        within = f"rate({_bucket(x)}[{window}])"
-    else:
-        low = max(b for b in DISTANCE_BUCKETS if b < x)
-        high = min(b for b in DISTANCE_BUCKETS if b > x)
-        share = (x - low) / (high - low)
-        within = (f"{number(1 - share)} * rate({_bucket(low)}[{window}])\n"
-                  f"    + ignoring (le) {number(share)} * rate({_bucket(high)}[{window}])")
+    misses it keeps (exporter.blocks.kept_buckets) times the block size."""
+    within = "\n    + ignoring (le) ".join(
+        (f"{number(weight)} * " if weight != 1 else "")
+        + f"rate(kvcache_capacity_miss_distance_ratio_bucket{{{le_matcher(bound)}}}[{window}])"
+        for bound, weight in kept_buckets(factor))
     return f"sum without (dp_rank, le) (\n  (\n    {within}\n  )\n  * ignoring (le) kvcache_block_size_tokens\n)"
 
 
