@@ -58,11 +58,15 @@ class Publisher:
         self._context = zmq.Context()
         self._sockets = []
         base, _, port = endpoint.rpartition(":")
-        for rank in range(ranks):
-            socket = self._context.socket(zmq.PUB)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.bind(f"{base}:{int(port) + rank}")
-            self._sockets.append(socket)
+        try:
+            for rank in range(ranks):
+                socket = self._context.socket(zmq.PUB)
+                socket.setsockopt(zmq.LINGER, 0)
+                self._sockets.append(socket)
+                socket.bind(f"{base}:{int(port) + rank}")
+        except zmq.ZMQError:  # a port in use: nothing stays bound
+            self.close()
+            raise
         self._seq = [0] * ranks
         self._lock = threading.Lock()
 

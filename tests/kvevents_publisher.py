@@ -1,6 +1,7 @@
 """A KV event publisher on loopback that behaves like the engines' ZmqEventPublisher: PUB socket, 8-byte
 big-endian sequence numbers, and a ROUTER replay endpoint answering `[b"", start_seq]` with the buffered
-batches from start_seq on, then the end marker (vLLM's protocol since v0.26: `[topic, seq, payload]`)."""
+batches from start_seq on, then the end marker: `[topic, seq, payload]` as vLLM since v0.26, or
+`[seq, payload]` as SGLang and older vLLM (`replay_topic=False`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 class Publisher:
-    def __init__(self, pub_port: int, replay_port: int | None = None, topic: bytes = b"", buffer_steps: int = 10_000):
+    def __init__(self, pub_port: int, replay_port: int | None = None, topic: bytes = b"", buffer_steps: int = 10_000,
+                 replay_topic: bool = True):
         self.topic = topic
+        self._reply_head = [topic] if replay_topic else []
         self.seq = 0
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._context = zmq.Context()
@@ -59,8 +62,8 @@ class Publisher:
             with self._lock:
                 buffered = [(seq, payload) for seq, payload in self.buffer if seq >= start_seq]
             for seq, payload in buffered:
-                self.router.send_multipart([client, b"", self.topic, seq.to_bytes(8, "big"), payload])
-            self.router.send_multipart([client, b"", b"", END_SEQ, b""])
+                self.router.send_multipart([client, b"", *self._reply_head, seq.to_bytes(8, "big"), payload])
+            self.router.send_multipart([client, b"", *([b""] if self._reply_head else []), END_SEQ, b""])
 
     def close(self) -> None:
         self._stop.set()

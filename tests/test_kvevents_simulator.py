@@ -86,3 +86,28 @@ def test_a_simulated_restart_publishes_a_clear(tmp_path):
         socket.close(linger=0)
         context.term()
         engine.stop()
+
+
+def test_one_stream_per_dp_rank_on_port_plus_rank(tmp_path):
+    base = harness.free_port()
+    while True:  # the simulator binds base and base + 1
+        try:
+            endpoint = f"tcp://127.0.0.1:{base}"
+            engine = start_engine("vllm-v1", "kv-saturation", speed=SPEED, seed=3, dp=2, kv_events_endpoint=endpoint)
+            break
+        except zmq.ZMQError:
+            base = harness.free_port()
+    try:
+        config = tmp_path / "exporter.yml"
+        config.write_text(yaml.safe_dump({"poll_interval": "0.5s", "targets": [
+            {"name": "vllm", "url": engine.url, "kv_events": {"endpoint": endpoint, "dp_ranks": 2}}]}))
+        with harness.exporter(tmp_path, "--config", str(config)) as exporter:
+            def both_ranks():
+                samples = scrape(exporter.url)
+                stored = {rank: value(samples, "kvcache_events_blocks_stored_total", target="vllm", dp_rank=rank)
+                          for rank in ("0", "1")}
+                return stored if all(stored.values()) else None
+
+            harness.wait_until(both_ranks, 20, interval=0.5, what="stores on both ranks' streams")
+    finally:
+        engine.stop()

@@ -117,6 +117,19 @@ def test_pool_series_gaps_replay_restart_and_clear(tmp_path):
         assert got["capacity_miss_blocks_total"] == 1
 
 
+def test_a_gap_is_replayed_from_a_two_frame_replay_endpoint(tmp_path):
+    # SGLang (and vLLM before 0.26) answer a replay with [seq, payload], without the topic frame.
+    pub_port, replay_port = harness.free_port(), harness.free_port()
+    server, exporter_context = start(tmp_path, pub_port, replay_port)
+    with server, Publisher(pub_port, replay_port, replay_topic=False) as publisher, exporter_context as exporter:
+        join(publisher, exporter)
+        publisher.send(batch(wire.stored(ENC, [1, 2, 3])), publish=False)
+        publisher.send(batch(wire.stored(ENC, [4])), publish=False)
+        publisher.send(batch(wire.removed(ENC, [1])))
+        got = settle(exporter, "the replayed batches", lambda c: c["events_blocks_evicted_total"] == 1)
+        assert got["events_blocks_stored_total"] == 4 and got["gap"] == 0 and publisher.replays == 1
+
+
 def test_malformed_and_oversized_messages_are_counted(tmp_path):
     pub_port = harness.free_port()
     server, exporter_context = start(tmp_path, pub_port)
