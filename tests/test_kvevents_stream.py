@@ -4,6 +4,7 @@ neither crashes the exporter nor delays the polling of another target."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import msgpack
@@ -128,6 +129,29 @@ def test_a_gap_is_replayed_from_a_two_frame_replay_endpoint(tmp_path):
         publisher.send(batch(wire.removed(ENC, [1])))
         got = settle(exporter, "the replayed batches", lambda c: c["events_blocks_evicted_total"] == 1)
         assert got["events_blocks_stored_total"] == 4 and got["gap"] == 0 and publisher.replays == 1
+
+
+def test_a_reload_keeps_an_unchanged_stream_and_drops_a_removed_one(tmp_path):
+    pub_port = harness.free_port()
+    server, exporter_context = start(tmp_path, pub_port)
+    config = tmp_path / "exporter.yml"
+    with server, Publisher(pub_port) as publisher, exporter_context as exporter:
+        join(publisher, exporter)
+        publisher.send(batch(wire.stored(ENC, [1, 2])))
+        settle(exporter, "the stores", lambda c: c["events_blocks_stored_total"] == 2)
+        settings = yaml.safe_load(config.read_text())
+        settings["targets"][0]["labels"] = {"zone": "b"}  # the same stream, new labels: its state stays
+        config.write_text(yaml.safe_dump(settings))
+        exporter.signal(signal.SIGHUP)
+        harness.wait_until(lambda: series(scrape(exporter.url), "kvcache_events_blocks_stored_total", zone="b"),
+                           10, what="the relabelled stream")
+        assert value(scrape(exporter.url), "kvcache_events_blocks_stored_total", target="engine") == 2
+        del settings["targets"][0]["kv_events"]
+        config.write_text(yaml.safe_dump(settings))
+        exporter.signal(signal.SIGHUP)
+        harness.wait_until(lambda: not series(scrape(exporter.url), "kvcache_events_blocks_stored_total"), 10,
+                           what="the stream's series gone")
+        assert value(scrape(exporter.url), "kvcache_target_up", target="engine") == 1
 
 
 def test_malformed_and_oversized_messages_are_counted(tmp_path):
