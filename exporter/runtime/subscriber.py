@@ -102,7 +102,10 @@ class EventStream:
                 await monitor.recv_multipart()
                 log.info("kv events of %s rank %d: disconnected from %s, connecting again", self.target.name,
                          self.rank, self.endpoint)
-                self._socket.disconnect(self.endpoint)
+                try:
+                    self._socket.disconnect(self.endpoint)
+                except zmq.ZMQError:  # libzmq already let go of the endpoint
+                    pass
                 self._socket.connect(self.endpoint)
         finally:
             monitor.close(linger=0)
