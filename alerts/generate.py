@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from exporter import config as exporter_config
+from exporter.blocks import WHAT_IF_FACTORS, kept_buckets, le_matcher
 from exporter.thresholds import DEFAULT, Thresholds
 from exporter.units import format_duration, parse_duration
 
@@ -65,6 +66,38 @@ def compress(thresholds: Thresholds, scale: float) -> Thresholds:
         elif isinstance(value, str):
             changes[f.name] = format_duration(parse_duration(value, strict=True) / scale)
     return replace(thresholds, **changes)
+
+
+def kept_tokens(factor: float, window: str) -> str:
+    """Prompt tokens per second a pool `factor` times as large would have served from cache: the capacity
+    misses it keeps (exporter.blocks.kept_buckets) times the block size."""
+    within = "\n    + ignoring (le) ".join(
+        (f"{number(weight)} * " if weight != 1 else "")
+        + f"rate(kvcache_capacity_miss_distance_ratio_bucket{{{le_matcher(bound)}}}[{window}])"
+        for bound, weight in kept_buckets(factor))
+    return f"sum without (dp_rank, le) (\n  (\n    {within}\n  )\n  * ignoring (le) kvcache_block_size_tokens\n)"
+
+
+def what_if_rules(t: Thresholds) -> list[dict]:
+    """What more KV would buy: capacity misses (blocks evicted for room and computed again) as prompt
+    tokens, and per pool size factor the tokens a larger pool would have kept and the hit ratio it had."""
+    w = format_duration(t.window_seconds)
+    rules = [
+        {"record": "kvcache:capacity_miss_tokens:rate", "expr": (
+            f"sum {PER_TARGET} (\n  rate(kvcache_capacity_miss_blocks_total[{w}]) * kvcache_block_size_tokens\n)")},
+        {"record": "kvcache:capacity_miss_share_of_queried:ratio", "expr": (
+            "kvcache:capacity_miss_tokens:rate\n/\n(kvcache:prefix_cache_queried_tokens:rate > 0)")},
+    ]
+    for factor in WHAT_IF_FACTORS:
+        label = {"factor": number(factor)}
+        rules.append({"record": "kvcache:capacity_miss_tokens_kept:rate", "labels": label,
+                      "expr": kept_tokens(factor, w)})
+        rules.append({"record": "kvcache:prefix_cache_hit_ratio:projected", "labels": dict(label), "expr": (
+            f"clamp_max(\n"
+            f"  (\n    sum {PER_TARGET} (rate(kvcache_prefix_cache_hit_tokens_total[{w}]))\n"
+            f"    + ignoring (factor) kvcache:capacity_miss_tokens_kept:rate{{factor=\"{number(factor)}\"}}\n  )\n"
+            f"  /\n  (kvcache:prefix_cache_queried_tokens:rate > 0),\n  1\n)")})
+    return rules
 
 
 def lookup(expr_format: str, pipe: str) -> str:
@@ -148,6 +181,9 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
     queue_mean = lookup("kvcache:queue_time_seconds:mean{target=%q}", "humanizeDuration")
     ttft_mean = lookup("kvcache:time_to_first_token_seconds:mean{target=%q}", "humanizeDuration")
     value_per_second = "{{ $value | " + PER_SECOND + " }}"
+    kept_2x = lookup('kvcache:capacity_miss_tokens_kept:rate{target=%q,factor="2"}', 'printf "%.0f"')
+    projected_2x = lookup('kvcache:prefix_cache_hit_ratio:projected{target=%q,factor="2"}', "humanizePercentage")
+    hit_now = lookup("kvcache:prefix_cache_hit_ratio:rate{target=%q}", "humanizePercentage")
     last_poll_age = lookup("time() - max(kvcache_target_last_success_timestamp_seconds{target=%q})", "humanizeDuration")
 
     def storm(severity: str, per_second: float) -> dict:
@@ -207,6 +243,17 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             runbook_base,
         ),
         alert(
+            "KVCacheCapacityMisses", "info",
+            f"kvcache:capacity_miss_share_of_queried:ratio > {number(t.capacity_miss_share)}\n"
+            f"and kvcache:prefix_cache_queried_tokens:rate >= {number(t.traffic_floor_prefix_tokens_per_second)}",
+            t.capacity_miss_for,
+            f"{WHERE}: prompts are computed again because the KV pool evicted them",
+            f"{{{{ $value | humanizePercentage }}}} of the prompt tokens looked up on {WHERE} over {w} had been "
+            f"cached, were evicted for room and were computed again. A pool twice as large would have served "
+            f"{kept_2x} tokens/s of them from cache (projected hit ratio {projected_2x}, now {hit_now}).",
+            runbook_base,
+        ),
+        alert(
             "KVCacheQueueDominatesTTFT", "warning",
             f"kvcache:queue_share_of_ttft:ratio > {number(t.queue_share_of_ttft)}\n"
             f"and kvcache:requests_finished:rate >= {number(t.traffic_floor_requests_per_second)}",
@@ -254,7 +301,7 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
 def build(thresholds: Thresholds = DEFAULT, runbook_base: str = RUNBOOK_URL_BASE) -> dict:
     # One group: Prometheus evaluates a group's rules in order, so every alert reads recording
     # rules of the same evaluation; separate groups run concurrently and lag by one interval.
-    rules = recording_rules(thresholds) + alerting_rules(thresholds, runbook_base)
+    rules = recording_rules(thresholds) + what_if_rules(thresholds) + alerting_rules(thresholds, runbook_base)
     return {"groups": [{"name": "kvcache", "rules": rules}]}
 
 

@@ -31,10 +31,14 @@ ONE_LAYOUT_LABELS = frozenset({"target", "engine"})
 
 def contract_series() -> frozenset[str]:
     """Every series name the exporter's contract defines (histograms by their _bucket/_sum/_count)."""
+    streamed = contract.EVENT_FAMILIES
     families = [*contract.RANK_GAUGES, *contract.COUNTERS, *(name for name, _ in contract.TARGET_FAMILIES.items()),
+                *(name for name, (kind, _) in streamed.items() if kind != "histogram"),
                 contract.PRESSURE_STATE[0], contract.BUILD_INFO[0], contract.RELOAD_OK[0],
                 contract.PROBED_TARGETS[0], contract.RELOAD_TIME[0]]
-    histograms = [name + suffix for name in contract.HISTOGRAMS for suffix in HISTOGRAM_SERIES]
+    histograms = [name + suffix for name in (*contract.HISTOGRAMS, *(n for n, (k, _) in streamed.items()
+                                                                     if k == "histogram"))
+                  for suffix in HISTOGRAM_SERIES]
     return frozenset(contract.PREFIX + name for name in (*families, *histograms))
 
 

@@ -45,6 +45,11 @@ def total(scope: Scope, metric: str, by: tuple[str, ...] = (), **fixed: str) -> 
     return f"sum{_by(by)} ({scope.selector(metric, **fixed)})"
 
 
+def summed(expr: str, by: tuple[str, ...] = ()) -> str:
+    """Sum of an expression's series, kept apart by `by`."""
+    return f"sum{_by(by)} ({expr})"
+
+
 def highest(scope: Scope, metric: str, by: tuple[str, ...] = ()) -> str:
     """Largest value of a gauge, for values every series repeats rather than adds (durations, timestamps)."""
     return f"max{_by(by)} ({scope.selector(metric)})"

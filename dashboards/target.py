@@ -10,7 +10,7 @@ from dashboards import variables
 from dashboards.layout import Row, assemble
 from dashboards.panels import DATASOURCE_VARIABLE, Link
 from dashboards.promql import Scope
-from dashboards.signals import exporter_health, kv, latency, memory, prefix_cache, pressure
+from dashboards.signals import exporter_health, kv, latency, memory, prefix_cache, pressure, what_if
 from dashboards.view import View
 
 UID = "kvcache-target"
@@ -39,6 +39,8 @@ def build(thresholds: Thresholds, static_labels: tuple[str, ...]) -> models.Dash
                          (pressure.waiting(v), pressure.preemption_rate(v)))),
         Row("Prefix cache", ((prefix_cache.hit_ratio(v), prefix_cache.hit_vs_queried(v),
                               prefix_cache.hit_ratio_vs_baseline(v)),)),
+        Row("What more KV would buy", ((what_if.capacity_miss_share(v), what_if.projected_hit_ratio(v),
+                                         what_if.residency(v)),)),
         Row("Latency", ((latency.ttft(v), latency.itl(v), latency.queue_time(v)),
                         (latency.ttft_heatmap(v), latency.queue_time_heatmap(v), latency.queue_share_of_ttft(v)))),
         Row("KV memory", ((memory.kv_bytes(v),),)),

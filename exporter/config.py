@@ -37,6 +37,34 @@ class ConfigError(Exception):
         super().__init__(f"{source}: {key}: {problem}")
 
 
+DEFAULT_MAX_EVENT_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class KVEventsConfig:
+    """A target's KV event stream (`kv_events:`): vLLM and SGLang publish one per DP rank, on the base
+    port plus the rank (the replay port likewise)."""
+
+    endpoint: str  # the engine's PUB socket, e.g. tcp://10.0.0.1:5557
+    replay_endpoint: str | None = None  # its ROUTER socket, to ask for batches a gap lost
+    topic: str = ""
+    dp_ranks: int = 1
+    max_message_bytes: int = DEFAULT_MAX_EVENT_MESSAGE_BYTES
+
+    def endpoints(self) -> list[tuple[int, str, str | None]]:
+        """(rank, endpoint, replay endpoint) of each DP rank."""
+        return [(rank, _offset_port(self.endpoint, rank),
+                 _offset_port(self.replay_endpoint, rank) if self.replay_endpoint else None)
+                for rank in range(self.dp_ranks)]
+
+
+def _offset_port(endpoint: str, rank: int) -> str:
+    if rank == 0:
+        return endpoint
+    base, _, port = endpoint.rpartition(":")
+    return f"{base}:{int(port) + rank}"
+
+
 @dataclass(frozen=True)
 class TargetConfig:
     name: str
@@ -49,6 +77,7 @@ class TargetConfig:
     ca_file: str | None = None
     tls_insecure_skip_verify: bool = False
     kv_layout: KVLayout | None = None  # from `model_architecture:`; enables the *_bytes series
+    kv_events: KVEventsConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -236,7 +265,7 @@ def _thresholds(source: str, value: Any) -> Thresholds:
 
 
 _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_auth", "ca_file",
-                "tls_insecure_skip_verify", "model_architecture"}
+                "tls_insecure_skip_verify", "model_architecture", "kv_events"}
 
 _TOP_KEYS = {"poll_interval", "timeout", "staleness", "max_response_bytes", "labels", "pressure", "targets", "listen",
              "log_level", "probe"}
@@ -284,7 +313,44 @@ def _target(source: str, item: Any, path: str) -> TargetConfig:
         ca_file=reader.get("ca_file", _string),
         tls_insecure_skip_verify=reader.get("tls_insecure_skip_verify", _boolean, False),
         kv_layout=_kv_layout(source, reader.mapping.get("model_architecture"), reader.key("model_architecture")),
+        kv_events=_kv_events(source, reader.mapping.get("kv_events"), reader.key("kv_events")),
     )
+
+
+_ZMQ_ENDPOINT = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+):(\d{1,5})$")
+
+
+def _zmq_endpoint(value: Any) -> str:
+    match = _ZMQ_ENDPOINT.match(str(value)) if isinstance(value, str) else None
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise ValueError(f"must be tcp://HOST:PORT (the engine's address, not tcp://*), got {value!r}")
+    return value
+
+
+def _topic(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string, got {value!r}")
+    return value
+
+
+def _kv_events(source: str, section: Any, key: str) -> KVEventsConfig | None:
+    if section is None:
+        return None
+    reader = _Reader(source, section, key)
+    reader.reject_unknown({"endpoint", "replay_endpoint", "topic", "dp_ranks", "max_message_bytes"})
+    endpoint = reader.get("endpoint", _zmq_endpoint)
+    if endpoint is None:
+        raise ConfigError(source, reader.key("endpoint"), "is required (the engine's --kv-events-config endpoint, "
+                                                          "e.g. tcp://10.0.0.1:5557)")
+    events = KVEventsConfig(
+        endpoint=endpoint, replay_endpoint=reader.get("replay_endpoint", _zmq_endpoint),
+        topic=reader.get("topic", _topic, ""), dp_ranks=reader.get("dp_ranks", _positive_int, 1),
+        max_message_bytes=reader.get("max_message_bytes", parse_size, DEFAULT_MAX_EVENT_MESSAGE_BYTES))
+    for rank_key, value in (("endpoint", events.endpoint), ("replay_endpoint", events.replay_endpoint)):
+        if value is not None and int(value.rpartition(":")[2]) + events.dp_ranks - 1 > 65535:
+            raise ConfigError(source, reader.key(rank_key), f"port plus dp_ranks - 1 ({events.dp_ranks - 1}) "
+                                                            "is above 65535")
+    return events
 
 
 def _probe(source: str, section: Any) -> ProbeConfig:

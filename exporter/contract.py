@@ -92,3 +92,39 @@ PROBE_EVICTIONS = ("exporter_probe_evictions_total", "Probed engines forgotten b
                    "because probe.max_targets others were probed more recently.")
 RELOAD_TIME = ("exporter_config_last_reload_success_timestamp_seconds", "Unix time of the last successful "
                "configuration load.")
+# From the engines' KV event streams (a target's `kv_events:`), per pool, keyed by the name without the prefix.
+_STREAMED = "Folded from the engine's KV event stream (ZMQ), GPU pool only."
+EVENT_DROP_REASONS = {
+    "gap": "messages the sequence numbers say were published but never arrived (nor came back by replay)",
+    "decode": "messages that are not a KV event batch: wrong frames, not msgpack, wrong shape, too large",
+    "overflow": "messages dropped because the queue between the socket and the tracker was full",
+}
+EVENT_IGNORED_REASONS = {
+    "unknown_type": "events of a type the exporter does not know (skipped)",
+    "unknown_field": "events with fields the exporter does not know (decoded, the fields skipped)",
+    "other_medium": "blocks of another tier than the GPU pool (CPU offload, disk, ...)",
+    "other_group": "blocks of a KV cache group other than 0 (sliding-window or Mamba groups of hybrid models)",
+}
+EVENT_FAMILIES = {
+    "events_blocks_stored_total": ("counter", "Blocks the pool cached (BlockStored). " + _STREAMED),
+    "events_blocks_evicted_total": ("counter", "Blocks the pool evicted (BlockRemoved; vLLM reports an eviction "
+                                               "when the block is reallocated, not when it is freed). " + _STREAMED),
+    "capacity_miss_blocks_total": ("counter", "Blocks stored again while their hash was in the list of recent "
+                                              "evictions: evicted for room, needed again, recomputed. " + _STREAMED),
+    "capacity_miss_distance_ratio": ("histogram", "Per capacity-miss block: blocks the pool evicted after it "
+                                                  "and not stored again before its re-store (how far below the "
+                                                  "pool it lay under LRU), divided by the pool's capacity in "
+                                                  "blocks. Under LRU, the misses at or below x are those a pool "
+                                                  "(1 + x) times as large would have kept. " + _STREAMED),
+    "block_residency_seconds": ("histogram", "Time from a block's store to its eviction, by the batches' "
+                                             "timestamps. " + _STREAMED),
+    "events_messages_total": ("counter", "Event batches received and decoded from the pool's stream."),
+    "events_dropped_total": ("counter", "Event batches lost or refused, by reason ("
+                                        + ", ".join(EVENT_DROP_REASONS) + ")."),
+    "events_ignored_total": ("counter", "Events or blocks the pool's state leaves out, by reason ("
+                                        + ", ".join(EVENT_IGNORED_REASONS) + ")."),
+    "events_publisher_restarts_total": ("counter", "Times the stream's sequence number went back (the publisher "
+                                                   "restarted): the pool's state was dropped and started anew."),
+    "events_last_message_timestamp_seconds": ("gauge", "Unix time the exporter received the pool's last event "
+                                                       "batch."),
+}

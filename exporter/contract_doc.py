@@ -58,9 +58,14 @@ DERIVED = {
     "requests_waiting_with_kv_room": "requests waiting - requests waiting for KV",
     "headroom_requests": "free tokens / live tokens per request",
 }
-# Families an engine has no source for: absent for its targets.
 # Families an engine has no source for (the adapters' `not_reported`): absent for its targets.
 NOT_REPORTED = {engine: set(adapter.not_reported) for engine, adapter in ADAPTERS.items()}
+# The source of the families folded from a KV event stream, for every engine.
+STREAM_SOURCE = ("the engine's KV event stream (`--kv-events-config`, ZMQ) with the target's `kv_events:` "
+                 "([kv-events.md](kv-events.md)); absent without it")
+# Labels a per-pool family carries beyond the pool's.
+POOL_EXTRA_LABELS = {"events_dropped_total": ("reason",), "events_ignored_total": ("reason",),
+                     contract.PRESSURE_STATE[0]: ("state",)}
 # Labels a target-level family carries beyond `target`, `engine` and the static labels.
 TARGET_EXTRA_LABELS = {"target_scrape_failures_total": ("reason",), "target_info": ("url", "version")}
 EXPORTER_LABELS = {contract.BUILD_INFO[0]: ("version",)}
@@ -132,6 +137,8 @@ same pool's values: the exporter takes them once and never sums them.
 
 
 def _engine_source(engine: str, family: str) -> str:
+    if family in contract.EVENT_FAMILIES:
+        return STREAM_SOURCE
     adapter = ADAPTERS[engine]
     parts = []
     for series in adapter.series:
@@ -153,12 +160,12 @@ def _engine_source(engine: str, family: str) -> str:
 
 def _per_pool(name: str) -> bool:
     return name in contract.RANK_GAUGES or name in contract.COUNTERS or name in contract.HISTOGRAMS \
-        or name == contract.PRESSURE_STATE[0]
+        or name == contract.PRESSURE_STATE[0] or name in contract.EVENT_FAMILIES
 
 
 def _family_labels(name: str, kind: str) -> str:
     if _per_pool(name):
-        extra = ["le"] if kind == "histogram" else ["state"] if name == contract.PRESSURE_STATE[0] else []
+        extra = ["le"] if kind == "histogram" else POOL_EXTRA_LABELS.get(name, ())
         return "per pool" + "".join(f", `{label}`" for label in extra)
     if name in contract.TARGET_FAMILIES:
         return "per target" + "".join(f", `{label}`" for label in TARGET_EXTRA_LABELS.get(name, ()))
@@ -238,6 +245,29 @@ logs the reason and its detail once, when the reason changes.
 """
 
 
+def _event_streams_section() -> str:
+    def rows(reasons: dict[str, str]) -> str:
+        return "\n".join(f"| `{reason}` | {meaning} |" for reason, meaning in reasons.items())
+
+    return f"""\
+## KV event streams
+
+With a target's `kv_events:`, the exporter subscribes to the engine's KV event stream and keeps each
+pool's resident blocks and its recent evictions ([kv-events.md](kv-events.md)). Every series of a
+stream but the last-message time exists from its start, at 0. `kvcache_events_dropped_total{{reason}}`:
+
+| reason | batches |
+|---|---|
+{rows(contract.EVENT_DROP_REASONS)}
+
+`kvcache_events_ignored_total{{reason}}`:
+
+| reason | what |
+|---|---|
+{rows(contract.EVENT_IGNORED_REASONS)}
+"""
+
+
 def _pressure_section() -> str:
     if set(STATE_RULES) != set(contract.PRESSURE_STATES):
         raise LookupError(f"STATE_RULES in exporter/contract_doc.py covers {sorted(STATE_RULES)}, "
@@ -260,7 +290,7 @@ restart never reads as a preemption burst.
 
 def markdown() -> str:
     return "\n".join((INTRO, _labels_section(), _families_section(), _engine_notes_section(), _pressure_section(),
-                      _failure_reasons_section()))
+                      _failure_reasons_section(), _event_streams_section()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 from simulator.server import start_engine
 
 from .runtime import app
@@ -18,6 +20,12 @@ DEMO_LISTEN = "127.0.0.1:10490"
 DEMO_SPEED = 4.0
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | None, log_level: str | None) -> int:
     """`listen_key` is (where, key) of the listen address, named in the error if it cannot be bound."""
     listen = listen or DEMO_LISTEN
@@ -25,10 +33,13 @@ def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | No
         interval = cfg.parse_poll_interval(poll_interval or "1s")
     except ValueError as err:
         raise cfg.ConfigError("command line", "--poll-interval", str(err)) from None
-    engines = [start_engine(flavor, scenario, speed=DEMO_SPEED, seed=index)
-               for index, (flavor, scenario, _) in enumerate(DEMO_ENGINES)]
+    # Each engine publishes its KV events too, so that the "What more KV would buy" panels move.
+    endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in DEMO_ENGINES]
+    engines = [start_engine(flavor, scenario, speed=DEMO_SPEED, seed=index, kv_events_endpoint=endpoint)
+               for index, ((flavor, scenario, _), endpoint) in enumerate(zip(DEMO_ENGINES, endpoints))]
     try:
-        targets = [cfg.TargetConfig(name=name, url=engine.url, labels={"cluster": "demo"})
+        targets = [cfg.TargetConfig(name=name, url=engine.url, labels={"cluster": "demo"},
+                                    kv_events=cfg.KVEventsConfig(endpoint=engine.kv_events_endpoint))
                    for engine, (_, _, name) in zip(engines, DEMO_ENGINES)]
         config = cfg.build("--demo", {"targets": targets, "listen": cfg.parse_listen(listen),
                                       "poll_interval": interval, "log_level": log_level or "info"})

@@ -43,6 +43,7 @@ def _families() -> dict[str, Family]:
     families.update({name: Family(P + name, "counter", text) for name, text in contract.COUNTERS.items()})
     families.update({name: Family(P + name, "histogram", text) for name, text in contract.HISTOGRAMS.items()})
     families[contract.PRESSURE_STATE[0]] = Family(P + contract.PRESSURE_STATE[0], "gauge", contract.PRESSURE_STATE[1])
+    families.update({name: Family(P + name, kind, text) for name, (kind, text) in contract.EVENT_FAMILIES.items()})
     return families
 
 

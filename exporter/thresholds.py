@@ -35,6 +35,9 @@ class Thresholds:
     prefix_hit_drop_fraction: float = 0.5
     # Baseline offset for the hit-ratio comparison.
     prefix_hit_baseline_offset: str = "1h"
+    # KVCacheCapacityMisses (info): prompt tokens recomputed after their blocks were evicted for room
+    # (the KV event streams' capacity misses), as a share of the prompt tokens looked up.
+    capacity_miss_share: float = 0.1
     # KVCacheQueueDominatesTTFT: share of TTFT spent in the queue (queue-time seconds per TTFT second).
     queue_share_of_ttft: float = 0.5
     # KVCacheNearlyFull by trend: predict_linear says the pool is full within this many seconds.
@@ -47,6 +50,7 @@ class Thresholds:
     queue_dominates_for: str = "10m"
     target_down_for: str = "2m"
     exporter_absent_for: str = "5m"
+    capacity_miss_for: str = "30m"
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any] | None) -> "Thresholds":

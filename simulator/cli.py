@@ -1,7 +1,8 @@
 """kvcache-sim: serve a simulated vLLM, SGLang or TensorRT-LLM metrics endpoint.
 
     kvcache-sim --flavor vllm-v1|vllm-v0|sglang|trtllm --scenario NAME|FILE.yml [--listen HOST:PORT]
-                [--speed X] [--seed N] [--model NAME] [--tp N] [--dp N] [--log-level LEVEL]
+                [--speed X] [--seed N] [--model NAME] [--tp N] [--dp N] [--kv-events-endpoint tcp://HOST:PORT]
+                [--log-level LEVEL]
 
 Prints `kvcache-sim <flavor> serving http://HOST:PORT/metrics` (`/prometheus/metrics` for trtllm) once listening, runs until
 SIGTERM or SIGINT. A bad argument or scenario file: one line on stderr, exit code 2.
@@ -51,6 +52,13 @@ def _positive_int(value: str) -> int:
     return int(value)
 
 
+def _kv_events_endpoint(value: str) -> str:
+    host, sep, port = value.removeprefix("tcp://").rpartition(":")
+    if not value.startswith("tcp://") or not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected tcp://HOST:PORT, got {value!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog=PROG, description="Serve a simulated vLLM, SGLang or TensorRT-LLM metrics endpoint.")
     parser.add_argument("--flavor", required=True, choices=list(FLAVORS), help="engine and version imitated")
@@ -65,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tp", type=_positive_int, default=1,
                         help="tensor-parallel ranks (SGLang repeats its scheduler gauges per rank)")
     parser.add_argument("--dp", type=_positive_int, default=1, help="data-parallel ranks, each with its own KV pool")
+    parser.add_argument("--kv-events-endpoint", type=_kv_events_endpoint, metavar="tcp://HOST:PORT",
+                        help="publish the prefix cache's KV events (vLLM's and SGLang's ZMQ stream) there; "
+                             "DP rank r on PORT + r")
     parser.add_argument("--log-level", default="WARNING",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], type=str.upper)
     return parser
@@ -77,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     host, port = args.listen or ("127.0.0.1", FLAVORS[args.flavor].default_port)
     try:
         engine = start_engine(args.flavor, args.scenario, host=host, port=port, speed=args.speed,
-                              seed=args.seed, model=args.model, tp=args.tp, dp=args.dp)
+                              seed=args.seed, model=args.model, tp=args.tp, dp=args.dp,
+                              kv_events_endpoint=args.kv_events_endpoint)
     except (ScenarioError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Hashable
 
 BlockKey = Hashable
+STORED, REMOVED = "stored", "removed"
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,8 @@ class BlockPool:
 
     def __init__(self, capacity: int):
         self.capacity = capacity
+        # (STORED or REMOVED, key) in order, as an engine's prefix cache announces them; None: not kept
+        self.journal: list[tuple[str, BlockKey]] | None = None
         self.free = capacity
         self.anonymous = 0  # held blocks without a content key (partial, or duplicate content)
         self.held: dict[BlockKey, int] = {}  # keyed held block -> reference count
@@ -228,7 +231,9 @@ class BlockPool:
         if self.free:
             self.free -= 1
         elif self.evictable:
-            self.evictable.popitem(last=False)
+            key, _ = self.evictable.popitem(last=False)
+            if self.journal is not None:  # as vLLM: an eviction is announced when the block is reallocated
+                self.journal.append((REMOVED, key))
         else:
             return False
         self.anonymous += 1
@@ -240,6 +245,8 @@ class BlockPool:
             return False
         self.anonymous -= 1
         self.held[key] = 1
+        if self.journal is not None:
+            self.journal.append((STORED, key))
         return True
 
     def release(self, key: BlockKey | None) -> None:
@@ -276,12 +283,18 @@ class ModelSnapshot:
 
 
 class EngineModel:
-    def __init__(self, config: EngineConfig, reporting: Reporting, start_time: float = 0.0):
+    def __init__(self, config: EngineConfig, reporting: Reporting, start_time: float = 0.0,
+                 record_kv_events: bool = False):
         self.config = config
         self.reporting = reporting
         self.started_at = start_time
         self.now = start_time
         self.pool = BlockPool(config.num_blocks)
+        # With record_kv_events: (end of step, the pool's journal of that step) for each step that stored
+        # or evicted a block, as the engines publish one KV event batch per scheduler step.
+        self.kv_batches: list[tuple[float, list]] | None = [] if record_kv_events else None
+        if record_kv_events:
+            self.pool.journal = []
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.waiting_reason: str | None = None
@@ -342,6 +355,9 @@ class EngineModel:
             self.waiting_reason = self._admit(batch, budget, events)
         self._update_reserve_ratio()
         self._execute(batch, events)
+        if self.pool.journal:
+            self.kv_batches.append((self.now, self.pool.journal))
+            self.pool.journal = []
         return events
 
     def _idle(self, until: float) -> None:

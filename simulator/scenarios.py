@@ -347,12 +347,14 @@ class ScenarioRun:
     default. The result does not depend on how `advance_to` calls cut up time.
     """
 
-    def __init__(self, scenario: Scenario, reporting: Reporting, seed: int = 0, dp: int = 1):
+    def __init__(self, scenario: Scenario, reporting: Reporting, seed: int = 0, dp: int = 1,
+                 record_kv_events: bool = False):
         if dp < 1:
             raise ValueError("dp must be >= 1")
         self.scenario = scenario
         self.reporting = reporting
         self.dp = dp
+        self.record_kv_events = record_kv_events
         self.generation = 0  # restarts so far
         self.now = 0.0
         self._segments = _segments(scenario)
@@ -367,7 +369,8 @@ class ScenarioRun:
         return self.segment.phase
 
     def _new_models(self, start: float) -> list[EngineModel]:
-        return [EngineModel(self.scenario.engine, self.reporting, start) for _ in range(self.dp)]
+        return [EngineModel(self.scenario.engine, self.reporting, start, self.record_kv_events)
+                for _ in range(self.dp)]
 
     def advance_to(self, t: float, on_step: Callable[[EngineModel, StepEvents], None] | None = None) -> None:
         while self.now < t:

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from . import kvevents
 from .exposition import FLAVORS, EngineState, Flavor
 from .scenarios import Scenario, ScenarioRun, load_scenario, override_engine
 
@@ -31,14 +32,19 @@ class SimulatedEngine:
     """A running simulated engine. Use `start_engine` to make one; stop it with `.stop()` or `with`."""
 
     def __init__(self, flavor: Flavor, scenario: Scenario, *, host: str, port: int, speed: float,
-                 seed: int, model_name: str, tp: int, dp: int):
+                 seed: int, model_name: str, tp: int, dp: int, kv_events_endpoint: str | None = None):
         self.flavor = flavor.name
         self.scenario = scenario
         self.speed = speed
         self.seed = seed
         self.model_name = model_name
         self.tp = tp
-        self._run = ScenarioRun(scenario, flavor.reporting, seed=seed, dp=dp)
+        self.kv_events_endpoint = kv_events_endpoint
+        self._run = ScenarioRun(scenario, flavor.reporting, seed=seed, dp=dp,
+                                record_kv_events=kv_events_endpoint is not None)
+        # The prefix cache's stores and evictions on a ZMQ PUB per DP rank, as the engine's --kv-events-config
+        self._events = kvevents.Publisher(kv_events_endpoint, dp) if kv_events_endpoint else None
+        self._published_generation = 0
         self._started_monotonic = time.monotonic()
         self._started_unix = time.time()
         self._state = self._build_state()
@@ -84,6 +90,8 @@ class SimulatedEngine:
         self._http.server_close()
         for thread in self._threads:
             thread.join()
+        if self._events is not None:
+            self._events.close()
 
     def __enter__(self) -> "SimulatedEngine":
         return self
@@ -101,6 +109,22 @@ class SimulatedEngine:
             while self._run.now < target and time.monotonic() < deadline and not self._stopping.is_set():
                 self._run.advance_to(min(target, self._run.now + TICK_S * self.speed))
             self._state = self._build_state()
+            if self._events is not None:
+                self._publish_kv_events()
+
+    def _publish_kv_events(self) -> None:
+        """Each step's stores and evictions as one batch, stamped with the step's simulated time."""
+        signed = self.flavor in kvevents.SIGNED_HASHES
+        block_size = self.scenario.engine.block_size
+        restarted = self._run.generation != self._published_generation
+        self._published_generation = self._run.generation
+        for rank, model in enumerate(self._run.models):
+            if restarted:  # the pool is empty again
+                self._events.send(rank, kvevents.batch(self._started_unix + model.started_at, kvevents.CLEARED, rank))
+            for ts, journal in model.kv_batches:
+                self._events.send(rank, kvevents.batch(self._started_unix + ts,
+                                                       kvevents.events(journal, block_size, signed), rank))
+            model.kv_batches.clear()
 
     def _build_state(self) -> EngineState:
         generation_start = self._run.models[0].started_at
@@ -153,11 +177,12 @@ def _handler_for(registry: CollectorRegistry, metrics_path: str) -> type[BaseHTT
 
 def start_engine(flavor: str, scenario: str | Scenario = "steady", host: str = "127.0.0.1", port: int = 0,
                  speed: float = 1.0, seed: int = 0, model: str | None = None, tp: int = 1, dp: int = 1,
-                 **overrides) -> SimulatedEngine:
+                 kv_events_endpoint: str | None = None, **overrides) -> SimulatedEngine:
     """Start a simulated engine serving GET /metrics and /health; returns once it is listening.
 
     `scenario` is a built-in name, a YAML file path or a `Scenario`; `overrides` replace fields
-    of the scenario's engine sizing (`num_blocks=2048`, `max_num_seqs=8`, ...). Raises
+    of the scenario's engine sizing (`num_blocks=2048`, `max_num_seqs=8`, ...). `kv_events_endpoint`
+    (tcp://HOST:PORT) publishes the prefix cache's KV events there, rank r on PORT + r. Raises
     ValueError (ScenarioError for scenario and override problems) on bad arguments.
     """
     if flavor not in FLAVORS:
@@ -174,5 +199,5 @@ def start_engine(flavor: str, scenario: str | Scenario = "steady", host: str = "
     if overrides:
         scenario = override_engine(scenario, overrides)
     return SimulatedEngine(spec, scenario, host=host, port=port, speed=speed, seed=seed,
-                           model_name=model or spec.default_model, tp=tp, dp=dp)
+                           model_name=model or spec.default_model, tp=tp, dp=dp, kv_events_endpoint=kv_events_endpoint)
 

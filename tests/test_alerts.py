@@ -19,6 +19,7 @@ UNIT_TESTS = sorted((ALERTS / "tests").glob("*.test.yml"))
 EXPECTED_ALERTS = {
     "KVCacheShortageQueueing", "KVCachePreemptionStorm", "KVCacheNearlyFull", "KVCachePrefixHitRateDrop",
     "KVCacheQueueDominatesTTFT", "KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent",
+    "KVCacheCapacityMisses",
 }
 # Alerts about one engine's KV (their descriptions name target and model); the other three are
 # about polling, where a target without answers has no model.
@@ -58,14 +59,15 @@ def test_promtool_check_rules_passes(tmp_path, variant):
         path.write_text(generate.render(generate.build(thresholds)))
     result = run(require_binary("promtool"), "check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 19 rules found" in result.stdout  # 10 recording rules, 9 alerting (the storm twice)
+    # 10 recording rules, 10 for what more KV would buy (2, then 2 per factor), 10 alerting (the storm twice)
+    assert "SUCCESS: 30 rules found" in result.stdout
 
 
 def test_rule_file_has_every_alert_with_severity_and_annotations():
     alerts = shipped_alerts()
     assert {a["alert"] for a in alerts} == EXPECTED_ALERTS
     for rule in alerts:
-        assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
+        assert rule["labels"]["severity"] in {"info", "warning", "critical"}, rule["alert"]
         annotations = rule["annotations"]
         assert set(annotations) == {"summary", "description", "runbook_url"}, rule["alert"]
         assert annotations["runbook_url"] == f"{generate.RUNBOOK_URL_BASE}#{rule['alert'].lower()}"
@@ -81,7 +83,7 @@ def contract_families() -> set[str]:
     from exporter import contract
 
     names = [*contract.RANK_GAUGES, *contract.COUNTERS, *contract.HISTOGRAMS, *contract.TARGET_FAMILIES,
-             contract.PRESSURE_STATE[0], contract.BUILD_INFO[0]]
+             *contract.EVENT_FAMILIES, contract.PRESSURE_STATE[0], contract.BUILD_INFO[0]]
     return {contract.PREFIX + name for name in names}
 
 
@@ -159,7 +161,8 @@ def test_compress_knows_every_threshold():
     """A new threshold must be a duration, a per-second rate or one of the known ratios."""
     compressed = generate.compress(DEFAULT, 4)
     unchanged = {f.name for f in dataclasses.fields(DEFAULT) if getattr(compressed, f.name) == getattr(DEFAULT, f.name)}
-    assert unchanged == {"high_water_ratio", "low_water_ratio", "prefix_hit_drop_fraction", "queue_share_of_ttft"}
+    assert unchanged == {"high_water_ratio", "low_water_ratio", "prefix_hit_drop_fraction", "queue_share_of_ttft",
+                         "capacity_miss_share"}
     assert compressed.shortage_for == "30s" and compressed.window_seconds == 15
     assert compressed.thrashing_preemptions_per_second == pytest.approx(0.08)
     with pytest.raises(ValueError):

@@ -65,6 +65,20 @@ def test_model_architecture_gives_bytes_per_token(tmp_path):
     assert from_file.kv_layout.bytes_per_token() == 131072  # the same model in BF16, relative path
 
 
+def test_kv_events_one_endpoint_per_dp_rank(tmp_path):
+    path = write(tmp_path, """
+        targets:
+          - url: http://a:1/metrics
+            kv_events: {endpoint: "tcp://10.0.0.1:5557", replay_endpoint: "tcp://10.0.0.1:6557", dp_ranks: 3,
+                        topic: kv@a@m, max_message_bytes: 1MiB}
+    """)
+    events = load(["--config", str(path)]).targets[0].kv_events
+    assert events.endpoints() == [(0, "tcp://10.0.0.1:5557", "tcp://10.0.0.1:6557"),
+                                  (1, "tcp://10.0.0.1:5558", "tcp://10.0.0.1:6558"),
+                                  (2, "tcp://10.0.0.1:5559", "tcp://10.0.0.1:6559")]
+    assert (events.topic, events.max_message_bytes) == ("kv@a@m", 2**20)
+
+
 def test_defaults_from_targets_alone():
     config = load(["--target", "http://a:8000/metrics", "--target", "http://b:8000/metrics"])
     assert [t.name for t in config.targets] == ["a:8000", "b:8000"]
@@ -122,6 +136,19 @@ def test_flags_beat_environment_which_beats_the_file(tmp_path):
     ("probe: {enabled: true, allow: '*'}", "probe.allow", "must be a list"),
     ("probe: {enabled: true, allow: ['*'], max_targets: 0}", "probe.max_targets", "positive whole number"),
     ("probe: {enable: true}", "probe.enable", "unknown key"),
+    ("targets: [{url: 'http://a:1/m', kv_events: {topic: kv}}]", "targets[0].kv_events.endpoint", "is required"),
+    ("targets: [{url: 'http://a:1/m', kv_events: {endpoint: 'tcp://*:5557'}}]", "targets[0].kv_events.endpoint",
+     "must be tcp://HOST:PORT (the engine's address, not tcp://*)"),
+    ("targets: [{url: 'http://a:1/m', kv_events: {endpoint: 'tcp://a:5557', replay_endpoint: 'a:5558'}}]",
+     "targets[0].kv_events.replay_endpoint", "must be tcp://HOST:PORT"),
+    ("targets: [{url: 'http://a:1/m', kv_events: {endpoint: 'tcp://a:5557', dp_ranks: 0}}]",
+     "targets[0].kv_events.dp_ranks", "positive whole number"),
+    ("targets: [{url: 'http://a:1/m', kv_events: {endpoint: 'tcp://a:65535', dp_ranks: 2}}]",
+     "targets[0].kv_events.endpoint", "port plus dp_ranks - 1 (1) is above 65535"),
+    ("targets: [{url: 'http://a:1/m', kv_events: {endpoint: 'tcp://a:5557', topic: 7}}]",
+     "targets[0].kv_events.topic", "must be a string"),
+    ("targets: [{url: 'http://a:1/m', kv_events: {endpoint: 'tcp://a:5557', hwm: 7}}]",
+     "targets[0].kv_events.hwm", "unknown key"),
 ])
 def test_bad_files_name_file_key_and_problem(tmp_path, text, key, problem):
     path = write(tmp_path, text)

@@ -36,16 +36,16 @@ NO_DATA_EXPECTED = {
 }
 
 
-def exporter_config(vllm_url: str, sglang_url: str, dead_url: str) -> dict:
+def exporter_config(vllm_url: str, sglang_url: str, dead_url: str, events: tuple[str, str]) -> dict:
     architecture = {"layers": 32, "kv_heads": 8, "head_dim": 128, "model_dtype": "bfloat16"}
     return {
         "poll_interval": "0.5s",
         "labels": {"cluster": "test"},
         "targets": [
             {"name": "vllm-0", "url": vllm_url, "engine": "vllm", "labels": {"pool": "chat"},
-             "model_architecture": architecture},
+             "model_architecture": architecture, "kv_events": {"endpoint": events[0]}},
             {"name": "sglang-0", "url": sglang_url, "engine": "sglang", "labels": {"pool": "batch"},
-             "model_architecture": architecture},
+             "model_architecture": architecture, "kv_events": {"endpoint": events[1]}},
             # Nothing listens here: its polls fail, which the exporter-health panels must show.
             {"name": "gone-0", "url": dead_url, "engine": "vllm", "labels": {"pool": "batch"}},
         ],
@@ -55,11 +55,12 @@ def exporter_config(vllm_url: str, sglang_url: str, dead_url: str) -> dict:
 @pytest.fixture(scope="module")
 def prometheus_url(tmp_path_factory):
     work = tmp_path_factory.mktemp("dashboards-live")
-    with start_engine("vllm-v1", scenario="kv-saturation", speed=20, seed=1) as vllm, \
-            start_engine("sglang", scenario="steady", speed=20, seed=2) as sglang:
+    events = tuple(f"tcp://127.0.0.1:{harness.free_port()}" for _ in range(2))
+    with start_engine("vllm-v1", scenario="kv-saturation", speed=20, seed=1, kv_events_endpoint=events[0]) as vllm, \
+            start_engine("sglang", scenario="steady", speed=20, seed=2, kv_events_endpoint=events[1]) as sglang:
         config_path = work / "exporter.yml"
         dead_url = f"http://127.0.0.1:{harness.free_port()}/metrics"
-        config_path.write_text(yaml.safe_dump(exporter_config(vllm.url, sglang.url, dead_url)))
+        config_path.write_text(yaml.safe_dump(exporter_config(vllm.url, sglang.url, dead_url, events)))
         with harness.exporter(work, "--config", str(config_path)) as exporter:
             scrape = {
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},

@@ -12,6 +12,8 @@ import yaml
 
 from exporter import contract
 from tests import harness
+from tests import kvevents_wire as wire
+from tests.kvevents_publisher import Publisher
 from tests.pageserver import PageServer, page
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -35,17 +37,23 @@ def exposition(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fixtures")
     routes = {f"/{name}": page((FIXTURES / name).read_text(), content_type=content_type((FIXTURES / name).read_text()))
               for name in EXPECTED}
-    with PageServer(routes) as server:
+    events_port = harness.free_port()
+    with PageServer(routes) as server, Publisher(events_port) as publisher:
         targets = [{"name": name, "url": server.url(f"/{name}")} for name in EXPECTED]
+        # ... with a KV event stream too: its families appear once a batch has arrived
         targets.append({"name": "with-architecture", "url": server.url("/vllm-v1.txt"),
                         "labels": {"pool": "chat"},
-                        "model_architecture": {"layers": 32, "kv_heads": 8, "head_dim": 128}})
+                        "model_architecture": {"layers": 32, "kv_heads": 8, "head_dim": 128},
+                        "kv_events": {"endpoint": f"tcp://127.0.0.1:{events_port}"}})
         config = tmp / "exporter.yml"
         config.write_text(yaml.safe_dump({"poll_interval": "2s", "labels": {"cluster": "test"}, "targets": targets}))
         with harness.exporter(tmp, "--config", str(config)) as exporter:
             # every target answered once (on a busy machine a first poll may time out and be retried)
             harness.wait_until(lambda: all(v == 1.0 for v in harness.series(
                 harness.scrape(exporter.url), "kvcache_target_up").values()), 30, what="every target up")
+            harness.wait_until(lambda: (publisher.send(wire.batch("vllm-map", 1.0, [])), harness.series(
+                harness.scrape(exporter.url), "kvcache_events_last_message_timestamp_seconds"))[1], 30,
+                what="a KV event batch received")
             status, text = harness.http_get(exporter.url + "/metrics")
             assert status == 200
             yield text

@@ -18,6 +18,7 @@ from ..sources.fetch import FetchSettings
 from .probe import Prober
 from .scheduler import Scheduler
 from .server import MetricsServer, Request, Response
+from .subscriber import Subscribers
 from .target import Target
 from .webconfig import WebConfig
 
@@ -68,6 +69,7 @@ class Exporter:
         self.state = ExporterState()
         self.targets = [self._new_target(t, config) for t in config.targets]
         self.scheduler = Scheduler(self.targets, config.poll_interval)
+        self.subscribers = Subscribers()  # the targets' KV event streams, in the scheduler's loop
         self.server = MetricsServer(config.listen, {
             ("GET", "/metrics"): self._metrics,
             ("GET", "/probe"): self._probe,
@@ -85,6 +87,7 @@ class Exporter:
         """Raises OSError if the listen address cannot be bound (before anything else has started)."""
         self.server.bind()
         self.scheduler.start()
+        self.scheduler.run(self.subscribers.replace(self.targets))
         self.scheduler.run(self.server.serve())
         log.info("kvcache-exporter listening on %s, polling %d target(s) every %gs",
                  self.config.listen, len(self.targets), self.config.poll_interval)
@@ -103,6 +106,7 @@ class Exporter:
     async def _close_endpoint(self) -> None:
         await self.server.close()
         await self.prober.close()
+        await self.subscribers.close()
 
     async def _ready(self, _: Request) -> Response:
         """Ready: every configured target has been polled at least once and the last poll of at least
@@ -117,8 +121,9 @@ class Exporter:
 
     async def _metrics(self, _: Request) -> Response:
         # Joining every target's text takes milliseconds at a large fleet: in a worker thread, not the poll loop.
+        texts = [t.text for t in self.targets] + self.subscribers.render()  # in the loop: streams change in it
         body = await asyncio.to_thread(
-            exposition.render, [t.text for t in self.targets], time.time(), self.config.staleness,
+            exposition.render, texts, time.time(), self.config.staleness,
             self.state.lines(self.prober.probed(), self.prober.evictions))
         return Response(200, body, CONTENT_TYPE)
 
@@ -166,6 +171,8 @@ class Exporter:
         self.scheduler.interval = config.poll_interval
         self.scheduler.replace_targets(targets)
         self.scheduler.discard(kept.values())
+        if self.scheduler.running:
+            self.scheduler.run(self.subscribers.replace(targets))
 
 
 def _static(body: bytes) -> Callable[[Request], Awaitable[Response]]:

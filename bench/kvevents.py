@@ -1,0 +1,112 @@
+"""KV event streams: block events decoded and tracked per second on one core, and bytes per tracked block.
+
+    python -m bench.kvevents [--blocks N]
+
+Throughput: the simulator's LRU workload (tests/test_kvevents_whatif.py) played as vLLM's wire batches
+(tagged maps, 64-bit hashes, the store events carrying their token ids as vLLM sends them), decoded by
+exporter.sources.kvevents and folded by exporter.blocks, in this process on one core: CPU time, best
+of 5. A block event is one hash of a BlockStored or BlockRemoved.
+
+Memory: tracemalloc's count of the bytes a pool's state holds after N blocks stored and 4 x N evicted
+(the ghost list full), divided by the blocks it tracks (resident + ghost list).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import tracemalloc
+
+import msgpack
+
+from exporter.blocks import GHOST_FACTOR, PoolState
+from exporter.sources.kvevents import decode_payload
+from simulator import kvevents as sim_events
+from simulator.exposition import FLAVORS
+from simulator.scenarios import ScenarioRun, load_scenario, override_engine
+
+BLOCK_SIZE = 16
+CAPACITY = 1024
+WORKLOAD = """
+name: lru-prefixes
+then: hold
+phases:
+  - {name: prefixes, duration_s: 1800, arrival_rate: 1, prefix_share: 1.0, num_prefixes: 40, prefix_len: 512,
+     prompt_len: {dist: lognormal, median: 64, sigma: 0.5, min: 16, max: 400},
+     output_len: {dist: lognormal, median: 40, sigma: 0.5, min: 8, max: 200}}
+"""
+
+
+def payloads() -> tuple[list[bytes], int]:
+    """The workload's batches on the wire, and the block events in them."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yml") as handle:
+        handle.write(WORKLOAD)
+        handle.flush()
+        scenario = override_engine(load_scenario(handle.name), {"num_blocks": CAPACITY})
+    engine = ScenarioRun(scenario, FLAVORS["vllm-v1"].reporting, seed=1, record_kv_events=True)
+    engine.advance_to(1800)
+    out, blocks = [], 0
+    for ts, journal in engine.models[0].kv_batches:
+        events = sim_events.events(journal, BLOCK_SIZE, signed=False)
+        for event in events:  # vLLM sends each stored block's tokens: the bytes a real decoder reads
+            if event["type"] == "BlockStored":
+                event["token_ids"] = list(range(1000, 1000 + BLOCK_SIZE * len(event["block_hashes"])))
+            blocks += len(event["block_hashes"])
+        out.append(msgpack.packb([ts, events, 0]))
+    return out, blocks
+
+
+def throughput(batches: list[bytes], blocks: int) -> tuple[float, float]:
+    best = float("inf")
+    for _ in range(5):
+        pool = PoolState(capacity=CAPACITY)
+        start = time.process_time()
+        for seq, payload in enumerate(batches):
+            batch = decode_payload(seq, payload, 1 << 24)
+            pool.apply(batch.ts, batch.events)
+        best = min(best, time.process_time() - start)
+    decode_only = float("inf")
+    for _ in range(5):
+        start = time.process_time()
+        for seq, payload in enumerate(batches):
+            decode_payload(seq, payload, 1 << 24)
+        decode_only = min(decode_only, time.process_time() - start)
+    return blocks / best, blocks / decode_only
+
+
+def bytes_per_block(capacity: int) -> float:
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    pool = PoolState(capacity=capacity)
+    hashes = [(0x9E3779B97F4A7C15 * i) & (2**64 - 1) for i in range(1, (GHOST_FACTOR + 1) * capacity + 1)]
+    for start in range(0, len(hashes), 64):
+        chunk = hashes[start:start + 64]
+        pool._store(1.0, chunk)
+    del hashes
+    evicting = list(pool.resident)[:GHOST_FACTOR * capacity]
+    pool._remove(2.0, evicting)
+    del evicting
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracked = len(pool.resident) + len(pool.ghost)
+    tracemalloc.stop()
+    return used / tracked
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.kvevents", description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=100_000, help="pool capacity for the memory figure")
+    args = parser.parse_args(argv)
+    batches, blocks = payloads()
+    size = sum(map(len, batches))
+    tracked, decoded = throughput(batches, blocks)
+    print(f"{len(batches)} batches, {blocks} block events, {size / 1e6:.1f} MB on the wire")
+    print(f"decoded and tracked: {tracked:,.0f} block events/s on one core (decode alone {decoded:,.0f}/s)")
+    print(f"memory: {bytes_per_block(args.blocks):.0f} bytes per tracked block "
+          f"(pool of {args.blocks} blocks, ghost list of {GHOST_FACTOR * args.blocks})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,222 @@
+"""One KV pool's state folded from its event stream: which blocks are resident, which were evicted
+recently, and the capacity misses (blocks stored again after an eviction) with their distance.
+
+Pure: no I/O, no clock; the batches' timestamps are the only time. The distance of a capacity miss is
+the number of blocks the pool evicted after the block and that have not been stored again since: under
+LRU, the blocks evicted lie below the pool's last block in the order they left it, and one that comes
+back moves above, so that count is how far below the pool the block lay (its LRU stack distance minus
+the capacity). A pool `d` blocks larger would have kept it if the distance was below `d`: a miss at
+distance ratio r (distance / capacity) is a hit for a pool (1 + r) times as large. Counting every
+eviction in between instead overstates the distance by the blocks that came back meanwhile (14 % too
+few hits predicted for a pool twice as large on the simulator's LRU workload). docs/kv-events.md says
+where the approximation fails.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import deque
+
+from .sources.kvevents import CLEARED, REMOVED, STORED, BlockEvent
+
+DISTANCE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)  # distance / capacity; the contract's buckets
+# Pools 1.25x to 4x as large, the sizes the rules and panels answer for (fp8 KV: x2 tokens per byte).
+WHAT_IF_FACTORS = (1.25, 1.5, 2.0, 4.0)
+RESIDENCY_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)  # seconds
+# The ghost list keeps the last GHOST_FACTOR x capacity evictions: enough for every finite bucket of
+# the distance histogram (the largest is 4 x capacity).
+GHOST_FACTOR = 4
+# Until the pool's capacity is known (the first successful /metrics poll), the ghost list is bounded
+# as if the pool were this large.
+DEFAULT_CAPACITY = 65536
+GPU_MEDIA = (None, "GPU")
+
+
+def kept_buckets(factor: float) -> list[tuple[float, float]]:
+    """(bucket bound, weight) whose weighted sum of cumulative counts is the capacity misses a pool `factor`
+    times as large keeps (distance ratio <= factor - 1): the bucket at factor - 1, or between two buckets
+    the linear interpolation histogram_quantile also assumes."""
+    x = factor - 1
+    if x in DISTANCE_BUCKETS:
+        return [(x, 1.0)]
+    low = max(b for b in DISTANCE_BUCKETS if b < x)
+    high = min(b for b in DISTANCE_BUCKETS if b > x)
+    share = (x - low) / (high - low)
+    return [(low, 1 - share), (high, share)]
+
+
+def le_matcher(bound: float) -> str:
+    """PromQL matcher of the bucket at `bound`, a regex: Prometheus 2 keeps `le` as the exporter writes it
+    ("1.0"), a scrape in another format or Prometheus 3's normalisation may spell it "1"."""
+    if bound == int(bound):
+        return f'le=~"{int(bound)}|{int(bound)}.0"'
+    return f'le=~"{bound:g}"'
+
+
+class Histogram:
+    """Fixed buckets, counts per bucket (cumulated when read)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        out, running = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts):
+            running += n
+            out.append((bound, running))
+        return out
+
+
+class _Marks:
+    """Marks on a ring of positions with counts over ranges in O(log n) (a Fenwick tree)."""
+
+    __slots__ = ("size", "_tree", "_marked")
+
+    def __init__(self, size: int):
+        self.size = size
+        self._tree = [0] * (size + 1)
+        self._marked = bytearray(size)
+
+    def set(self, position: int, marked: bool) -> None:
+        slot = position % self.size
+        if self._marked[slot] == marked:
+            return
+        self._marked[slot] = marked
+        delta, index, tree = (1 if marked else -1), slot + 1, self._tree
+        while index <= self.size:
+            tree[index] += delta
+            index += index & -index
+
+    def _prefix(self, slot: int) -> int:  # marks in slots 0..slot-1
+        total, tree = 0, self._tree
+        while slot:
+            total += tree[slot]
+            slot -= slot & -slot
+        return total
+
+    def count(self, first: int, last: int) -> int:
+        """Marks at positions first..last (inclusive, fewer than `size` apart)."""
+        low, high = first % self.size, last % self.size
+        if low <= high:
+            return self._prefix(high + 1) - self._prefix(low)
+        return self._prefix(self.size) - self._prefix(low) + self._prefix(high + 1)
+
+
+class PoolState:
+    """Resident blocks, the ghost list of evicted ones and the counters derived from them."""
+
+    def __init__(self, capacity: int | None = None):
+        self.capacity: int | None = None
+        self.stored = 0  # blocks stored (kvcache_events_blocks_stored_total)
+        self.evicted = 0  # blocks evicted; also the next eviction's ordinal
+        self.capacity_misses = 0
+        self.ignored: dict[str, int] = {"other_medium": 0, "other_group": 0}
+        self.distance = Histogram(DISTANCE_BUCKETS)
+        self.residency = Histogram(RESIDENCY_BUCKETS)
+        self.reset()
+        self.set_capacity(capacity)
+
+    def reset(self) -> None:
+        """Forget every block (a clear, or a publisher restart: hashes of another epoch mean nothing)."""
+        # hash -> store time (of its first copy); duplicates (the same content in two physical blocks) in _copies
+        self.resident: dict[int, float] = {}
+        self._copies: dict[int, int] = {}
+        # The ghost list: hash -> its position in the order of evictions (the last copy's), and the hashes
+        # in that order (the oldest at `_ghost_end - len`). Under LRU the evicted blocks lie below the pool
+        # in the order they left it; a position whose block came back since is marked in `_restored`.
+        self.ghost: dict[int, int] = {}
+        self._ghost_keys: deque[int] = deque()
+        self._ghost_end = 0
+        self._ghost_limit = GHOST_FACTOR * (self.capacity or DEFAULT_CAPACITY)
+        self._restored = _Marks(self._ghost_limit)
+
+    def set_capacity(self, capacity: int | None) -> None:
+        if capacity is None or capacity <= 0 or int(capacity) == self.capacity:
+            return
+        self.capacity = int(capacity)
+        self._ghost_limit = GHOST_FACTOR * self.capacity
+        self._trim_ghost()
+        self._restored = _Marks(self._ghost_limit)  # the same marks, on a ring of the new size
+        start = self._ghost_end - len(self._ghost_keys)
+        for position, key in enumerate(self._ghost_keys, start):
+            if self.ghost.get(key) != position:
+                self._restored.set(position, True)
+
+    def apply(self, ts: float, events: list[BlockEvent]) -> None:
+        for event in events:
+            if event.kind == CLEARED:
+                self.reset()
+                continue
+            if event.medium not in GPU_MEDIA:
+                self.ignored["other_medium"] += len(event.hashes)
+                continue
+            if event.group_idx:  # hybrid models: only group 0 (full attention) is the pool we size
+                self.ignored["other_group"] += len(event.hashes)
+                continue
+            if event.kind == STORED:
+                self._store(ts, event.hashes)
+            elif event.kind == REMOVED:
+                self._remove(ts, event.hashes)
+
+    def _store(self, ts: float, hashes: list[int]) -> None:
+        resident, ghost = self.resident, self.ghost
+        self.stored += len(hashes)
+        for key in hashes:
+            if key in resident:
+                self._copies[key] = self._copies.get(key, 1) + 1
+                continue
+            resident[key] = ts
+            position = ghost.pop(key, None)
+            if position is not None:
+                self.capacity_misses += 1
+                if self.capacity:
+                    self.distance.observe(self._depth(position) / self.capacity)
+                self._restored.set(position, True)
+
+    def _depth(self, position: int) -> int:
+        """How far below the pool's last block a ghost lies under LRU: the evictions after its own whose
+        blocks have not come back since (a block that came back was stored above it, not below)."""
+        first, last = position + 1, self._ghost_end - 1
+        if first > last:
+            return 0
+        return last - first + 1 - self._restored.count(first, last)
+
+    def _remove(self, ts: float, hashes: list[int]) -> None:
+        resident, copies = self.resident, self._copies
+        for key in hashes:
+            self.evicted += 1
+            count = copies.get(key)
+            if count is not None:  # another physical copy stays resident
+                if count > 2:
+                    copies[key] = count - 1
+                else:
+                    del copies[key]
+                continue
+            stored_at = resident.pop(key, None)
+            if stored_at is not None:  # else stored before the stream was joined: residency unknown
+                self.residency.observe(max(0.0, ts - stored_at))
+            position = self.ghost[key] = self._ghost_end
+            self._ghost_end = position + 1
+            self._restored.set(position, False)  # the slot of the entry the trim below drops
+            self._ghost_keys.append(key)
+        self._trim_ghost()
+
+    def _trim_ghost(self) -> None:
+        keys, ghost = self._ghost_keys, self.ghost
+        while len(keys) > self._ghost_limit:
+            position = self._ghost_end - len(keys)
+            oldest = keys.popleft()
+            if ghost.get(oldest) == position:  # not re-stored (and evicted again) since
+                del ghost[oldest]

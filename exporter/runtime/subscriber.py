@@ -1,0 +1,297 @@
+"""Subscribes to the targets' KV event streams (`kv_events:`) in the exporter's one event loop.
+
+One ZMQ SUB socket per target and DP rank (zmq.asyncio: no thread per stream). Two tasks per stream:
+the reader moves messages from the socket into a bounded queue (a full queue drops the message and
+counts it, reason `overflow`) and the tracker decodes them and folds them into the pool's state.
+Both hand the loop back after a bounded burst of messages, so a flooding engine loses its own
+messages (counted), never delays the polls of /metrics or a scrape.
+
+Sequence numbers: a jump forward is a gap, asked back from the replay endpoint when there is one
+(what does not come back is counted, reason `gap`); a step back is a publisher restart: the pool's
+state is dropped, as the new process's blocks share nothing with the old one's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+
+import zmq
+import zmq.asyncio
+
+from .. import contract
+from ..blocks import PoolState
+from ..config import KVEventsConfig
+from ..exposition import P, Prefixes, TargetText, label_text, line
+from ..sources.kvevents import END_SEQ, DecodeError, decode_payload, parse_seq
+
+log = logging.getLogger(__name__)
+BURST = 256  # messages the tracker handles before the loop gets a turn
+# Messages the reader moves per turn: more than the tracker handles, so that a stream faster than the
+# tracker fills (and overflows) the exporter's queue, where it is counted, instead of backing up in
+# libzmq's buffers as lag nobody sees.
+READ_BURST = 4 * BURST
+QUEUE_MESSAGES = 10_000  # between the socket and the tracker, per stream
+QUEUE_BYTES = 64 * 1024 * 1024
+REPLAY_MAX = 10_000  # the engines' default replay buffer (buffer_steps): a longer gap is not asked for
+REPLAY_TIMEOUT = 2.0  # seconds for a whole replay
+RECEIVE_HWM = 10_000  # messages libzmq buffers for the reader
+
+
+class EventStream:
+    """One engine's stream for one DP rank, and the pool state it drives."""
+
+    def __init__(self, target, rank: int, endpoint: str, replay_endpoint: str | None, config: KVEventsConfig):
+        self.target = target  # exporter Target: its labels, engine, model and polled capacity
+        self.rank = rank
+        self.endpoint, self.replay_endpoint, self.config = endpoint, replay_endpoint, config
+        self.pool = PoolState()
+        self.messages = 0
+        self.dropped = dict.fromkeys(contract.EVENT_DROP_REASONS, 0)
+        self.ignored = dict.fromkeys(contract.EVENT_IGNORED_REASONS, 0)
+        self.restarts = 0
+        self.last_message: float | None = None
+        self.last_seq: int | None = None
+        self._queue: deque[list[bytes]] = deque()
+        self._queued_bytes = 0
+        self._overflow_unseen = 0  # overflowed messages the tracker has not yet met as a gap
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._socket: zmq.asyncio.Socket | None = None
+        self._context: zmq.asyncio.Context | None = None
+        self._prefixes = Prefixes()
+
+    def start(self, context: zmq.asyncio.Context) -> None:
+        self._context = context
+        socket = self._socket = context.socket(zmq.SUB)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        # A frame above twice the limit is refused by libzmq, which then drops the connection for good (a
+        # protocol error): _rejoin connects again and the lost sequence numbers show as a gap. Between the
+        # limit and that, the message is refused here and counted as `decode`.
+        socket.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.max_message_bytes)
+        socket.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
+        monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        socket.connect(self.endpoint)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._read()), loop.create_task(self._track()),
+                       loop.create_task(self._rejoin(monitor))]
+        for task in self._tasks:
+            task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("kv events of %s rank %d: %s stopped", self.target.name, self.rank, task.get_coro().__name__,
+                      exc_info=task.exception())
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._socket is not None:
+            self._socket.disable_monitor()
+            self._socket.close(linger=0)
+
+    async def _rejoin(self, monitor: zmq.asyncio.Socket) -> None:
+        """Connect again after every disconnection: libzmq itself does after a network error, never after
+        a protocol error (an oversized frame)."""
+        try:
+            while True:
+                await monitor.recv_multipart()
+                log.info("kv events of %s rank %d: disconnected from %s, connecting again", self.target.name,
+                         self.rank, self.endpoint)
+                try:
+                    self._socket.disconnect(self.endpoint)
+                except zmq.ZMQError:  # libzmq already let go of the endpoint
+                    pass
+                self._socket.connect(self.endpoint)
+        finally:
+            monitor.close(linger=0)
+
+    async def _read(self) -> None:
+        socket = self._socket
+        while True:
+            self._enqueue(await socket.recv_multipart())
+            for _ in range(READ_BURST - 1):
+                try:  # what else is waiting, without a wait
+                    frames = await socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._enqueue(frames)
+            await asyncio.sleep(0)
+
+    def _enqueue(self, frames: list[bytes]) -> None:
+        size = sum(len(frame) for frame in frames)
+        if len(self._queue) >= QUEUE_MESSAGES or self._queued_bytes + size > QUEUE_BYTES:
+            self.dropped["overflow"] += 1
+            self._overflow_unseen += 1
+            return
+        self._queue.append(frames)
+        self._queued_bytes += size
+        self._wake.set()
+
+    async def _track(self) -> None:
+        queue = self._queue
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            self.pool.set_capacity(self._capacity())
+            handled = 0
+            while queue:
+                frames = queue.popleft()
+                self._queued_bytes -= sum(len(frame) for frame in frames)
+                try:
+                    await self._handle(frames)
+                except Exception:  # a tracker bug costs one message, never the stream
+                    log.exception("kv events of %s rank %d: unexpected error", self.target.name, self.rank)
+                    self.dropped["decode"] += 1
+                handled += 1
+                if handled % BURST == 0:
+                    await asyncio.sleep(0)
+
+    async def _handle(self, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.dropped["decode"] += 1
+            return
+        seq = parse_seq(frames[1])
+        last = self.last_seq
+        if last is not None:
+            if seq <= last:
+                log.info("kv events of %s rank %d: sequence went back (%d after %d), publisher restarted",
+                         self.target.name, self.rank, seq, last)
+                self.restarts += 1
+                self.pool.reset()
+            elif seq > last + 1:
+                await self._fill_gap(last + 1, seq)
+        self.last_seq = seq
+        self._process(seq, frames[2])
+
+    def _process(self, seq: int, payload: bytes) -> None:
+        try:
+            batch = decode_payload(seq, payload, self.config.max_message_bytes)
+        except DecodeError as err:
+            self.dropped["decode"] += 1
+            log.debug("kv events of %s rank %d: message %d refused: %s", self.target.name, self.rank, seq, err)
+            return
+        self.messages += 1
+        self.last_message = time.time()
+        self.ignored["unknown_type"] += batch.unknown_types
+        self.ignored["unknown_field"] += batch.unknown_fields
+        self.pool.apply(batch.ts, batch.events)
+
+    async def _fill_gap(self, first: int, stop: int) -> None:
+        """Messages first..stop-1 never arrived: ask the replay endpoint for them, count the rest."""
+        missing = stop - first
+        overflowed = min(missing, self._overflow_unseen)
+        self._overflow_unseen -= overflowed
+        recovered = 0
+        # Messages our own queue dropped are not asked back: the stream is flooding already.
+        if self.replay_endpoint and overflowed < missing <= REPLAY_MAX:
+            recovered = await self._replay(first, stop)
+        self.dropped["gap"] += max(0, missing - overflowed - recovered)
+
+    async def _replay(self, first: int, stop: int) -> int:
+        """Replay first..stop-1 (vLLM's and SGLang's ROUTER protocol); the number handled."""
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.max_message_bytes)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REPLAY_TIMEOUT
+        handled, expected = 0, first
+        try:
+            socket.connect(self.replay_endpoint)
+            await socket.send_multipart([b"", first.to_bytes(8, "big")])
+            while (remaining := deadline - loop.time()) > 0:
+                if not await socket.poll(remaining * 1000):
+                    break
+                frames = await socket.recv_multipart()
+                if frames and frames[0] == b"":
+                    frames = frames[1:]
+                # [seq, payload] (SGLang, vLLM before 0.26) or [topic, seq, payload]
+                if len(frames) not in (2, 3) or len(frames[-2]) != 8:
+                    break
+                seq = parse_seq(frames[-2])
+                if seq == END_SEQ or seq >= stop:
+                    break
+                if seq == expected:
+                    self._process(seq, frames[-1])
+                    handled += 1
+                    expected += 1
+                if handled % BURST == 0:
+                    await asyncio.sleep(0)
+        except zmq.ZMQError as err:
+            log.warning("kv events of %s rank %d: replay from %s failed: %s", self.target.name, self.rank,
+                        self.replay_endpoint, err)
+        finally:
+            socket.close(linger=0)
+        if handled < stop - first:
+            log.info("kv events of %s rank %d: replay returned %d of %d missing batches", self.target.name,
+                     self.rank, handled, stop - first)
+        return handled
+
+    def _capacity(self) -> float | None:
+        rank = self.target.outcome.ranks.get(str(self.rank))
+        return rank.gauges.get("capacity_blocks") if rank is not None else None
+
+    def render(self) -> TargetText:
+        target, outcome = self.target, self.target.outcome
+        self.pool.set_capacity(self._capacity())
+        labels = label_text({"target": target.name, "engine": outcome.engine, "model": outcome.model,
+                             "dp_rank": str(self.rank), **target.labels})
+        pool = self.pool
+        values = {"events_blocks_stored_total": pool.stored, "events_blocks_evicted_total": pool.evicted,
+                  "capacity_miss_blocks_total": pool.capacity_misses, "events_messages_total": self.messages,
+                  "events_publisher_restarts_total": self.restarts}
+        if self.last_message is not None:
+            values["events_last_message_timestamp_seconds"] = self.last_message
+        text = {name: line(P + name, labels, float(value)) for name, value in values.items()}
+        ignored = {**self.ignored, **pool.ignored}
+        for name, counts in (("events_dropped_total", self.dropped), ("events_ignored_total", ignored)):
+            text[name] = "".join(line(P + name, f'{labels},reason="{reason}"', float(count))
+                                 for reason, count in counts.items())
+        for name, histogram in (("capacity_miss_distance_ratio", pool.distance),
+                                ("block_residency_seconds", pool.residency)):
+            buckets = histogram.cumulative()
+            bounds = tuple(bound for bound, _ in buckets)
+            text[name] = self._prefixes.histogram(name, labels, bounds) % (
+                *(float(count) for _, count in buckets), float(buckets[-1][1]), float(histogram.sum))
+        return TargetText({name: chunk.encode() for name, chunk in text.items()})
+
+
+class Subscribers:
+    """Every configured target's streams; lives in the poll loop (all methods run there)."""
+
+    def __init__(self) -> None:
+        self.streams: dict[tuple, EventStream] = {}
+        self._context: zmq.asyncio.Context | None = None
+
+    async def replace(self, targets) -> None:
+        """Subscribe to these targets' streams; a stream whose target and settings stay keeps its state."""
+        if self._context is None:
+            self._context = zmq.asyncio.Context()
+        wanted = {}
+        for target in targets:
+            events = target.config.kv_events
+            for rank, endpoint, replay in (events.endpoints() if events else ()):
+                wanted[(target.name, rank, endpoint, replay, events)] = (target, rank, endpoint, replay, events)
+        for key in [key for key in self.streams if key not in wanted]:
+            await self.streams.pop(key).close()
+        for key, (target, rank, endpoint, replay, events) in wanted.items():
+            stream = self.streams.get(key)
+            if stream is None:
+                stream = self.streams[key] = EventStream(target, rank, endpoint, replay, events)
+                stream.start(self._context)
+            stream.target = target
+
+    async def close(self) -> None:
+        for stream in self.streams.values():
+            await stream.close()
+        self.streams = {}
+        if self._context is not None:
+            self._context.destroy(linger=0)
+            self._context = None
+
+    def render(self) -> list[TargetText]:
+        return [stream.render() for stream in self.streams.values()]

@@ -1,0 +1,159 @@
+"""Decodes the KV-cache event streams vLLM and SGLang publish over ZMQ PUB into block events.
+
+A message is three frames, `[topic, seq, payload]`: `seq` an 8-byte big-endian counter that starts at
+0 per publisher process, `payload` a msgpack batch written by msgspec. Every shape seen in the field
+is accepted (docs/kv-events.md names the engine versions):
+
+- batch: a positional array `[ts, events, dp_rank?]` (every engine so far), or a map
+  `{ts, events, data_parallel_rank | attn_dp_rank}`;
+- event: a tagged array `["BlockStored", block_hashes, parent, token_ids, block_size, lora_id, medium,
+  ...]` (msgspec `array_like=True`: vLLM before its switch to maps, SGLang before #37482) or a tagged
+  map `{"type": "BlockStored", "block_hashes": [...], "medium": "GPU", ...}` (later versions);
+- block hash: an unsigned or signed 64-bit int, or the digest's bytes; all become one unsigned 64-bit
+  key (vLLM's int form is the digest's last 8 bytes read big-endian, so a digest folds to the same key).
+
+Nothing here knows about pools: exporter.blocks folds the events into pool state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgpack
+
+MASK64 = (1 << 64) - 1
+STORED, REMOVED, CLEARED = "BlockStored", "BlockRemoved", "AllBlocksCleared"
+# Positions of the fields the tracker reads in the array form of each event (index 0 is the tag).
+_ARRAY_MEDIUM = {STORED: 6, REMOVED: 2}
+_ARRAY_GROUP = {STORED: 9, REMOVED: 3}
+_ARRAY_FIELDS = {STORED: 12, REMOVED: 4, CLEARED: 1}  # the longest array of each seen (vLLM, 2026)
+# Map keys known per event type: vLLM's and SGLang's fields, newest versions included.
+_KNOWN_KEYS = {
+    STORED: frozenset({"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                       "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
+                       "event_version", "locality", "ownership", "cache_salt", "session_id", "metadata"}),
+    REMOVED: frozenset({"type", "block_hashes", "medium", "group_idx", "locality", "ownership"}),
+    CLEARED: frozenset({"type"}),
+}
+END_SEQ = MASK64  # the replay stream's last reply carries seq -1 as 8 bytes
+
+
+class DecodeError(Exception):
+    """A message that is not a KV event batch; the reason is for the log, never for a label."""
+
+
+@dataclass(slots=True)
+class BlockEvent:
+    kind: str  # STORED, REMOVED or CLEARED
+    hashes: list[int]  # unsigned 64-bit keys; empty for CLEARED
+    medium: str | None = None  # None where the engine sends none (the GPU pool)
+    group_idx: int | None = None  # KV cache group of hybrid models (vLLM); None for the one group
+
+
+@dataclass(slots=True)
+class Batch:
+    seq: int
+    ts: float  # the engine's wall clock when it published the batch (unix seconds)
+    dp_rank: int | None
+    events: list[BlockEvent]
+    unknown_types: int = 0  # events of a type this decoder does not know: skipped
+    unknown_fields: int = 0  # events carrying fields this decoder does not know: decoded, the fields skipped
+
+
+def parse_seq(frame: bytes) -> int:
+    if len(frame) != 8:
+        raise DecodeError(f"sequence frame of {len(frame)} bytes, expected 8")
+    return int.from_bytes(frame, "big")
+
+
+def decode_message(frames: list[bytes], max_bytes: int) -> Batch:
+    """A PUB message `[topic, seq, payload]` as a Batch; raises DecodeError."""
+    if len(frames) != 3:
+        raise DecodeError(f"{len(frames)} frames, expected 3 (topic, sequence, payload)")
+    _, seq_frame, payload = frames
+    return decode_payload(parse_seq(seq_frame), payload, max_bytes)
+
+
+def decode_payload(seq: int, payload: bytes, max_bytes: int) -> Batch:
+    if len(payload) > max_bytes:
+        raise DecodeError(f"payload of {len(payload)} bytes, above the limit of {max_bytes}")
+    try:
+        batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as err:  # msgpack raises several types (ExtraData, FormatError, ValueError, ...)
+        raise DecodeError(f"not msgpack: {err}") from None
+    if isinstance(batch, list) and len(batch) >= 2:
+        ts, raw_events = batch[0], batch[1]
+        dp_rank = batch[2] if len(batch) > 2 else None
+    elif isinstance(batch, dict):
+        ts, raw_events = batch.get("ts"), batch.get("events")
+        dp_rank = batch.get("data_parallel_rank", batch.get("attn_dp_rank"))
+    else:
+        raise DecodeError("batch is neither [ts, events, dp_rank?] nor a map")
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not isinstance(raw_events, list):
+        raise DecodeError("batch without a numeric ts and a list of events")
+    if dp_rank is not None and (not isinstance(dp_rank, int) or isinstance(dp_rank, bool)):
+        raise DecodeError(f"dp_rank {dp_rank!r} is not an integer")
+    out = Batch(seq, float(ts), dp_rank, [])
+    try:
+        _decode_events(raw_events, out)
+    except (TypeError, AttributeError):  # an unhashable tag, a map where a list belongs, ...
+        raise DecodeError("an event of the wrong shape") from None
+    return out
+
+
+def _decode_events(raw_events: list, out: Batch) -> None:
+    append = out.events.append
+    for raw in raw_events:
+        if isinstance(raw, list) and raw:
+            kind = raw[0]
+            if kind not in _ARRAY_FIELDS:
+                out.unknown_types += 1
+                continue
+            if kind == CLEARED:
+                append(BlockEvent(CLEARED, []))
+                if len(raw) > 1:
+                    out.unknown_fields += 1
+                continue
+            if len(raw) < 2:
+                raise DecodeError(f"{kind} without block_hashes")
+            medium_at, group_at = _ARRAY_MEDIUM[kind], _ARRAY_GROUP[kind]
+            medium = raw[medium_at] if len(raw) > medium_at else None
+            group = raw[group_at] if len(raw) > group_at else None
+            if len(raw) > _ARRAY_FIELDS[kind]:
+                out.unknown_fields += 1
+            hashes = raw[1]
+        elif isinstance(raw, dict):
+            kind = raw.get("type")
+            known = _KNOWN_KEYS.get(kind)
+            if known is None:
+                out.unknown_types += 1
+                continue
+            if not raw.keys() <= known:
+                out.unknown_fields += 1
+            if kind == CLEARED:
+                append(BlockEvent(CLEARED, []))
+                continue
+            hashes, medium, group = raw.get("block_hashes"), raw.get("medium"), raw.get("group_idx")
+        else:
+            raise DecodeError(f"event is neither a tagged array nor a tagged map: {type(raw).__name__}")
+        if medium is not None and not isinstance(medium, str):
+            raise DecodeError(f"{kind} medium {medium!r} is not a string")
+        if group is not None and (not isinstance(group, int) or isinstance(group, bool)):
+            raise DecodeError(f"{kind} group_idx {group!r} is not an integer")
+        append(BlockEvent(kind, normalise_hashes(hashes), medium, group))
+
+
+def normalise_hashes(hashes) -> list[int]:
+    """Block hashes as unsigned 64-bit keys: ints masked (a signed -1 is 2**64-1), bytes by their last 8."""
+    if not isinstance(hashes, list):
+        raise DecodeError(f"block_hashes is {type(hashes).__name__}, not a list")
+    try:
+        return [h & MASK64 if h.__class__ is int else _fold(h) for h in hashes]
+    except TypeError:
+        raise DecodeError("a block hash is neither an integer nor bytes") from None
+
+
+def _fold(value) -> int:
+    if isinstance(value, bytes) and value:
+        return int.from_bytes(value[-8:], "big")
+    raise TypeError(value)

@@ -1,0 +1,113 @@
+"""Simulated engines publish their prefix cache's KV events (vLLM's unsigned hashes, SGLang's signed) and
+the exporter process, subscribed, shows the pools' stores, evictions and capacity misses."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+import zmq
+
+from exporter.blocks import PoolState
+from exporter.sources.kvevents import CLEARED, decode_message
+
+from simulator.server import start_engine
+from tests import harness
+from tests.harness import scrape, value
+
+SPEED = 40.0
+
+
+def test_simulated_engines_streams_reach_the_exporter(tmp_path):
+    endpoints = [f"tcp://127.0.0.1:{harness.free_port()}" for _ in range(2)]
+    engines = [start_engine("vllm-v1", "kv-saturation", speed=SPEED, seed=0, kv_events_endpoint=endpoints[0]),
+               start_engine("sglang", "prefix-collapse", speed=SPEED, seed=1, kv_events_endpoint=endpoints[1])]
+    try:
+        targets = [{"name": name, "url": engine.url, "kv_events": {"endpoint": endpoint}}
+                   for name, engine, endpoint in zip(("vllm", "sglang"), engines, endpoints)]
+        config = tmp_path / "exporter.yml"
+        config.write_text(yaml.safe_dump({"poll_interval": "0.5s", "targets": targets}))
+        with harness.exporter(tmp_path, "--config", str(config)) as exporter:
+            def misses():
+                samples = scrape(exporter.url)
+                found = {name: value(samples, "kvcache_capacity_miss_blocks_total", target=name)
+                         for name in ("vllm", "sglang")}
+                return samples if all(found.values()) else None
+
+            # kv-saturation overflows the pool from ~100 simulated s, prefix-collapse evicts its shared
+            # prefixes once 10 % of the prompts use them (300 s): 10 wall seconds at 40x.
+            samples = harness.wait_until(misses, 30, interval=0.5, what="capacity misses in both pools")
+            for name, engine in zip(("vllm", "sglang"), engines):
+                labels = dict(target=name, engine=name, model=engine.model_name, dp_rank="0")
+                stored = value(samples, "kvcache_events_blocks_stored_total", **labels)
+                evicted = value(samples, "kvcache_events_blocks_evicted_total", **labels)
+                # The pool holds at most its capacity: what was stored and not evicted fits in it
+                # (the exporter joined after the engine started: it may have missed stores, never evictions
+                # of blocks it did not see, which it counts too).
+                assert 0 < evicted and stored - evicted <= engine.scenario.engine.num_blocks
+                for reason in ("gap", "decode", "overflow"):
+                    assert value(samples, "kvcache_events_dropped_total", reason=reason, **labels) == 0
+                for reason in ("unknown_type", "unknown_field", "other_medium", "other_group"):
+                    assert value(samples, "kvcache_events_ignored_total", reason=reason, **labels) == 0
+                assert value(samples, "kvcache_capacity_miss_distance_ratio_count", **labels) == value(
+                    samples, "kvcache_capacity_miss_blocks_total", **labels)
+                assert value(samples, "kvcache_block_residency_seconds_count", **labels) > 0
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+def test_a_simulated_restart_publishes_a_clear(tmp_path):
+    endpoint = f"tcp://127.0.0.1:{harness.free_port()}"
+    engine = start_engine("vllm-v1", "restart", speed=SPEED, seed=0, kv_events_endpoint=endpoint)
+    context = zmq.Context()
+    socket = context.socket(zmq.SUB)
+    socket.setsockopt(zmq.SUBSCRIBE, b"")
+    socket.connect(endpoint)
+    try:
+        pool = PoolState(capacity=engine.scenario.engine.num_blocks)
+        deadline = time.monotonic() + 20  # the restart comes at 180 simulated seconds: 4.5 wall seconds
+        cleared_at = None
+        while cleared_at is None and time.monotonic() < deadline:
+            if not socket.poll(500):
+                continue
+            batch = decode_message(socket.recv_multipart(), 1 << 24)
+            if any(event.kind == CLEARED for event in batch.events):
+                cleared_at = batch.ts
+            pool.apply(batch.ts, batch.events)
+        assert cleared_at is not None and engine.restarts >= 1
+        # Stamped with the restart's simulated time (180 s) after the engine's start (created_unix of the
+        # new generation is that start plus 180 s / speed, in wall time).
+        started = engine.state().created_unix - 180 / SPEED
+        assert cleared_at == pytest.approx(started + 180, abs=1e-3)
+        assert pool.resident == {} and pool.ghost == {}
+    finally:
+        socket.close(linger=0)
+        context.term()
+        engine.stop()
+
+
+def test_one_stream_per_dp_rank_on_port_plus_rank(tmp_path):
+    base = harness.free_port()
+    while True:  # the simulator binds base and base + 1
+        try:
+            endpoint = f"tcp://127.0.0.1:{base}"
+            engine = start_engine("vllm-v1", "kv-saturation", speed=SPEED, seed=3, dp=2, kv_events_endpoint=endpoint)
+            break
+        except zmq.ZMQError:
+            base = harness.free_port()
+    try:
+        config = tmp_path / "exporter.yml"
+        config.write_text(yaml.safe_dump({"poll_interval": "0.5s", "targets": [
+            {"name": "vllm", "url": engine.url, "kv_events": {"endpoint": endpoint, "dp_ranks": 2}}]}))
+        with harness.exporter(tmp_path, "--config", str(config)) as exporter:
+            def both_ranks():
+                samples = scrape(exporter.url)
+                stored = {rank: value(samples, "kvcache_events_blocks_stored_total", target="vllm", dp_rank=rank)
+                          for rank in ("0", "1")}
+                return stored if all(stored.values()) else None
+
+            harness.wait_until(both_ranks, 20, interval=0.5, what="stores on both ranks' streams")
+    finally:
+        engine.stop()

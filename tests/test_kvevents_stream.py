@@ -1,0 +1,219 @@
+"""The exporter process subscribed to real ZMQ PUB sockets: pool series with the target's labels, gaps
+(replayed or counted), restarts, clears, malformed and oversized messages, and a flooding engine that
+neither crashes the exporter nor delays the polling of another target."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import msgpack
+import yaml
+
+from tests import harness
+from tests import kvevents_wire as wire
+from tests.harness import scrape, series, value
+from tests.kvevents_publisher import Publisher
+from tests.pageserver import PageServer, page
+
+CAPACITY = 1000  # num_gpu_blocks 1001 minus vLLM's null block
+PAGE = f"""# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} 0.5
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="m"}} 4.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",engine="0",num_gpu_blocks="{CAPACITY + 1}"}} 1.0
+"""
+INTERVAL = 0.5
+MAX_MESSAGE = 64 * 1024
+ENC = "vllm-map"
+
+
+def batch(*events, ts: float = 1000.0) -> bytes:
+    return wire.batch(ENC, ts, list(events))
+
+
+def counters(exporter, target: str = "engine") -> dict[str, float]:
+    samples = scrape(exporter.url)
+    out = {}
+    for name in ("events_blocks_stored_total", "events_blocks_evicted_total", "capacity_miss_blocks_total",
+                 "events_messages_total", "events_publisher_restarts_total"):
+        out[name] = value(samples, "kvcache_" + name, target=target)
+    for reason in ("gap", "decode", "overflow"):
+        out[reason] = value(samples, "kvcache_events_dropped_total", target=target, reason=reason)
+    return out
+
+
+def settle(exporter, what: str, predicate, timeout: float = 10.0) -> dict[str, float]:
+    return harness.wait_until(lambda: (lambda c: c if predicate(c) else None)(counters(exporter)), timeout,
+                              interval=0.1, what=what)
+
+
+def join(publisher: Publisher, exporter) -> dict[str, float]:
+    """Send empty batches until the exporter's SUB socket has joined (ZMQ loses what a PUB sends before)."""
+    for _ in range(200):
+        publisher.send(batch())
+        time.sleep(0.05)
+        if counters(exporter)["events_messages_total"] >= 1:
+            time.sleep(0.3)  # let the last ones in flight arrive
+            return counters(exporter)
+    raise TimeoutError("the exporter never received a message")
+
+
+def start(tmp_path, pub_port, replay_port=None, extra_targets=()):
+    events = {"endpoint": f"tcp://127.0.0.1:{pub_port}", "max_message_bytes": MAX_MESSAGE}
+    if replay_port:
+        events["replay_endpoint"] = f"tcp://127.0.0.1:{replay_port}"
+    server = PageServer({"/metrics": page(PAGE)})
+    targets = [{"name": "engine", "url": server.url("/metrics"), "labels": {"zone": "a"}, "kv_events": events},
+               *extra_targets]
+    config = tmp_path / "exporter.yml"
+    config.write_text(yaml.safe_dump({"poll_interval": f"{INTERVAL}s", "staleness": "3s", "targets": targets}))
+    return server, harness.exporter(tmp_path, "--config", str(config))
+
+
+def test_pool_series_gaps_replay_restart_and_clear(tmp_path):
+    pub_port, replay_port = harness.free_port(), harness.free_port()
+    server, exporter_context = start(tmp_path, pub_port, replay_port)
+    with server, Publisher(pub_port, replay_port) as publisher, exporter_context as exporter:
+        harness.wait_until(lambda: harness.http_get(exporter.url + "/ready")[0] == 200, 10, what="ready")
+        base = join(publisher, exporter)
+        assert base["gap"] == base["decode"] == base["overflow"] == 0
+
+        publisher.send(batch(wire.stored(ENC, list(range(1, 11))), ts=1000.0))
+        publisher.send(batch(wire.removed(ENC, [1]), ts=1030.0))
+        publisher.send(batch(wire.removed(ENC, [2, 3, 4, 5]), ts=1100.0))
+        publisher.send(batch(wire.stored(ENC, [1]), ts=1101.0))  # 4 evictions after 1's: distance 4/1000
+        got = settle(exporter, "the first batches", lambda c: c["capacity_miss_blocks_total"] == 1)
+        assert (got["events_blocks_stored_total"], got["events_blocks_evicted_total"]) == (11, 5)
+        samples = scrape(exporter.url)
+        labels = dict(target="engine", engine="vllm", model="m", dp_rank="0", zone="a")
+        assert value(samples, "kvcache_capacity_miss_distance_ratio_bucket", le="0.1", **labels) == 1
+        assert value(samples, "kvcache_capacity_miss_distance_ratio_sum", **labels) == 4 / CAPACITY
+        # residency: block 1 lived 30 s, blocks 2..5 100 s
+        assert value(samples, "kvcache_block_residency_seconds_bucket", le="30.0", **labels) == 1
+        assert value(samples, "kvcache_block_residency_seconds_bucket", le="120.0", **labels) == 5
+        assert value(samples, "kvcache_block_residency_seconds_sum", **labels) == 30 + 4 * 100
+        assert time.time() - value(samples, "kvcache_events_last_message_timestamp_seconds", **labels) < 10
+
+        # A batch the subscriber never got but the replay buffer holds: asked back, applied, no gap.
+        publisher.send(batch(wire.stored(ENC, [500, 501])), publish=False)
+        publisher.send(batch(wire.removed(ENC, [500])))
+        got = settle(exporter, "the replayed batch", lambda c: c["events_blocks_evicted_total"] == 6)
+        assert got["events_blocks_stored_total"] == 13 and got["gap"] == 0 and publisher.replays == 1
+        # Two batches beyond the replay buffer (sent nowhere at all): a gap of 2.
+        publisher.seq += 2
+        publisher.send(batch(wire.removed(ENC, [501])))
+        got = settle(exporter, "the gap", lambda c: c["events_blocks_evicted_total"] == 7)
+        assert got["gap"] == 2
+
+        # The engine restarts: sequence 0 again. Its hashes are a new key space: 6..10 were resident,
+        # and re-storing 2 (in the ghost list before) is no capacity miss in the new epoch.
+        publisher.send(batch(wire.stored(ENC, [2])), seq=0)
+        got = settle(exporter, "the restart", lambda c: c["events_publisher_restarts_total"] == 1)
+        assert got["capacity_miss_blocks_total"] == 1 and got["gap"] == 2
+        # A clear forgets too: 2 evicted, cleared, stored again: no capacity miss.
+        publisher.send(batch(wire.removed(ENC, [2]), wire.cleared(ENC), wire.stored(ENC, [2])))
+        got = settle(exporter, "the clear", lambda c: c["events_blocks_stored_total"] == 15)
+        assert got["capacity_miss_blocks_total"] == 1
+
+
+def test_a_gap_is_replayed_from_a_two_frame_replay_endpoint(tmp_path):
+    # SGLang (and vLLM before 0.26) answer a replay with [seq, payload], without the topic frame.
+    pub_port, replay_port = harness.free_port(), harness.free_port()
+    server, exporter_context = start(tmp_path, pub_port, replay_port)
+    with server, Publisher(pub_port, replay_port, replay_topic=False) as publisher, exporter_context as exporter:
+        join(publisher, exporter)
+        publisher.send(batch(wire.stored(ENC, [1, 2, 3])), publish=False)
+        publisher.send(batch(wire.stored(ENC, [4])), publish=False)
+        publisher.send(batch(wire.removed(ENC, [1])))
+        got = settle(exporter, "the replayed batches", lambda c: c["events_blocks_evicted_total"] == 1)
+        assert got["events_blocks_stored_total"] == 4 and got["gap"] == 0 and publisher.replays == 1
+
+
+def test_a_reload_keeps_an_unchanged_stream_and_drops_a_removed_one(tmp_path):
+    pub_port = harness.free_port()
+    server, exporter_context = start(tmp_path, pub_port)
+    config = tmp_path / "exporter.yml"
+    with server, Publisher(pub_port) as publisher, exporter_context as exporter:
+        join(publisher, exporter)
+        publisher.send(batch(wire.stored(ENC, [1, 2])))
+        settle(exporter, "the stores", lambda c: c["events_blocks_stored_total"] == 2)
+        settings = yaml.safe_load(config.read_text())
+        settings["targets"][0]["labels"] = {"zone": "b"}  # the same stream, new labels: its state stays
+        config.write_text(yaml.safe_dump(settings))
+        exporter.signal(signal.SIGHUP)
+        harness.wait_until(lambda: series(scrape(exporter.url), "kvcache_events_blocks_stored_total", zone="b"),
+                           10, what="the relabelled stream")
+        assert value(scrape(exporter.url), "kvcache_events_blocks_stored_total", target="engine") == 2
+        del settings["targets"][0]["kv_events"]
+        config.write_text(yaml.safe_dump(settings))
+        exporter.signal(signal.SIGHUP)
+        harness.wait_until(lambda: not series(scrape(exporter.url), "kvcache_events_blocks_stored_total"), 10,
+                           what="the stream's series gone")
+        assert value(scrape(exporter.url), "kvcache_target_up", target="engine") == 1
+
+
+def test_malformed_and_oversized_messages_are_counted(tmp_path):
+    pub_port = harness.free_port()
+    server, exporter_context = start(tmp_path, pub_port)
+    with server, Publisher(pub_port) as publisher, exporter_context as exporter:
+        base = join(publisher, exporter)
+        bad = [b"\xc1", msgpack.packb({"no": "events"}), msgpack.packb([1.0, [["BlockStored", "x"]]]),
+               b"\x00" * (MAX_MESSAGE + 1)]
+        for payload in bad:
+            publisher.send(payload)
+        publisher.send_frames([b"", b"short"])  # neither counted as a sequence nor a gap
+        publisher.send(batch(wire.stored(ENC, [1])))
+        got = settle(exporter, "the bad messages", lambda c: c["events_blocks_stored_total"] == 1)
+        assert got["decode"] == base["decode"] + len(bad) + 1 and got["gap"] == 0
+        assert got["events_messages_total"] == base["events_messages_total"] + 1
+        # Far above the limit libzmq itself refuses the frame and drops the connection: the exporter
+        # lives on, reconnects, and the lost sequence numbers show as a gap.
+        publisher.send(b"\x00" * (4 * MAX_MESSAGE))
+        harness.wait_until(lambda: (publisher.send(batch(wire.stored(ENC, [2]))),
+                                    counters(exporter)["events_blocks_stored_total"] >= 2)[1], 15,
+                           interval=0.2, what="the stream after the oversized frame")
+        assert counters(exporter)["gap"] >= 1
+
+
+def test_a_flooding_stream_is_counted_and_leaves_other_targets_fresh(tmp_path):
+    pub_port = harness.free_port()
+    healthy = PageServer({"/metrics": page(PAGE)})
+    server, exporter_context = start(tmp_path, pub_port,
+                                     extra_targets=[{"name": "healthy", "url": healthy.url("/metrics")}])
+    with healthy, server, Publisher(pub_port) as publisher, exporter_context as exporter:
+        harness.wait_until(lambda: harness.http_get(exporter.url + "/ready")[0] == 200, 10, what="ready")
+        base = join(publisher, exporter)
+        first_seq = publisher.seq - int(sum(base[k] for k in ("events_messages_total", "gap", "decode", "overflow")))
+        payload = batch(wire.stored(ENC, list(range(64))), wire.removed(ENC, list(range(64))))
+        ages = []
+        deadline = time.monotonic() + 4.0
+        sent = 0
+        while time.monotonic() < deadline:
+            for _ in range(2000):
+                publisher.send(payload)
+            sent += 2000
+            if sent % 20000 == 0:
+                samples = scrape(exporter.url)
+                ages.append(time.time() - value(samples, "kvcache_target_last_success_timestamp_seconds",
+                                                target="healthy"))
+
+        def accounted():
+            # Every sequence number up to the last one sent is tracked, refused or counted lost. One more
+            # batch each time: while the flood drains, the publisher's own queue drops what it sends.
+            publisher.send(batch())
+            time.sleep(0.2)
+            c = counters(exporter)
+            seen = sum(c[k] for k in ("events_messages_total", "gap", "decode", "overflow"))
+            return c if seen == publisher.seq - first_seq else None
+
+        got = harness.wait_until(accounted, 30, interval=0.1, what="every published batch accounted for")
+        print(f"flood: {sent} batches sent, {got['events_messages_total'] - base['events_messages_total']:.0f} "
+              f"tracked, overflow {got['overflow']:.0f}, gap {got['gap']:.0f}; healthy target age max "
+              f"{max(ages):.2f}s over {len(ages)} scrapes")
+        assert got["decode"] == 0 and got["overflow"] + got["gap"] > 0
+        assert len(ages) >= 3 and max(ages) < 3 * INTERVAL
+        samples = scrape(exporter.url)
+        assert value(samples, "kvcache_target_up", target="healthy") == 1
+        assert series(samples, "kvcache_usage_ratio", target="healthy")
