@@ -29,6 +29,9 @@ RANK_GAUGES = {
     "used_bytes": "KV bytes held by live requests: used tokens x bytes per token.",
     "requests_running": "Requests in the running batch. " + _POLLED,
     "requests_waiting": "Requests queued, not yet scheduled. " + _POLLED,
+    "requests_paused": "Requests the engine paused mid-generation for lack of KV, now (TensorRT-LLM's in-flight "
+                       "batcher): a gauge of how many wait to resume, not a count of preemptions, so it never makes "
+                       "the state thrashing. " + _POLLED,
     "requests_waiting_for_capacity": "Queued requests waiting for KV or batch capacity (vLLM "
                                      "num_requests_waiting_by_reason{reason=\"capacity\"}, which also counts "
                                      "requests held back by the running-request cap). " + _POLLED,

@@ -380,6 +380,7 @@ class TrtllmCollector(Collector):
             ("trtllm_kv_cache_tokens_per_block", "Number of tokens per KV cache block", config.block_size),
             ("trtllm_num_requests_running", "Number of active requests", report.running),
             ("trtllm_num_requests_waiting", "Number of queued requests", report.waiting),
+            ("trtllm_num_paused_requests", "Number of paused requests", report.paused),
         ):
             yield gauge(name, doc, [(with_pid, float(value))])
         for name, doc, value in (

@@ -153,6 +153,7 @@ class GaugeReport:
 
     running: int
     waiting: int
+    paused: int  # waiting requests that had been running: preempted, to resume (TensorRT-LLM's "paused")
     used_blocks: int
     evictable_blocks: int
     free_blocks: int
@@ -558,6 +559,7 @@ class EngineModel:
         report = GaugeReport(
             running=len(self.running),
             waiting=len(self.waiting),
+            paused=sum(1 for request in self.waiting if request.first_scheduled is not None),
             used_blocks=self.pool.used,
             evictable_blocks=len(self.pool.evictable),
             free_blocks=self.pool.free,

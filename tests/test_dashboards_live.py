@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from dashboards import build, fleet, lint, target
+from exporter.contract import PRESSURE_STATES
 from simulator.server import start_engine
 from tests import harness
 
@@ -36,7 +37,7 @@ NO_DATA_EXPECTED = {
 }
 
 
-def exporter_config(vllm_url: str, sglang_url: str, dead_url: str, events: tuple[str, str]) -> dict:
+def exporter_config(vllm_url: str, sglang_url: str, trtllm_url: str, dead_url: str, events: tuple[str, str]) -> dict:
     architecture = {"layers": 32, "kv_heads": 8, "head_dim": 128, "model_dtype": "bfloat16"}
     return {
         "poll_interval": "0.5s",
@@ -46,6 +47,8 @@ def exporter_config(vllm_url: str, sglang_url: str, dead_url: str, events: tuple
              "model_architecture": architecture, "kv_events": {"endpoint": events[0]}},
             {"name": "sglang-0", "url": sglang_url, "engine": "sglang", "labels": {"pool": "batch"},
              "model_architecture": architecture, "kv_events": {"endpoint": events[1]}},
+            # TensorRT-LLM: the one engine that reports paused requests.
+            {"name": "trtllm-0", "url": trtllm_url, "engine": "trtllm", "labels": {"pool": "chat"}},
             # Nothing listens here: its polls fail, which the exporter-health panels must show.
             {"name": "gone-0", "url": dead_url, "engine": "vllm", "labels": {"pool": "batch"}},
         ],
@@ -57,10 +60,11 @@ def prometheus_url(tmp_path_factory):
     work = tmp_path_factory.mktemp("dashboards-live")
     events = tuple(f"tcp://127.0.0.1:{harness.free_port()}" for _ in range(2))
     with start_engine("vllm-v1", scenario="kv-saturation", speed=20, seed=1, kv_events_endpoint=events[0]) as vllm, \
-            start_engine("sglang", scenario="steady", speed=20, seed=2, kv_events_endpoint=events[1]) as sglang:
+            start_engine("sglang", scenario="steady", speed=20, seed=2, kv_events_endpoint=events[1]) as sglang, \
+            start_engine("trtllm", scenario="steady", speed=20, seed=3) as trtllm:
         config_path = work / "exporter.yml"
         dead_url = f"http://127.0.0.1:{harness.free_port()}/metrics"
-        config_path.write_text(yaml.safe_dump(exporter_config(vllm.url, sglang.url, dead_url, events)))
+        config_path.write_text(yaml.safe_dump(exporter_config(vllm.url, sglang.url, trtllm.url, dead_url, events)))
         with harness.exporter(work, "--config", str(config_path)) as exporter:
             scrape = {
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -139,9 +143,9 @@ def test_every_variable_lists_values(prometheus_url, name):
         listed[variable["name"]] = sorted(json.loads(body)["data"])
     assert listed["cluster"] == ["test"]
     assert listed["pool"] == ["batch", "chat"]
-    assert listed["target"] == ["gone-0", "sglang-0", "vllm-0"]
+    assert listed["target"] == ["gone-0", "sglang-0", "trtllm-0", "vllm-0"]
     if name == fleet.FILENAME:
-        assert listed["engine"] == ["sglang", "vllm"]
+        assert listed["engine"] == ["sglang", "trtllm", "vllm"]
         assert listed["model"], "no model values"
 
 
@@ -160,9 +164,9 @@ def test_panels_show_the_saturation_and_the_dead_target(prometheus_url):
         return peaks
 
     assert peak("Targets up", "B")[""] == 1  # gone-0 is down
-    assert peak("Targets up", "A")[""] == 2
+    assert peak("Targets up", "A")[""] == 3
     assert peak("KV usage per target")["vllm-0"] >= 0.9  # kv-saturation fills the pool
-    assert peak("Pressure state over time")["vllm-0"] >= 2  # saturated or thrashing
+    assert peak("Pressure state over time")["vllm-0"] >= PRESSURE_STATES.index("saturated")  # or thrashing
     assert peak("Waiting requests by cause per target", "A")["vllm-0"] >= 1  # waiting for KV
     assert peak("Preemption rate per target")["vllm-0"] > 0
     assert peak("Poll failures by reason")["gone-0"] > 0

@@ -277,7 +277,8 @@ def test_trtllm_page_has_the_trtllm_generation_in_multiprocess_shape():
         assert page.types[name] == "gauge" and page.label_keys(name) == {TRTLLM_LABELS | {"pid"}}, name
     for name in ("trtllm_prompt_tokens", "trtllm_prompt_cached_tokens", "trtllm_generation_tokens"):
         assert page.types[name] == "counter" and page.label_keys(name + "_total") == {TRTLLM_LABELS}, name
-    assert not any("preempt" in name or "paused" in name for name in page.samples)  # no preemption counter
+    assert not any("preempt" in name for name in page.samples)  # no preemption counter
+    assert "trtllm_num_paused_requests" in page.samples  # a gauge of requests waiting to resume
 
     report, counters = model.report, model.counters
     assert page.value("trtllm_kv_cache_utilization") == report.used_blocks / 1024

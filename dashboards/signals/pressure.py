@@ -115,13 +115,15 @@ def running(v: View):
     return timeseries(
         f"Running requests {v.per}",
         describe(
-            f"Requests in the running batch {v.per}, each holding KV for its whole sequence, and the engine's "
-            "running-request cap where the engine exposes it: the batch cannot grow past it.",
-            "no red band. Running flat at the cap while requests wait is the capped state; running flat below "
-            "the cap with requests waiting is KV (see Headroom).",
+            f"Requests in the running batch {v.per}, each holding KV for its whole sequence, and the requests "
+            "the engine paused mid-generation for lack of KV (TensorRT-LLM, which counts no preemptions; the "
+            "other engines report no paused requests). No engine exposes its running-request cap.",
+            "no red band. Running flat while requests wait with KV to spare is the capped state; running flat "
+            "with requests waiting for KV, or paused requests, is a KV shortage (see Headroom).",
         ),
         REQUESTS,
-        [Query(promql.total(v.scope, "kvcache_requests_running", v.split), v.line())],
+        [Query(promql.total(v.scope, "kvcache_requests_running", v.split), v.line()),
+         Query(promql.total(v.scope, "kvcache_requests_paused", v.split), v.line() + " paused")],
         bands.neutral(),
         v.drill_down,
     )

@@ -21,7 +21,7 @@ class DynamoAdapter(Adapter):
     rank_label = "dp_rank"
     model_label = "model"
     # The frontend's prefix-hit tokens are router predictions: not read.
-    not_reported = NO_POOL_DETAIL | PREFIX_AND_TOKEN_COUNTERS | {"queue_time_seconds"}
+    not_reported = NO_POOL_DETAIL | PREFIX_AND_TOKEN_COUNTERS | {"queue_time_seconds", "requests_paused"}
     series = (
         # 0..1 despite the name; the worker copies it from the engine's KV stats.
         Series("usage_ratio", ("dynamo_component_gpu_cache_usage_percent",

@@ -13,7 +13,7 @@ class LmdeployAdapter(Adapter):
     marker = r"lmdeploy[:_]"
     prefix_aliases = ("lmdeploy_",)
     rank_label = "engine"
-    not_reported = NO_POOL_DETAIL | {"capacity_blocks", "block_size_tokens"}
+    not_reported = NO_POOL_DETAIL | {"capacity_blocks", "block_size_tokens", "requests_paused"}
     series = (
         Series("usage_ratio", ("lmdeploy:gpu_cache_usage_perc",)),
         Series("requests_running", ("lmdeploy:num_requests_running",)),

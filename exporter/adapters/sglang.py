@@ -17,7 +17,7 @@ class SglangAdapter(Adapter):
     marker = r"sglang[:_]"
     prefix_aliases = ("sglang_",)
     rank_label = "dp_rank"
-    not_reported = frozenset({"requests_waiting_for_capacity"})
+    not_reported = frozenset({"requests_waiting_for_capacity", "requests_paused"})
     # With priority scheduling, priority="" is the total and other values are slices of it.
     base_match = {"priority": ""}
     extra_names = ("sglang:cache_config_info",)

@@ -45,6 +45,8 @@ class TritonAdapter(Adapter):
         # active - scheduled: admitted but not scheduled (e.g. short of KV); the executor's own queue
         # is not exported.
         Series("requests_waiting", REQUESTS, match=_requests("waiting")),
+        Series("requests_paused", ("nv_trt_llm_inflight_batcher_metrics",),
+               match={"inflight_batcher_specific_metric": "paused_requests"}),
     )
     extra_names = REQUESTS
 

@@ -29,7 +29,7 @@ class TrtllmAdapter(Adapter):
     marker = (r"trtllm[:_]|(?:request_success_total|(?:e2e_request_latency|time_to_first_token"
               r"|time_per_output_token|request_queue_time)_seconds_(?:bucket|count|sum))\{engine_type=")
     rank_label = None  # one KV pool per server; attention-DP ranks are not labelled
-    # No preemption counter (paused requests are a gauge of something else): never `thrashing`.
+    # No preemption counter (paused requests are a gauge, read as such): never `thrashing`.
     not_reported = NO_POOL_DETAIL
     extra_names = ("trtllm_kv_cache_config_info",)
     series = (
@@ -39,6 +39,7 @@ class TrtllmAdapter(Adapter):
         Series("block_size_tokens", ("trtllm_kv_cache_tokens_per_block",)),
         Series("requests_running", ("trtllm_num_requests_running",)),
         Series("requests_waiting", ("trtllm_num_requests_waiting",)),
+        Series("requests_paused", ("trtllm_num_paused_requests",)),
         Series("prefix_cache_queried_tokens_total", ("trtllm_prompt_tokens_total",), "counter"),
         Series("prefix_cache_hit_tokens_total", ("trtllm_prompt_cached_tokens_total",), "counter"),
         Series("prompt_tokens_total", ("trtllm_prompt_tokens_total",), "counter"),

@@ -17,7 +17,7 @@ class VllmAdapter(Adapter):
     marker = r"vllm[:_]"
     prefix_aliases = ("vllm_",)
     rank_label = "engine"  # V1's data-parallel engine index; V0 has none
-    not_reported = frozenset({"evictable_tokens"})
+    not_reported = frozenset({"evictable_tokens", "requests_paused"})
     extra_names = ("vllm:cache_config_info",)
     series = (
         Series("usage_ratio", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
