@@ -32,6 +32,8 @@ INFO_LABEL_SOURCES = {
         "block_size_tokens": "`vllm:cache_config_info{block_size}`",
         "capacity_tokens": "`vllm:cache_config_info{kv_cache_size_tokens}` less the null block's share (newer "
                            "vLLM; the first engine's value, not summed)",
+        "tier_capacity_tokens": "`vllm:kv_offload_config_info{cpu_kv_cache_size_tokens}` (tier=cpu; each engine "
+                                "its own)",
     },
     "sglang": {
         "capacity_blocks": "`sglang:cache_config_info{num_pages}` (0.5.10)",
@@ -54,6 +56,8 @@ DERIVED = {
     "capacity_bytes": "capacity tokens x bytes per token",
     "used_bytes": "used tokens x bytes per token",
     "pressure_state": "the pressure rule below",
+    "tier_used_tokens": "usage ratio x capacity tokens, per tier",
+    "tier_usage_ratio": "used tokens / capacity tokens, per tier",
     "requests_waiting_for_kv": "the queue the pressure rule counts while KV is short (below), else 0",
     "requests_waiting_with_kv_room": "requests waiting - requests waiting for KV",
     "headroom_requests": "free tokens / live tokens per request",
@@ -65,7 +69,8 @@ STREAM_SOURCE = ("the engine's KV event stream (`--kv-events-config`, ZMQ) with 
                  "([kv-events.md](kv-events.md)); absent without it")
 # Labels a per-pool family carries beyond the pool's.
 POOL_EXTRA_LABELS = {"events_dropped_total": ("reason",), "events_ignored_total": ("reason",),
-                     contract.PRESSURE_STATE[0]: ("state",)}
+                     contract.PRESSURE_STATE[0]: ("state",),
+                     **{name: labels for name, (_, labels, _) in contract.TIER_FAMILIES.items()}}
 # Labels a target-level family carries beyond `target`, `engine` and the static labels.
 TARGET_EXTRA_LABELS = {"target_scrape_failures_total": ("reason",), "target_info": ("url", "version")}
 EXPORTER_LABELS = {contract.BUILD_INFO[0]: ("version",)}
@@ -143,24 +148,35 @@ def _engine_source(engine: str, family: str) -> str:
     parts = []
     for series in adapter.series:
         if series.concept == family:
-            match = ",".join(f'{k}="{v}"' for k, v in series.match.items())
+            match = ",".join(f'{k}="{"|".join(v) if isinstance(v, tuple) else v}"' for k, v in series.match.items())
             names = " / ".join(f"`{name}{{{match}}}`" if match else f"`{name}`" for name in series.names)
             summed = f", summed over {', '.join(f'`{label}`' for label in series.sum_over)}" if series.sum_over else ""
-            parts.append(names + summed)
+            parts.append(names + _contract_labels(series, family) + summed)
     if family in INFO_LABEL_SOURCES.get(engine, {}):
         parts.append(INFO_LABEL_SOURCES[engine][family])
+    if not parts and family in NOT_REPORTED.get(engine, ()):
+        return "none"
     if family in DERIVED:
         parts.append(("else " if parts else "") + "derived: " + DERIVED[family])
     if parts:
         return "; ".join(parts)
-    if family in NOT_REPORTED.get(engine, ()):
-        return "none"
     raise LookupError(f"{engine} {family}")
+
+
+def _contract_labels(series, family: str) -> str:
+    """` (tier=cpu, direction=load)` for a series that fills a labelled family; how a breakdown maps."""
+    names = POOL_EXTRA_LABELS.get(family, ())
+    fixed = [f"{label}={value}" for label, value in zip(names, series.labels)]
+    if series.label_from:
+        wire, values = series.label_from
+        mapped = ", ".join(f"{k}->{v}" if v else f"{k} left out" for k, v in values.items())
+        fixed.append(f"{names[len(series.labels)]} from `{wire}`: {mapped}, any other->other")
+    return f" ({'; '.join(fixed)})" if fixed else ""
 
 
 def _per_pool(name: str) -> bool:
     return name in contract.RANK_GAUGES or name in contract.COUNTERS or name in contract.HISTOGRAMS \
-        or name == contract.PRESSURE_STATE[0] or name in contract.EVENT_FAMILIES
+        or name == contract.PRESSURE_STATE[0] or name in contract.EVENT_FAMILIES or name in contract.TIER_FAMILIES
 
 
 def _family_labels(name: str, kind: str) -> str:
