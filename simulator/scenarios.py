@@ -32,7 +32,7 @@ of 4 shared 512-token prefixes.
     0-300    90% of prompts share a prefix: prefix-cache hit ratio ~0.55;
     300-600  10% share a prefix: the hit ratio falls to ~0.05-0.07.
 - offload-tier (600 s, repeats), engine with 256 blocks and a CPU tier of 4096 blocks (`offload_blocks`):
-    1.5 req/s, 90% of prompts start with one of 16 shared 512-token prefixes (512 blocks: twice the GPU
+    1 req/s, 90% of prompts start with one of 16 shared 512-token prefixes (512 blocks: twice the GPU
     pool). The pool keeps few of them; the tier keeps them all, so most cached prompt tokens come back
     from the CPU (load-back) instead of being recomputed.
 - restart (360 s, repeats): the default workload; the engine restarts at 180 s (and at every
@@ -138,7 +138,7 @@ BUILTIN_SCENARIOS: dict[str, dict[str, Any]] = {
     },
     "offload-tier": {
         "engine": {"num_blocks": 256, "offload_blocks": 4096},
-        "phases": [{"name": "offloaded", "duration_s": 600, "arrival_rate": 1.5, "prefix_share": 0.9,
+        "phases": [{"name": "offloaded", "duration_s": 600, "arrival_rate": 1.0, "prefix_share": 0.9,
                     "num_prefixes": 16, "prefix_len": 512}],
     },
     "restart": {
