@@ -304,9 +304,39 @@ restart never reads as a preemption burst.
 """
 
 
+def _offload_section() -> str:
+    return f"""\
+## Offload tiers
+
+KV kept beyond the GPU pool (vLLM's native CPU offload, LMCache, SGLang's hierarchical cache) has
+per-pool families of its own, labelled `tier` ({", ".join(f"`{t}`" for t in contract.TIERS)}),
+`direction` ({", ".join(f"`{d}` ({what})" for d, what in contract.TRANSFER_DIRECTIONS.items())}) or
+`source` ({", ".join(f"`{s}`" for s in contract.HIT_SOURCES)}). A tier or a source an engine does not
+report has no series, not one at 0; a source's series appears once the engine counts its first token.
+
+- Hit ratio by source: `rate(kvcache_cached_prompt_tokens_total{{source}})` over
+  `rate(kvcache_prefix_cache_queried_tokens_total)`; summed over sources it is the share of prompt tokens
+  served from any cache. `kvcache_prefix_cache_hit_tokens_total` stays the engine's own prefix-cache
+  counter (vLLM: the GPU pool only; SGLang: every source).
+- External caches: `kvcache_external_cache_hit_tokens_total` over `kvcache_external_cache_queried_tokens_total`
+  is the external cache's own hit ratio. For LMCache it is the lookup counters' ratio, never its
+  retrieve-path hit rate, which asks only for tokens LMCache has and reads about 1. LMCache's
+  `POST /metrics/reset` clears its counters: `rate()` reads that as a counter reset.
+- Usage: vLLM reports the share of its CPU tier that cannot be evicted (chunks pinned by transfers in
+  flight), like the GPU pool's usage; SGLang reports the tokens its host tier holds, evictable ones
+  included. LMCache reports bytes only (`kvcache_tier_used_bytes`), no capacity.
+
+The pressure state is the GPU pool's and does not look at the tiers. A full tier does not make the
+GPU pool fuller; it stops relieving it: blocks the GPU pool evicts are then kept nowhere and every later
+hit on them is prefill computed again. A saturated GPU pool with a tier refusing stores
+(`kvcache_tier_store_failures_total` rising) is KVCacheOffloadTierFull; a tier whose loads take
+longer per token than recomputing is KVCacheOffloadLoadSlow ([runbook](../alerts/runbook.md)).
+"""
+
+
 def markdown() -> str:
     return "\n".join((INTRO, _labels_section(), _families_section(), _engine_notes_section(), _pressure_section(),
-                      _failure_reasons_section(), _event_streams_section()))
+                      _offload_section(), _failure_reasons_section(), _event_streams_section()))
 
 
 def main(argv: list[str] | None = None) -> int:
