@@ -14,8 +14,6 @@ TRANSFER_BYTES = "kvcache_tier_transfer_bytes_total"
 TRANSFER_TOKENS = "kvcache_tier_transfer_tokens_total"
 TRANSFER_SECONDS = "kvcache_tier_transfer_seconds_total"
 STORE_FAILURES = "kvcache_tier_store_failures_total"
-TRANSFER_BYTES_FAMILY = TRANSFER_BYTES.removeprefix("kvcache_")
-TRANSFER_TOKENS_FAMILY = TRANSFER_TOKENS.removeprefix("kvcache_")
 # A rate above this is at least one refused store in the window: red.
 ANY_FAILURE_PER_SECOND = 0.001
 ONLY_WITH_A_TIER = "Present only on engines with an offload tier (vLLM's native CPU offload, SGLang's HiCache)."
@@ -75,35 +73,27 @@ def tier_tokens(v: View):
     )
 
 
-def transfer_bytes(v: View):
-    by = ("tier", "direction")
+def _transfers(v: View, counter: str, what: str, unit: str, counts: str):
     return timeseries(
-        "Offload load and store (bytes)",
+        f"Offload load and store ({what})",
         describe(
-            "Bytes moved per second between the GPU pool and each tier over the whole selection: load (tier to "
-            "GPU: hits served from the tier), store (GPU to tier)." + without_source(TRANSFER_BYTES_FAMILY),
+            f"{what.capitalize()} moved per second between the GPU pool and each tier over the whole selection, "
+            f"{counts}: load (tier to GPU: hits served from the tier), store (GPU to tier)."
+            + without_source(counter.removeprefix("kvcache_")),
             "no red band. Stores far above loads: the tier keeps KV that is rarely asked for again.",
         ),
-        BYTES_PER_SECOND,
-        [Query(promql.rate(v.scope, TRANSFER_BYTES, by), "{{tier}} {{direction}}")],
+        unit,
+        [Query(promql.rate(v.scope, counter, ("tier", "direction")), "{{tier}} {{direction}}")],
         bands.neutral(),
     )
+
+
+def transfer_bytes(v: View):
+    return _transfers(v, TRANSFER_BYTES, "bytes", BYTES_PER_SECOND, "where the engine counts bytes (vLLM)")
 
 
 def transfer_tokens(v: View):
-    by = ("tier", "direction")
-    return timeseries(
-        "Offload load and store (tokens)",
-        describe(
-            "Tokens moved per second between the GPU pool and each tier over the whole selection, where the "
-            "engine counts tokens rather than bytes: load (tier to GPU), store (GPU to tier)."
-            + without_source(TRANSFER_TOKENS_FAMILY),
-            "no red band. Stores far above loads: the tier keeps KV that is rarely asked for again.",
-        ),
-        TOKENS_PER_SECOND,
-        [Query(promql.rate(v.scope, TRANSFER_TOKENS, by), "{{tier}} {{direction}}")],
-        bands.neutral(),
-    )
+    return _transfers(v, TRANSFER_TOKENS, "tokens", TOKENS_PER_SECOND, "where the engine counts tokens (SGLang)")
 
 
 def load_seconds_per_token(v: View):
