@@ -34,7 +34,8 @@ def test_check_mode_finds_drift(tmp_path):
 
 def test_a_family_without_a_documented_source_stops_the_generator(monkeypatch):
     monkeypatch.setitem(contract_doc.NOT_REPORTED, "vllm", set())
-    with pytest.raises(LookupError, match="no source documented for vllm evictable_tokens, vllm tier_transfer_tokens_total: add it to"):
+    undocumented = "vllm evictable_tokens, vllm tier_transfer_tokens_total"
+    with pytest.raises(LookupError, match=f"no source documented for {undocumented}: add it to"):
         contract_doc.markdown()
 
 
