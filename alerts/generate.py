@@ -37,6 +37,8 @@ PER_TARGET = "without (dp_rank)"
 # kvcache_target_up has no model label; joining it with per-target series ignores model.
 UP_JOIN = "ignoring (model)"
 KV_BOUND_STATES = "saturated|thrashing"
+# Loads from an offload tier back to the GPU pool, by what they count.
+LOAD = 'kvcache_tier_transfer_{}_total{{direction="load"}}'
 # The scrape job of the exporters' own /metrics, as compose, the Kubernetes manifests and docs/scaling.md name it.
 EXPORTER_JOB = "kvcache-exporter"
 # Annotation template fragments.
@@ -151,6 +153,15 @@ def recording_rules(t: Thresholds) -> list[dict]:
             f"clamp_max(\n  {rate('kvcache_queue_time_seconds_sum')}\n"
             f"  /\n  ({rate('kvcache_time_to_first_token_seconds_sum')} > 0),\n  1\n)"
         )},
+        # Offload tiers, per tier: stores refused for want of room, and seconds to load one token back
+        # (SGLang counts tokens; vLLM counts bytes, turned into tokens where the target's architecture
+        # gives bytes per token).
+        {"record": "kvcache:tier_store_failures:rate", "expr": rate("kvcache_tier_store_failures_total")},
+        {"record": "kvcache:tier_load_seconds_per_token:ratio", "expr": (
+            f"{rate(LOAD.format('seconds'))}\n/\n(\n  (\n    {rate(LOAD.format('tokens'))}\n    or\n"
+            f"    sum {PER_TARGET} (\n      rate({LOAD.format('bytes')}[{w}])\n"
+            f"      / ignoring (tier, direction) group_left kvcache_bytes_per_token\n    )\n  ) > 0\n)"
+        )},
         {"record": "kvcache:queue_time_seconds:mean", "expr": mean("kvcache_queue_time_seconds")},
         {"record": "kvcache:time_to_first_token_seconds:mean", "expr": mean("kvcache_time_to_first_token_seconds")},
     ]
@@ -181,6 +192,7 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
     queue_mean = lookup("kvcache:queue_time_seconds:mean{target=%q}", "humanizeDuration")
     ttft_mean = lookup("kvcache:time_to_first_token_seconds:mean{target=%q}", "humanizeDuration")
     value_per_second = "{{ $value | " + PER_SECOND + " }}"
+    waiting_for_kv = lookup("kvcache:requests_waiting_for_kv:sum{target=%q}", 'printf "%.0f"')
     kept_2x = lookup('kvcache:capacity_miss_tokens_kept:rate{target=%q,factor="2"}', 'printf "%.0f"')
     projected_2x = lookup('kvcache:prefix_cache_hit_ratio:projected{target=%q,factor="2"}', "humanizePercentage")
     hit_now = lookup("kvcache:prefix_cache_hit_ratio:rate{target=%q}", "humanizePercentage")
@@ -261,6 +273,29 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             f"{WHERE}: most of the time to first token is spent queueing",
             f"Queueing is {{{{ $value | humanizePercentage }}}} of the time to first token on {WHERE} over {w}: "
             f"mean queue time {queue_mean}, mean TTFT {ttft_mean}.",
+            runbook_base,
+        ),
+        alert(
+            "KVCacheOffloadTierFull", "warning",
+            "kvcache:tier_store_failures:rate > 0\n"
+            "and ignoring (tier) kvcache:requests_waiting_for_kv:sum > 0",
+            t.offload_full_for,
+            f"{WHERE}: the {{{{ $labels.tier }}}} offload tier is full while requests queue for KV",
+            f"The {{{{ $labels.tier }}}} tier of {WHERE} refuses {value_per_second} stores/s over {w}: it is full "
+            f"of KV it cannot evict, while {waiting_for_kv} requests wait for the GPU pool (KV usage {usage}). "
+            "Offloading no longer takes load off the GPU pool: what the tier cannot keep is recomputed.",
+            runbook_base,
+        ),
+        alert(
+            "KVCacheOffloadLoadSlow", "warning",
+            f"kvcache:tier_load_seconds_per_token:ratio > {number(t.offload_load_max_seconds_per_token)}\n"
+            f"and ignoring (tier, direction) kvcache:requests_finished:rate >= "
+            f"{number(t.traffic_floor_requests_per_second)}",
+            t.offload_slow_for,
+            f"{WHERE}: loading KV back from the {{{{ $labels.tier }}}} tier costs more than recomputing it",
+            f"Loading one token back from the {{{{ $labels.tier }}}} tier takes {{{{ $value | printf \"%.3g\" }}}} s "
+            f"on {WHERE} over {w}, above {number(t.offload_load_max_seconds_per_token)} s, about what computing "
+            "its prefill again costs: offload hits now slow prefill down instead of saving it.",
             runbook_base,
         ),
         # Failed polls in every window of `for`: a target that is down, and one that flaps,

@@ -32,7 +32,8 @@ ONE_LAYOUT_LABELS = frozenset({"target", "engine"})
 def contract_series() -> frozenset[str]:
     """Every series name the exporter's contract defines (histograms by their _bucket/_sum/_count)."""
     streamed = contract.EVENT_FAMILIES
-    families = [*contract.RANK_GAUGES, *contract.COUNTERS, *(name for name, _ in contract.TARGET_FAMILIES.items()),
+    families = [*contract.RANK_GAUGES, *contract.COUNTERS, *contract.TIER_FAMILIES,
+                *(name for name, _ in contract.TARGET_FAMILIES.items()),
                 *(name for name, (kind, _) in streamed.items() if kind != "histogram"),
                 contract.PRESSURE_STATE[0], contract.BUILD_INFO[0], contract.RELOAD_OK[0],
                 contract.PROBED_TARGETS[0], contract.RELOAD_TIME[0]]

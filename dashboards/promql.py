@@ -55,15 +55,15 @@ def highest(scope: Scope, metric: str, by: tuple[str, ...] = ()) -> str:
     return f"max{_by(by)} ({scope.selector(metric)})"
 
 
-def windowed(scope: Scope, counter: str, offset: str = "") -> str:
+def windowed(scope: Scope, counter: str, offset: str = "", **fixed: str) -> str:
     """The counter's per-second rate over Grafana's rate interval (optionally `offset` back in time)."""
     shift = f" offset {offset}" if offset else ""
-    return f"rate({scope.selector(counter)}[{RATE_INTERVAL}]{shift})"
+    return f"rate({scope.selector(counter, **fixed)}[{RATE_INTERVAL}]{shift})"
 
 
-def rate(scope: Scope, counter: str, by: tuple[str, ...] = (), offset: str = "") -> str:
+def rate(scope: Scope, counter: str, by: tuple[str, ...] = (), offset: str = "", **fixed: str) -> str:
     """Per-second rate of a counter, summed over the selection and kept apart by `by`."""
-    return f"sum{_by(by)} ({windowed(scope, counter, offset)})"
+    return f"sum{_by(by)} ({windowed(scope, counter, offset, **fixed)})"
 
 
 def ratio(numerator: str, denominator: str) -> str:
@@ -78,6 +78,12 @@ def scaled(expr: str, factor: float) -> str:
 def rate_ratio(scope: Scope, part: str, whole: str, by: tuple[str, ...] = (), offset: str = "") -> str:
     """Windowed share of one counter in another: sum(rate(part)) / sum(rate(whole))."""
     return ratio(rate(scope, part, by, offset), rate(scope, whole, by, offset))
+
+
+def rate_share_by(scope: Scope, part: str, whole: str, label: str, by: tuple[str, ...] = ()) -> str:
+    """Windowed share of `whole` per value of a label only `part` has (e.g. hits per `source` in the tokens
+    looked up): sum by (by, label) (rate(part)) / on (by) group_left sum by (by) (rate(whole))."""
+    return f"{rate(scope, part, (*by, label))} / on ({', '.join(by)}) group_left () ({rate(scope, whole, by)} > 0)"
 
 
 def gauge_ratio(scope: Scope, part: str, whole: str, by: tuple[str, ...] = ()) -> str:

@@ -54,6 +54,11 @@ COUNTERS = {
                                      + _POLLED,
     "prompt_tokens_total": "Prompt tokens processed; mirrors the engine's counter. " + _POLLED,
     "generation_tokens_total": "Tokens generated; mirrors the engine's counter. " + _POLLED,
+    "external_cache_queried_tokens_total": "Prompt tokens looked up in an external KV cache (a KV connector such as "
+                                           "LMCache or vLLM's offloading connector); mirrors the engine's counter. "
+                                           + _POLLED,
+    "external_cache_hit_tokens_total": "Prompt tokens the external KV cache had; mirrors the engine's counter. "
+                                       + _POLLED,
 }
 HISTOGRAMS = {
     "time_to_first_token_seconds": "Time to first token, queueing included, in the engine's own buckets. " + _POLLED,
@@ -61,6 +66,34 @@ HISTOGRAMS = {
     "queue_time_seconds": "Time requests waited before first being scheduled, in the engine's own buckets. "
                           + _POLLED,
     "e2e_request_latency_seconds": "Request latency from arrival to finish, in the engine's own buckets. " + _POLLED,
+}
+# KV kept beyond the GPU pool: offload tiers, and where cached prompt tokens came from.
+TIERS = ("cpu", "disk", "remote")
+HIT_SOURCES = ("gpu", "cpu", "disk", "remote", "other")
+TRANSFER_DIRECTIONS = {"load": "tier to GPU", "store": "GPU to tier"}
+_TIER = "`tier` is " + ", ".join(TIERS) + ". "
+_TRANSFER = _TIER + "`direction` is " + ", ".join(f"{d} ({what})" for d, what in TRANSFER_DIRECTIONS.items()) + ". "
+# Per-pool families with labels of their own: name -> (kind, label names, HELP).
+TIER_FAMILIES = {
+    "tier_capacity_tokens": ("gauge", ("tier",), "Offload tier capacity in tokens. " + _TIER + _POLLED),
+    "tier_used_tokens": ("gauge", ("tier",), "Offload tier tokens that cannot be evicted (vLLM) or that the tier "
+                                             "holds (SGLang, which reports no evictable split). " + _TIER + _POLLED),
+    "tier_usage_ratio": ("gauge", ("tier",), "Fraction (0..1) of the offload tier that used tokens take. " + _TIER
+                                             + _POLLED),
+    "tier_used_bytes": ("gauge", ("tier",), "Bytes an offload tier holds, where the engine reports bytes only "
+                                            "(LMCache; no capacity is exported). " + _TIER + _POLLED),
+    "cached_prompt_tokens_total": ("counter", ("source",), "Prompt tokens served from a cache, by where they came "
+                                   "from (`source` is " + ", ".join(HIT_SOURCES) + "); the sum over sources is the "
+                                   "engine's cached prompt tokens, GPU and offloaded. " + _POLLED),
+    "tier_transfer_bytes_total": ("counter", ("tier", "direction"), "Bytes moved between the GPU pool and an offload "
+                                  "tier. " + _TRANSFER + _POLLED),
+    "tier_transfer_tokens_total": ("counter", ("tier", "direction"), "Tokens moved between the GPU pool and an "
+                                   "offload tier, where the engine counts tokens, not bytes (SGLang). " + _TRANSFER
+                                   + _POLLED),
+    "tier_transfer_seconds_total": ("counter", ("tier", "direction"), "Time spent moving KV between the GPU pool and "
+                                    "an offload tier. " + _TRANSFER + _POLLED),
+    "tier_store_failures_total": ("counter", ("tier",), "Stores to an offload tier that found no room (vLLM "
+                                  "allocation failures): the tier is full of KV it cannot evict. " + _TIER + _POLLED),
 }
 # The pressure states, mildest first (exporter.derive.pressure_state says which one applies).
 PRESSURE_STATES = ("ok", "tight", "capped", "saturated", "thrashing")

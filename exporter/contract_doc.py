@@ -32,6 +32,8 @@ INFO_LABEL_SOURCES = {
         "block_size_tokens": "`vllm:cache_config_info{block_size}`",
         "capacity_tokens": "`vllm:cache_config_info{kv_cache_size_tokens}` less the null block's share (newer "
                            "vLLM; the first engine's value, not summed)",
+        "tier_capacity_tokens": "`vllm:kv_offload_config_info{cpu_kv_cache_size_tokens}` (tier=cpu; each engine "
+                                "its own)",
     },
     "sglang": {
         "capacity_blocks": "`sglang:cache_config_info{num_pages}` (0.5.10)",
@@ -54,6 +56,8 @@ DERIVED = {
     "capacity_bytes": "capacity tokens x bytes per token",
     "used_bytes": "used tokens x bytes per token",
     "pressure_state": "the pressure rule below",
+    "tier_used_tokens": "usage ratio x capacity tokens, per tier",
+    "tier_usage_ratio": "used tokens / capacity tokens, per tier",
     "requests_waiting_for_kv": "the queue the pressure rule counts while KV is short (below), else 0",
     "requests_waiting_with_kv_room": "requests waiting - requests waiting for KV",
     "headroom_requests": "free tokens / live tokens per request",
@@ -65,7 +69,8 @@ STREAM_SOURCE = ("the engine's KV event stream (`--kv-events-config`, ZMQ) with 
                  "([kv-events.md](kv-events.md)); absent without it")
 # Labels a per-pool family carries beyond the pool's.
 POOL_EXTRA_LABELS = {"events_dropped_total": ("reason",), "events_ignored_total": ("reason",),
-                     contract.PRESSURE_STATE[0]: ("state",)}
+                     contract.PRESSURE_STATE[0]: ("state",),
+                     **{name: labels for name, (_, labels, _) in contract.TIER_FAMILIES.items()}}
 # Labels a target-level family carries beyond `target`, `engine` and the static labels.
 TARGET_EXTRA_LABELS = {"target_scrape_failures_total": ("reason",), "target_info": ("url", "version")}
 EXPORTER_LABELS = {contract.BUILD_INFO[0]: ("version",)}
@@ -143,24 +148,35 @@ def _engine_source(engine: str, family: str) -> str:
     parts = []
     for series in adapter.series:
         if series.concept == family:
-            match = ",".join(f'{k}="{v}"' for k, v in series.match.items())
+            match = ",".join(f'{k}="{"|".join(v) if isinstance(v, tuple) else v}"' for k, v in series.match.items())
             names = " / ".join(f"`{name}{{{match}}}`" if match else f"`{name}`" for name in series.names)
             summed = f", summed over {', '.join(f'`{label}`' for label in series.sum_over)}" if series.sum_over else ""
-            parts.append(names + summed)
+            parts.append(names + _contract_labels(series, family) + summed)
     if family in INFO_LABEL_SOURCES.get(engine, {}):
         parts.append(INFO_LABEL_SOURCES[engine][family])
+    if not parts and family in NOT_REPORTED.get(engine, ()):
+        return "none"
     if family in DERIVED:
         parts.append(("else " if parts else "") + "derived: " + DERIVED[family])
     if parts:
         return "; ".join(parts)
-    if family in NOT_REPORTED.get(engine, ()):
-        return "none"
     raise LookupError(f"{engine} {family}")
+
+
+def _contract_labels(series, family: str) -> str:
+    """` (tier=cpu, direction=load)` for a series that fills a labelled family; how a breakdown maps."""
+    names = POOL_EXTRA_LABELS.get(family, ())
+    fixed = [f"{label}={value}" for label, value in zip(names, series.labels)]
+    if series.label_from:
+        wire, values = series.label_from
+        mapped = ", ".join(f"{k}->{v}" if v else f"{k} left out" for k, v in values.items())
+        fixed.append(f"{names[len(series.labels)]} from `{wire}`: {mapped}, any other->other")
+    return f" ({'; '.join(fixed)})" if fixed else ""
 
 
 def _per_pool(name: str) -> bool:
     return name in contract.RANK_GAUGES or name in contract.COUNTERS or name in contract.HISTOGRAMS \
-        or name == contract.PRESSURE_STATE[0] or name in contract.EVENT_FAMILIES
+        or name == contract.PRESSURE_STATE[0] or name in contract.EVENT_FAMILIES or name in contract.TIER_FAMILIES
 
 
 def _family_labels(name: str, kind: str) -> str:
@@ -288,9 +304,39 @@ restart never reads as a preemption burst.
 """
 
 
+def _offload_section() -> str:
+    return f"""\
+## Offload tiers
+
+KV kept beyond the GPU pool (vLLM's native CPU offload, LMCache, SGLang's hierarchical cache) has
+per-pool families of its own, labelled `tier` ({", ".join(f"`{t}`" for t in contract.TIERS)}),
+`direction` ({", ".join(f"`{d}` ({what})" for d, what in contract.TRANSFER_DIRECTIONS.items())}) or
+`source` ({", ".join(f"`{s}`" for s in contract.HIT_SOURCES)}). A tier or a source an engine does not
+report has no series, not one at 0; a source's series appears once the engine counts its first token.
+
+- Hit ratio by source: `rate(kvcache_cached_prompt_tokens_total{{source}})` over
+  `rate(kvcache_prefix_cache_queried_tokens_total)`; summed over sources it is the share of prompt tokens
+  served from any cache. `kvcache_prefix_cache_hit_tokens_total` stays the engine's own prefix-cache
+  counter (vLLM: the GPU pool only; SGLang: every source).
+- External caches: `kvcache_external_cache_hit_tokens_total` over `kvcache_external_cache_queried_tokens_total`
+  is the external cache's own hit ratio. For LMCache it is the lookup counters' ratio, never its
+  retrieve-path hit rate, which asks only for tokens LMCache has and reads about 1. LMCache's
+  `POST /metrics/reset` clears its counters: `rate()` reads that as a counter reset.
+- Usage: vLLM reports the share of its CPU tier that cannot be evicted (chunks pinned by transfers in
+  flight), like the GPU pool's usage; SGLang reports the tokens its host tier holds, evictable ones
+  included. LMCache reports bytes only (`kvcache_tier_used_bytes`), no capacity.
+
+The pressure state is the GPU pool's and does not look at the tiers. A full tier does not make the
+GPU pool fuller; it stops relieving it: blocks the GPU pool evicts are then kept nowhere and every later
+hit on them is prefill computed again. A saturated GPU pool with a tier refusing stores
+(`kvcache_tier_store_failures_total` rising) is KVCacheOffloadTierFull; a tier whose loads take
+longer per token than recomputing is KVCacheOffloadLoadSlow ([runbook](../alerts/runbook.md)).
+"""
+
+
 def markdown() -> str:
     return "\n".join((INTRO, _labels_section(), _families_section(), _engine_notes_section(), _pressure_section(),
-                      _failure_reasons_section(), _event_streams_section()))
+                      _offload_section(), _failure_reasons_section(), _event_streams_section()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,10 +11,12 @@ from . import config as cfg
 
 DEMO_ENGINES = (
     # (flavor, scenario, target name): vLLM runs into a KV shortage and recovers; SGLang serves steadily;
-    # TensorRT-LLM queues behind its running-request cap with KV to spare.
+    # TensorRT-LLM queues behind its running-request cap with KV to spare; a second vLLM has a small GPU
+    # pool and a CPU offload tier that serves most of its prefix hits.
     ("vllm-v1", "kv-saturation", "demo-vllm"),
     ("sglang", "steady", "demo-sglang"),
     ("trtllm", "concurrency-cap", "demo-trtllm"),
+    ("vllm-v1", "offload-tier", "demo-offload"),
 )
 DEMO_LISTEN = "127.0.0.1:10490"
 DEMO_SPEED = 4.0

@@ -7,7 +7,7 @@ new one back, which keeps every rule testable on plain values.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .snapshot import RankValues, Snapshot
 from .thresholds import Thresholds
@@ -21,6 +21,8 @@ class DerivedRank:
     gauges: dict[str, float]  # contract gauge names without the `kvcache_` prefix
     values: RankValues  # the adapter's counters and histograms, passed through
     pressure: str | None
+    # The adapter's labelled families, each tier's usage completed (tier_values).
+    labelled: dict[str, dict[tuple[str, ...], float]] = field(default_factory=dict)
 
 
 def _whole(value: float, rounding) -> float:
@@ -82,6 +84,21 @@ def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str,
                 out[f"{name}_bytes"] = out[f"{name}_tokens"] * bytes_per_token
     # Finite readings can still multiply past float range: such a value is no value.
     return {name: value for name, value in out.items() if math.isfinite(value)}
+
+
+def tier_values(labelled: dict[str, dict[tuple[str, ...], float]]) -> dict[str, dict[tuple[str, ...], float]]:
+    """Each offload tier's used tokens and usage ratio from whichever of the two the engine gives, with
+    its capacity (vLLM reports a ratio, SGLang token counts); a value whose inputs are missing stays absent."""
+    out = {name: dict(values) for name, values in labelled.items()}
+    capacity = labelled.get("tier_capacity_tokens", {})
+    used = out.setdefault("tier_used_tokens", {})
+    ratio = out.setdefault("tier_usage_ratio", {})
+    for tier, tokens in capacity.items():
+        if tier in ratio and tier not in used:
+            used[tier] = _whole(ratio[tier] * tokens, round)
+        elif tier in used and tier not in ratio and tokens > 0:
+            ratio[tier] = used[tier] / tokens
+    return {name: {k: v for k, v in values.items() if math.isfinite(v)} for name, values in out.items() if values}
 
 
 def extend_history(history: History, now: float, value: float | None, window: float) -> History:
@@ -178,5 +195,6 @@ def derive(
         new_histories[rank_name] = history
         gauges = kv_gauges(rank, bytes_per_token)
         gauges.update(waiting_split(gauges, thresholds))
-        derived[rank_name] = DerivedRank(gauges, rank, pressure_state(gauges, rate(history), thresholds))
+        derived[rank_name] = DerivedRank(gauges, rank, pressure_state(gauges, rate(history), thresholds),
+                                         tier_values(rank.labelled))
     return derived, new_histories

@@ -43,6 +43,7 @@ def _families() -> dict[str, Family]:
     families.update({name: Family(P + name, "counter", text) for name, text in contract.COUNTERS.items()})
     families.update({name: Family(P + name, "histogram", text) for name, text in contract.HISTOGRAMS.items()})
     families[contract.PRESSURE_STATE[0]] = Family(P + contract.PRESSURE_STATE[0], "gauge", contract.PRESSURE_STATE[1])
+    families.update({name: Family(P + name, kind, text) for name, (kind, _, text) in contract.TIER_FAMILIES.items()})
     families.update({name: Family(P + name, kind, text) for name, (kind, text) in contract.EVENT_FAMILIES.items()})
     return families
 
@@ -151,6 +152,11 @@ def render_target(name: str, labels: dict[str, str], url: str, outcome, failures
                 series.setdefault(histogram_name, []).append(template % values)
             else:
                 series.setdefault(histogram_name, []).append(template % tuple(_Spelled(v) for v in values))
+        for family, values in rank.labelled.items():
+            names = contract.TIER_FAMILIES[family][1]
+            for label_values, value in values.items():
+                extra = "".join(f',{label}="{_escape(v)}"' for label, v in zip(names, label_values))
+                series.setdefault(family, []).append(prefixes[P + family, rank_labels, extra] + number(value) + "\n")
         if rank.pressure is not None:
             series.setdefault(contract.PRESSURE_STATE[0], []).extend(
                 prefixes[P + "pressure_state", rank_labels, f',state="{state}"']

@@ -20,6 +20,9 @@ class RankValues:
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
+    # Families with labels of their own (contract.TIER_FAMILIES): name -> {label values, in the family's
+    # label order -> value}.
+    labelled: dict[str, dict[tuple[str, ...], float]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -42,6 +42,10 @@ class Thresholds:
     queue_share_of_ttft: float = 0.5
     # KVCacheNearlyFull by trend: predict_linear says the pool is full within this many seconds.
     nearly_full_horizon_seconds: float = 1800.0
+    # KVCacheOffloadLoadSlow: seconds to load one token back from an offload tier above which loading
+    # costs about what computing its prefill again would (set it to the model's prefill seconds per token on
+    # its GPUs: 5e-5 is 20,000 prompt tokens/s).
+    offload_load_max_seconds_per_token: float = 5e-5
     # `for:` durations of the alerts.
     shortage_for: str = "2m"
     nearly_full_for: str = "10m"
@@ -51,6 +55,8 @@ class Thresholds:
     target_down_for: str = "2m"
     exporter_absent_for: str = "5m"
     capacity_miss_for: str = "30m"
+    offload_full_for: str = "5m"
+    offload_slow_for: str = "15m"
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any] | None) -> "Thresholds":

@@ -25,6 +25,12 @@ One custom prometheus_client Collector per flavor reads the latest published `En
   per-rank counters and `queue_time_seconds` too. Tokenizer-side metrics carry
   `engine_type, model_name` (+ `is_streaming="true"` on TTFT, e2e and the token counters),
   are summed over DP ranks and appear on first use, like `num_retracted_requests_total`.
+- With an offload tier (`offload_blocks`): `vllm-v1` and `vllm-v1-kv-tokens` add vLLM 0.33's native CPU
+  offload families (`kv_offload_*`, `kv_offload_config_info`), `external_prefix_cache_*` and
+  `prompt_tokens_cached_by_source_total{source="device"|"host"}`; `sglang` adds HiCache's
+  `hicache_host_{total,used}_tokens`, `load_back_tokens_total`, `evicted_tokens_total`, the load-back and
+  eviction duration histograms, and `cached_tokens_total{cache_source="host"}`. vLLM V0 and TensorRT-LLM
+  show no tier.
 - `trtllm`: TensorRT-LLM `trtllm-serve`'s /prometheus/metrics in the `trtllm_` generation (1.3.0rc5 on,
   with #12545's labels `engine_type="pytorch"` and the served `model_name`, and #12636's
   `prompt_cached_tokens_total`; names of tensorrt_llm/metrics/collector.py). Multiprocess client: no
@@ -64,6 +70,9 @@ VLLM_V0_BUCKETS = HistogramBuckets(
     ttft=VLLM_TTFT_BUCKETS[:VLLM_TTFT_BUCKETS.index(10.0) + 1], itl=VLLM_ITL_BUCKETS,
     e2e=VLLM_REQUEST_LATENCY_BUCKETS, queue=VLLM_REQUEST_LATENCY_BUCKETS,
     iteration_tokens=VLLM_ITERATION_TOKEN_BUCKETS)
+# hiradix's load-back and eviction duration buckets (SGLang's metrics collector).
+SGLANG_OFFLOAD_BUCKETS = (0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.009, 0.01, 0.02, 0.03, 0.04,
+                          0.05, 0.1, 0.2, 0.5, 1.0)
 SGLANG_BUCKETS = HistogramBuckets(
     ttft=(0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400),
     itl=(0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
@@ -72,6 +81,7 @@ SGLANG_BUCKETS = HistogramBuckets(
          1800, 2400),
     queue=(0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100, 200,
            300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000),
+    offload_transfer=SGLANG_OFFLOAD_BUCKETS,
 )
 
 SGLANG_DECODE_LOG_INTERVAL = 40
@@ -209,6 +219,49 @@ class VllmCollector(Collector):
         yield hist("vllm:request_queue_time_seconds",
                    "Histogram of time spent in WAITING phase for request.", "queue")
         yield self._cache_config(state)
+        if d.engine_label and state.ranks[0].config.offload_blocks:
+            yield from self._offload(ranks, created)
+
+    @staticmethod
+    def _offload(ranks: list[tuple[dict[str, str], ModelSnapshot]], created: float | None) -> Iterator[Metric]:
+        """vLLM 0.33's native CPU offload (OffloadingConnector, one block per chunk) and the engine's
+        by-source and external (connector) prefix counters. Transfers end within their step, so no
+        chunk is ever pinned: the tier's usage (its non-evictable share) reads 0."""
+        def each(value: Callable[[ModelSnapshot], float]) -> Series:
+            return [(labels, float(value(snap))) for labels, snap in ranks]
+
+        yield counter("vllm:external_prefix_cache_queries_total", "External prefix cache queries from KV "
+                      "connector cross-instance cache sharing, in terms of number of queried tokens.",
+                      each(lambda s: s.counters.offload_queried_tokens), created)
+        yield counter("vllm:external_prefix_cache_hits_total", "External prefix cache hits from KV connector "
+                      "cross-instance cache sharing, in terms of number of cached tokens.",
+                      each(lambda s: s.counters.offload_hit_tokens), created)
+        yield counter("vllm:prompt_tokens_cached_by_source_total", "Cached prompt tokens by where the KV came from.",
+                      [({**labels, "source": source}, float(value(snap))) for labels, snap in ranks
+                       for source, value in (("device", lambda s: s.counters.prefix_hit_tokens),
+                                             ("host", lambda s: s.counters.offload_hit_tokens))], created)
+        for name, doc, value in (
+            ("vllm:kv_offload_load_bytes_total", "Total bytes loaded from offload storage to GPU.",
+             lambda s: s.counters.offload_loaded_blocks * s.config.block_bytes),
+            ("vllm:kv_offload_load_time_total", "Total load time from offload storage to GPU, in seconds.",
+             lambda s: s.counters.offload_load_seconds),
+            ("vllm:kv_offload_store_bytes_total", "Total bytes stored from GPU to offload storage.",
+             lambda s: s.counters.offload_stored_blocks * s.config.block_bytes),
+            ("vllm:kv_offload_store_time_total", "Total store time from GPU to offload storage, in seconds.",
+             lambda s: s.counters.offload_store_seconds),
+            ("vllm:kv_offload_allocation_failure_total", "Number of KV offload store allocation attempts that "
+             "failed.", lambda s: 0),
+        ):
+            yield counter(name, doc, each(value), created)
+        yield gauge("vllm:kv_offload_cpu_cache_usage_perc", "CPU offload cache usage.", each(lambda s: 0.0))
+        yield gauge("vllm:kv_offload_config_info", "Static configuration of the KV offload managers of this "
+                    "engine instance.", [({**labels, "cpu_blocks_per_chunk": "1",
+                                           "cpu_kv_cache_size_bytes": str(snap.config.offload_blocks
+                                                                          * snap.config.block_bytes),
+                                           "cpu_kv_cache_size_tokens": str(snap.config.offload_blocks
+                                                                           * snap.config.block_size),
+                                           "cpu_num_chunks": str(snap.config.offload_blocks)}, 1.0)
+                                         for labels, snap in ranks])
 
     def _labels(self, state: EngineState, index: int) -> dict[str, str]:
         labels = {"model_name": state.model_name}
@@ -321,6 +374,16 @@ class SglangCollector(Collector):
                   if snap.histograms["queue"].count]
         if queued:
             yield histogram("sglang:queue_time_seconds", MP, queued, multiprocess=True)
+        if schedulers[0][1].config.offload_blocks:  # --enable-hierarchical-cache: the host tier
+            yield gauge("sglang:hicache_host_total_tokens", MP,
+                        each(lambda s: s.config.offload_blocks * s.config.block_size))
+            yield gauge("sglang:hicache_host_used_tokens", MP, each(tokens(lambda s: s.offload_used_blocks)))
+            yield counter("sglang:load_back_tokens_total", MP, each(tokens(lambda s: s.counters.offload_loaded_blocks)))
+            yield counter("sglang:evicted_tokens_total", MP, each(tokens(lambda s: s.counters.offload_stored_blocks)))
+            for name, key in (("sglang:load_back_duration_seconds", "offload_load"),
+                              ("sglang:eviction_duration_seconds", "offload_store")):
+                yield histogram(name, MP, [(labels, snap.histograms[key]) for labels, snap, _ in schedulers],
+                                multiprocess=True)
 
     def _tokenizer_families(self, state: EngineState) -> Iterable[Metric]:
         labels = {"engine_type": "unified", "model_name": state.model_name}
@@ -333,9 +396,13 @@ class SglangCollector(Collector):
             yield counter("sglang:prompt_tokens_total", MP, [(streaming, total("finished_prompt_tokens"))])
             yield counter("sglang:generation_tokens_total", MP,
                           [(streaming, total("finished_generation_tokens"))])
-        if total("finished_cached_tokens"):
-            yield counter("sglang:cached_tokens_total", MP,
-                          [({**labels, "cache_source": "device"}, total("finished_cached_tokens"))])
+        device = total("finished_cached_tokens") - total("finished_offload_cached_tokens")
+        # Each source's child appears at its first increment.
+        sources = [({**labels, "cache_source": source}, value)
+                   for source, value in (("device", device), ("host", total("finished_offload_cached_tokens")))
+                   if value]
+        if sources:
+            yield counter("sglang:cached_tokens_total", MP, sources)
         for name, key, key_labels in (
             ("sglang:time_to_first_token_seconds", "ttft", streaming),
             ("sglang:inter_token_latency_seconds", "itl", labels),

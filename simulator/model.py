@@ -23,8 +23,15 @@ function of the requests submitted to it (`workload.ArrivalProcess` draws those,
   returns to `reserve_ratio_init` once the queue is empty. So a filling pool first queues
   requests, and preemptions follow once the reserve has worn thin.
   (`reserve_ratio_init: 0` gives vLLM V1's reserve-free admission.)
-- Time: a step lasts `step_base_s + step_per_token_s * tokens_in_step`; TTFT, ITL, queue time and
-  end-to-end latency are read off this simulated clock.
+- Offload tier (optional, `offload_blocks` > 0; `OffloadTier`): a CPU tier behind the pool. A cached
+  block the pool evicts is stored there (GPU to CPU at `offload_store_bytes_per_s`); the tier evicts
+  least-recently-used first. At admission the prefix lookup goes on in the tier where the pool's
+  cached head ends: those blocks are loaded back (CPU to GPU at `offload_load_bytes_per_s`, the load
+  time added to the step) instead of recomputed, and counted as hits from the CPU. A block is
+  `kv_bytes_per_token` x `block_size` bytes. Transfers finish within their step, so nothing in the
+  tier is ever pinned: every tier block is evictable.
+- Time: a step lasts `step_base_s + step_per_token_s * tokens_in_step` (+ the step's load-back time);
+  TTFT, ITL, queue time and end-to-end latency are read off this simulated clock.
 """
 
 from __future__ import annotations
@@ -52,10 +59,18 @@ class EngineConfig:
     reserve_ratio_init: float = 0.5
     reserve_ratio_min: float = 0.05
     reserve_decay_steps: int = 3000
+    offload_blocks: int = 0  # CPU offload tier size in blocks; 0: no tier
+    offload_load_bytes_per_s: float = 20e9  # CPU to GPU
+    offload_store_bytes_per_s: float = 20e9  # GPU to CPU
+    kv_bytes_per_token: int = 131072  # what a block's transfer moves per token (Llama-3.1-8B in bf16)
 
     @property
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_size * self.kv_bytes_per_token
 
     @property
     def effective_max_model_len(self) -> int:
@@ -70,6 +85,7 @@ class HistogramBuckets:
     e2e: tuple[float, ...]
     queue: tuple[float, ...]
     iteration_tokens: tuple[float, ...] = ()
+    offload_transfer: tuple[float, ...] = ()  # one observation per step's load-back or store batch
 
 
 @dataclass(frozen=True)
@@ -145,6 +161,15 @@ class Counters:
     prefill_compute_tokens: int = 0
     prefill_cache_tokens: int = 0
     decode_tokens: int = 0
+    # The offload tier.
+    offload_queried_tokens: int = 0  # prompt tokens looked up in the tier (beyond the pool's hits), first admission
+    offload_hit_tokens: int = 0  # of those, found in the tier
+    finished_offload_cached_tokens: int = 0  # tier hits of finished requests (SGLang's cache_source="host")
+    offload_loaded_blocks: int = 0
+    offload_stored_blocks: int = 0
+    offload_evicted_blocks: int = 0
+    offload_load_seconds: float = 0.0
+    offload_store_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -166,8 +191,8 @@ class GaugeReport:
 class Request:
     __slots__ = (
         "id", "arrival", "prompt_len", "output_len", "prefix_id", "prefix_len",
-        "generated", "computed", "blocks", "hit_tokens", "first_scheduled", "last_token_time",
-        "preempted_unreported",
+        "generated", "computed", "blocks", "hit_tokens", "offload_hit_tokens", "first_scheduled",
+        "last_token_time", "preempted_unreported",
     )
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, output_len: int,
@@ -181,7 +206,8 @@ class Request:
         self.generated = 0
         self.computed = 0  # tokens whose KV is in the pool
         self.blocks: list[BlockKey | None] = []  # None: held but without a content key
-        self.hit_tokens = 0
+        self.hit_tokens = 0  # all cached tokens at first admission, the tier's included
+        self.offload_hit_tokens = 0
         self.first_scheduled: float | None = None
         self.last_token_time = 0.0
         self.preempted_unreported = False
@@ -197,11 +223,34 @@ class Request:
         return (self.id, index)
 
 
+class OffloadTier:
+    """The CPU tier: an LRU set of block keys (a tier block is never pinned, so all are evictable)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.blocks: OrderedDict[BlockKey, None] = OrderedDict()  # least recently used first
+
+    def store(self, key: BlockKey) -> int:
+        """Keep `key` (most recently used); the number of blocks evicted to make room (0 or 1)."""
+        if key in self.blocks:
+            self.blocks.move_to_end(key)
+            return 0
+        self.blocks[key] = None
+        if len(self.blocks) > self.capacity:
+            self.blocks.popitem(last=False)
+            return 1
+        return 0
+
+    def touch(self, key: BlockKey) -> None:
+        self.blocks.move_to_end(key)
+
+
 class BlockPool:
     """Paged KV pool: used (held) + evictable + free == capacity at all times."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
+        self.spilled: list[BlockKey] = []  # cached blocks evicted since the owner last took them
         # (STORED or REMOVED, key) in order, as an engine's prefix cache announces them; None: not kept
         self.journal: list[tuple[str, BlockKey]] | None = None
         self.free = capacity
@@ -233,6 +282,7 @@ class BlockPool:
             self.free -= 1
         elif self.evictable:
             key, _ = self.evictable.popitem(last=False)
+            self.spilled.append(key)
             if self.journal is not None:  # as vLLM: an eviction is announced when the block is reallocated
                 self.journal.append((REMOVED, key))
         else:
@@ -281,6 +331,7 @@ class ModelSnapshot:
     report: GaugeReport
     counters: Counters
     histograms: dict[str, Histogram]
+    offload_used_blocks: int = 0  # blocks the tier holds (all evictable)
 
 
 class EngineModel:
@@ -291,6 +342,8 @@ class EngineModel:
         self.started_at = start_time
         self.now = start_time
         self.pool = BlockPool(config.num_blocks)
+        self.tier = OffloadTier(config.offload_blocks) if config.offload_blocks else None
+        self._load_seconds = 0.0  # load-back time of the step being built
         # With record_kv_events: (end of step, the pool's journal of that step) for each step that stored
         # or evicted a block, as the engines publish one KV event batch per scheduler step.
         self.kv_batches: list[tuple[float, list]] | None = [] if record_kv_events else None
@@ -309,6 +362,8 @@ class EngineModel:
             "e2e": Histogram(buckets.e2e),
             "queue": Histogram(buckets.queue),
             "iteration_tokens": Histogram(buckets.iteration_tokens),
+            "offload_load": Histogram(buckets.offload_transfer),
+            "offload_store": Histogram(buckets.offload_transfer),
         }
         self._decode_steps_since_report = 0
         self._tokens_since_report = 0
@@ -405,18 +460,24 @@ class EngineModel:
             self.pool.release(key)
         request.blocks = []
 
-    def _cached_head(self, request: Request) -> list[BlockKey]:
-        """Keys of the leading blocks already cached; at least one token is always left to compute."""
+    def _cached_head(self, request: Request) -> tuple[list[BlockKey], list[BlockKey]]:
+        """Keys of the leading blocks cached in the pool, then of those that follow in the offload tier;
+        at least one token is always left to compute."""
         if not self.config.enable_prefix_caching:
-            return []
+            return [], []
+        self._spill()  # blocks evicted earlier in this step are in the tier by now
         size = self.config.block_size
-        keys = []
+        keys: list[BlockKey] = []
+        offloaded: list[BlockKey] = []
         for index in range((request.target - 1) // size):
             key = request.block_key(index, size)
-            if not self.pool.is_cached(key):
+            if not offloaded and self.pool.is_cached(key):
+                keys.append(key)
+            elif self.tier is not None and key in self.tier.blocks:
+                offloaded.append(key)
+            else:
                 break
-            keys.append(key)
-        return keys
+        return keys, offloaded
 
     def _update_reserve_ratio(self) -> None:
         config = self.config
@@ -438,7 +499,7 @@ class EngineModel:
             if len(self.running) >= config.max_num_seqs:
                 return "cap"
             request = self.waiting[0]
-            hits = self._cached_head(request)
+            hits, offloaded = self._cached_head(request)
             missing = self._blocks_for(request.target) - len(hits)
             hits_now_evictable = sum(1 for key in hits if key in pool.evictable)
             output_to_come += request.output_len - request.generated
@@ -451,11 +512,12 @@ class EngineModel:
             for _ in range(missing):
                 pool.allocate()
             request.blocks = hits + [None] * missing
-            hit_tokens = len(hits) * config.block_size
+            self._load_back(request, len(hits), offloaded)
+            hit_tokens = (len(hits) + len(offloaded)) * config.block_size
             request.computed = hit_tokens
             self.counters.prefill_cache_tokens += hit_tokens
             if request.first_scheduled is None:
-                self._first_admission(request, hit_tokens)
+                self._first_admission(request, hit_tokens, len(offloaded) * config.block_size)
                 events.admitted.append(request.id)
             else:
                 if request.preempted_unreported:
@@ -468,12 +530,45 @@ class EngineModel:
             budget -= chunk
         return None
 
-    def _first_admission(self, request: Request, hit_tokens: int) -> None:
+    def _load_back(self, request: Request, first: int, offloaded: list[BlockKey]) -> None:
+        """Fill the request's blocks `first`... with the tier's copies of `offloaded` (freshly allocated,
+        so the pool's blocks are anonymous until sealed here) and count the transfer."""
+        if not offloaded:
+            return
+        for index, key in enumerate(offloaded, first):
+            self.tier.touch(key)
+            if self.pool.seal(key):
+                request.blocks[index] = key
+        counters, config = self.counters, self.config
+        seconds = len(offloaded) * config.block_bytes / config.offload_load_bytes_per_s
+        counters.offload_loaded_blocks += len(offloaded)
+        counters.offload_load_seconds += seconds
+        self._load_seconds += seconds
+        self.histograms["offload_load"].observe(seconds)
+
+    def _spill(self) -> None:
+        """Store the blocks the pool evicted in the tier (or forget them without one)."""
+        spilled, self.pool.spilled = self.pool.spilled, []
+        if self.tier is None or not spilled:
+            return
+        counters, config = self.counters, self.config
+        for key in spilled:
+            counters.offload_evicted_blocks += self.tier.store(key)
+        seconds = len(spilled) * config.block_bytes / config.offload_store_bytes_per_s
+        counters.offload_stored_blocks += len(spilled)
+        counters.offload_store_seconds += seconds
+        self.histograms["offload_store"].observe(seconds)
+
+    def _first_admission(self, request: Request, hit_tokens: int, offload_hit_tokens: int) -> None:
         request.first_scheduled = self.now
         request.hit_tokens = hit_tokens
+        request.offload_hit_tokens = offload_hit_tokens
         if self.config.enable_prefix_caching:
             self.counters.prefix_queried_tokens += request.prompt_len
-            self.counters.prefix_hit_tokens += hit_tokens
+            self.counters.prefix_hit_tokens += hit_tokens - offload_hit_tokens
+            if self.tier is not None:
+                self.counters.offload_queried_tokens += request.prompt_len - (hit_tokens - offload_hit_tokens)
+                self.counters.offload_hit_tokens += offload_hit_tokens
         if not self.reporting.queue_time_at_finish:
             self.histograms["queue"].observe(self.now - request.arrival)
 
@@ -482,7 +577,9 @@ class EngineModel:
     def _execute(self, batch: list[tuple[Request, int]], events: StepEvents) -> None:
         config, counters = self.config, self.counters
         tokens = sum(chunk for _, chunk in batch)
-        end = self.now + config.step_base_s + config.step_per_token_s * tokens
+        end = self.now + config.step_base_s + config.step_per_token_s * tokens + self._load_seconds
+        self._load_seconds = 0.0
+        self._spill()
         prefill_tokens = 0
         prefill_hits = 0
         finished = False
@@ -536,6 +633,7 @@ class EngineModel:
         counters.finished_prompt_tokens += request.prompt_len
         counters.finished_generation_tokens += request.generated
         counters.finished_cached_tokens += request.hit_tokens
+        counters.finished_offload_cached_tokens += request.offload_hit_tokens
         events.finished.append(request.id)
         return True
 
@@ -582,4 +680,5 @@ class EngineModel:
             report=self.report,
             counters=replace(self.counters),
             histograms={name: h.copy() for name, h in self.histograms.items()},
+            offload_used_blocks=len(self.tier.blocks) if self.tier is not None else 0,
         )

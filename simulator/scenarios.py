@@ -31,6 +31,10 @@ of 4 shared 512-token prefixes.
 - prefix-collapse (600 s, repeats), default workload:
     0-300    90% of prompts share a prefix: prefix-cache hit ratio ~0.55;
     300-600  10% share a prefix: the hit ratio falls to ~0.05-0.07.
+- offload-tier (600 s, repeats), engine with 256 blocks and a CPU tier of 4096 blocks (`offload_blocks`):
+    1 req/s, 90% of prompts start with one of 16 shared 512-token prefixes (512 blocks: twice the GPU
+    pool). The pool keeps few of them; the tier keeps them all, so most cached prompt tokens come back
+    from the CPU (load-back) instead of being recomputed.
 - restart (360 s, repeats): the default workload; the engine restarts at 180 s (and at every
   repeat), so counters start again from zero and `_created` moves.
 
@@ -131,6 +135,11 @@ BUILTIN_SCENARIOS: dict[str, dict[str, Any]] = {
             {"name": "shared", "duration_s": 300, "prefix_share": 0.9},
             {"name": "collapsed", "duration_s": 300, "prefix_share": 0.1},
         ],
+    },
+    "offload-tier": {
+        "engine": {"num_blocks": 256, "offload_blocks": 4096},
+        "phases": [{"name": "offloaded", "duration_s": 600, "arrival_rate": 1.0, "prefix_share": 0.9,
+                    "num_prefixes": 16, "prefix_len": 512}],
     },
     "restart": {
         "phases": [
@@ -251,10 +260,11 @@ def _parse_engine(source: str, data: Any) -> EngineConfig:
         if isinstance(default, bool):
             values[f.name] = spec.boolean(f.name, default)
         elif isinstance(default, int):
-            values[f.name] = spec.integer(f.name, default, minimum=1)
+            values[f.name] = spec.integer(f.name, default, minimum=0 if f.name == "offload_blocks" else 1)
         else:
-            # A step of zero duration would stop the simulated clock.
-            values[f.name] = spec.number(f.name, default, above_minimum=f.name == "step_base_s")
+            # A step of zero duration would stop the simulated clock; a transfer at no speed would never end.
+            values[f.name] = spec.number(f.name, default, above_minimum=f.name == "step_base_s"
+                                         or f.name.endswith("_bytes_per_s"))
     if values["reserve_ratio_min"] > values["reserve_ratio_init"]:
         spec.fail(spec.key("reserve_ratio_min"), "must be <= reserve_ratio_init")
     return EngineConfig(**values)

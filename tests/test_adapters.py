@@ -86,6 +86,11 @@ def test_every_adapter_concept_is_a_contract_family_of_its_kind():
     kinds = {"gauge": contract.RANK_GAUGES, "counter": contract.COUNTERS, "histogram": contract.HISTOGRAMS}
     for adapter in adapters.ADAPTERS.values():
         for series in adapter.series:
+            if series.labels or series.label_from:  # a labelled family: its kind and its number of labels
+                kind, labels, _ = contract.TIER_FAMILIES[series.concept]
+                assert (series.kind, len(series.labels) + bool(series.label_from)) == (kind, len(labels)), \
+                    (adapter.engine, series.concept)
+                continue
             assert series.concept in kinds[series.kind], (adapter.engine, series.concept)
 
 

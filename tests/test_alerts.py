@@ -19,7 +19,7 @@ UNIT_TESTS = sorted((ALERTS / "tests").glob("*.test.yml"))
 EXPECTED_ALERTS = {
     "KVCacheShortageQueueing", "KVCachePreemptionStorm", "KVCacheNearlyFull", "KVCachePrefixHitRateDrop",
     "KVCacheQueueDominatesTTFT", "KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent",
-    "KVCacheCapacityMisses",
+    "KVCacheCapacityMisses", "KVCacheOffloadTierFull", "KVCacheOffloadLoadSlow",
 }
 # Alerts about one engine's KV (their descriptions name target and model); the other three are
 # about polling, where a target without answers has no model.
@@ -59,8 +59,8 @@ def test_promtool_check_rules_passes(tmp_path, variant):
         path.write_text(generate.render(generate.build(thresholds)))
     result = run(require_binary("promtool"), "check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-    # 10 recording rules, 10 for what more KV would buy (2, then 2 per factor), 10 alerting (the storm twice)
-    assert "SUCCESS: 30 rules found" in result.stdout
+    # 12 recording rules, 10 for what more KV would buy (2, then 2 per factor), 12 alerting (the storm twice)
+    assert "SUCCESS: 34 rules found" in result.stdout
 
 
 def test_rule_file_has_every_alert_with_severity_and_annotations():
@@ -83,7 +83,7 @@ def contract_families() -> set[str]:
     from exporter import contract
 
     names = [*contract.RANK_GAUGES, *contract.COUNTERS, *contract.HISTOGRAMS, *contract.TARGET_FAMILIES,
-             *contract.EVENT_FAMILIES, contract.PRESSURE_STATE[0], contract.BUILD_INFO[0]]
+             *contract.EVENT_FAMILIES, *contract.TIER_FAMILIES, contract.PRESSURE_STATE[0], contract.BUILD_INFO[0]]
     return {contract.PREFIX + name for name in names}
 
 
@@ -161,8 +161,9 @@ def test_compress_knows_every_threshold():
     """A new threshold must be a duration, a per-second rate or one of the known ratios."""
     compressed = generate.compress(DEFAULT, 4)
     unchanged = {f.name for f in dataclasses.fields(DEFAULT) if getattr(compressed, f.name) == getattr(DEFAULT, f.name)}
+    # Seconds per token loaded is a quotient of two counters of the engine's own: no clock enters it.
     assert unchanged == {"high_water_ratio", "low_water_ratio", "prefix_hit_drop_fraction", "queue_share_of_ttft",
-                         "capacity_miss_share"}
+                         "capacity_miss_share", "offload_load_max_seconds_per_token"}
     assert compressed.shortage_for == "30s" and compressed.window_seconds == 15
     assert compressed.thrashing_preemptions_per_second == pytest.approx(0.08)
     with pytest.raises(ValueError):

@@ -229,8 +229,8 @@ def test_fleet_series_drill_down_to_the_target_dashboard():
 def test_target_dashboard_details():
     dashboard = committed(target.FILENAME)
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
-    assert rows == ["Overview", "KV", "Pressure", "Prefix cache", "What more KV would buy", "Latency", "KV memory",
-                    "Exporter health"]
+    assert rows == ["Overview", "KV", "Pressure", "Prefix cache", "Offload tiers", "What more KV would buy", "Latency",
+                    "KV memory", "Exporter health"]
     heatmaps = {p["title"]: p for p in lint.panels(dashboard) if p["type"] == "heatmap"}
     assert set(heatmaps) == {"Time to first token distribution", "Queue time distribution"}
     for p in heatmaps.values():

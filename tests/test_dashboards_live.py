@@ -1,5 +1,6 @@
 """Every query of both dashboards against Debian's Prometheus after it scraped the exporter in
-front of a simulated vLLM (running out of KV) and a simulated SGLang engine (steady traffic).
+front of a simulated vLLM (running out of KV) and a simulated SGLang engine (steady traffic), both
+with a CPU offload tier.
 
 The stack starts once per module. A query passes when Prometheus accepts it (instant and
 range) and the range result holds at least one number that is not NaN. The few queries that
@@ -59,8 +60,12 @@ def exporter_config(vllm_url: str, sglang_url: str, trtllm_url: str, dead_url: s
 def prometheus_url(tmp_path_factory):
     work = tmp_path_factory.mktemp("dashboards-live")
     events = tuple(f"tcp://127.0.0.1:{harness.free_port()}" for _ in range(2))
-    with start_engine("vllm-v1", scenario="kv-saturation", speed=20, seed=1, kv_events_endpoint=events[0]) as vllm, \
-            start_engine("sglang", scenario="steady", speed=20, seed=2, kv_events_endpoint=events[1]) as sglang, \
+    # vLLM and SGLang with a CPU offload tier, so that the offload panels have their inputs (vLLM's in
+    # bytes, SGLang's in tokens); TensorRT-LLM, the one engine that reports paused requests.
+    with start_engine("vllm-v1", scenario="kv-saturation", speed=20, seed=1, kv_events_endpoint=events[0],
+                      offload_blocks=4096) as vllm, \
+            start_engine("sglang", scenario="steady", speed=20, seed=2, kv_events_endpoint=events[1],
+                         offload_blocks=4096) as sglang, \
             start_engine("trtllm", scenario="steady", speed=20, seed=3) as trtllm:
         config_path = work / "exporter.yml"
         dead_url = f"http://127.0.0.1:{harness.free_port()}/metrics"

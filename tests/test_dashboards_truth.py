@@ -64,6 +64,8 @@ FLEET = {
     "sglang-steady": ("sglang", "steady", 1, 7, {}),
     # No preemption counter, gauges refreshed only when a request finishes, token counters per finished request.
     "trtllm-sat": ("trtllm", "kv-saturation", 1, 8, {}),
+    # A small GPU pool behind a CPU offload tier: most prefix hits come back from the CPU.
+    "vllm-offload": ("vllm-v1", "offload-tier", 1, 9, {}),
 }
 STEADY = {"vllm-steady", "sglang-steady"}
 QUEUEING = {"vllm-sat", "sglang-sat-dp2", "vllm-cap", "sglang-cap", "trtllm-sat"}
@@ -95,6 +97,7 @@ class Rank:
     finished: int
     queried: int
     hits: int
+    offload_hits: int  # prompt tokens served from the offload tier
     queue_sum: float
     ttft_sum: float
     ttft_buckets: tuple[tuple[float, int], ...]  # cumulative, ending with (inf, count)
@@ -126,6 +129,7 @@ class Truth:
             preemptions=s.counters.preemptions, finished=s.counters.finished_requests,
             queried=s.counters.finished_prompt_tokens if at_finish else s.counters.prefix_queried_tokens,
             hits=s.counters.finished_cached_tokens if at_finish else s.counters.prefix_hit_tokens,
+            offload_hits=s.counters.offload_hit_tokens,
             queue_sum=s.histograms["queue"].sum, ttft_sum=s.histograms["ttft"].sum,
             ttft_buckets=tuple(s.histograms["ttft"].cumulative()),
         ) for s in engine.state().ranks)
@@ -537,3 +541,27 @@ def test_panels_without_inputs_are_absent_for_the_engine_and_say_why(run, fleet_
         assert lines.get("trtllm-sat"), title
     states = {PRESSURE_STATES[int(code)] for _, code in by_target(fleet_all["Pressure state over time"])["trtllm-sat"]}
     assert "saturated" in states and "thrashing" not in states, states
+
+
+@pytest.mark.usefixtures("artifacts_on_failure")
+def test_hits_by_source_follow_the_engines_tier(run):
+    """The offload target's prefix hits split by source as its model counted them: over the run the CPU tier
+    served more than the GPU pool, and the panel's shares, each a share of the same looked-up tokens, say so;
+    the GPU share is the prefix-cache hit ratio of the same target, and all sources together the sum."""
+    truth, name = run.truth, "vllm-offload"
+    span = run.end - run.start
+    cpu, gpu = (truth.delta(name, run.end, span, lambda r: getattr(r, field)) for field in ("offload_hits", "hits"))
+    assert cpu > gpu > 0, (cpu, gpu)
+    panels = evaluated(run, target.FILENAME, {"target": name})
+    shares = {labels.get("source"): dict(points) for labels, points in panels["Prefix hits by source"].series["A"]}
+    [(_, combined_points)] = panels["Prefix hits by source"].series["B"]
+    combined = dict(combined_points)
+    [(_, gpu_points)] = panels["Prefix-cache hit ratio per rank"].series["A"]
+    gpu_ratio = dict(gpu_points)
+    both = [t for t in shares["cpu"] if t in shares["gpu"] and not math.isnan(shares["cpu"][t] + shares["gpu"][t])]
+    assert len(both) >= 10
+    assert sum(shares["cpu"][t] for t in both) > sum(shares["gpu"][t] for t in both)
+    for t in both:
+        assert shares["gpu"][t] == pytest.approx(gpu_ratio[t], abs=1e-9)
+        assert shares["cpu"][t] + shares["gpu"][t] == pytest.approx(combined[t], abs=1e-9)
+        assert 0 <= combined[t] <= 1

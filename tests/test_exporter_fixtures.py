@@ -86,7 +86,9 @@ def test_fixture_values(samples, name):
             if key == "pressure_state":
                 assert harness.value(samples, "kvcache_pressure_state", state=want, **labels) == 1.0, (name, rank)
                 continue
-            got = harness.value(samples, "kvcache_" + key, **labels)
+            family, _, label_part = key.partition("{")  # `tier_used_tokens{tier=cpu}`: a labelled family
+            extra = dict(pair.split("=") for pair in label_part.rstrip("}").split(",")) if label_part else {}
+            got = harness.value(samples, "kvcache_" + family, **labels, **extra)
             assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-6), f"{name} dp_rank={rank} {key}: {got} != {want}"
     # Pages without a usage reading (request-only TensorRT-LLM, a Dynamo frontend) still have per-pool series.
     exposed_ranks = {dict(labels)["dp_rank"] for (metric, labels) in samples

@@ -467,6 +467,21 @@ def test_cli_explicit_numbers_human_output(capsys):
     ]
 
 
+def test_cli_offload_tier_in_tokens_and_sequences(capsys):
+    # Llama-3.1-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 B = 131072 B per token; 8 GiB / 131072 = 65536
+    # tokens = 8 sequences of 8192. In fp8 over TP 2, 100 GB / 65536 B = 1525878.90625: 1525878 tokens.
+    code, out, err = run(capsys, "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--dtype", "bf16",
+                         "--seq-len", "8192", "--offload-size", "8GiB")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[-2:] == ["offload tier of 8 GiB: 65536 tokens",
+                                     "sequences of 8192 tokens in the offload tier: 8"]
+    code, out, _ = run(capsys, "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--dtype", "fp8",
+                       "--tp", "2", "--offload-size", "100GB", "--json")
+    report = json.loads(out)
+    assert (code, report["offload_bytes"], report["offload_tokens"]) == (0, 100 * 10**9, 1525878)
+    assert report["sequences_in_offload"] is None  # no --seq-len
+
+
 def test_cli_json_output_numbers(capsys):
     code, out, err = run(
         capsys, "--config-json", str(MODELS / "llama-3-70b"), "--tp", "4", "--seq-len", "8192",

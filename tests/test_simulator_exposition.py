@@ -338,3 +338,38 @@ def test_the_adapter_reads_what_the_model_holds(flavor):
     assert (gauges["requests_running"], gauges["requests_waiting"]) == (report.running, report.waiting)
     assert gauges["usage_ratio"] == pytest.approx(report.used_blocks / 1024, abs=0.005)  # SGLang rounds to 0.01
     assert snapshot.model == MODEL
+
+
+@pytest.mark.parametrize("flavor", ["vllm-v1", "sglang"])
+def test_an_offload_tier_shows_in_the_engines_names_and_the_adapter_reads_the_models_counters(flavor):
+    from exporter import adapters, derive
+    from exporter.sources import parser
+
+    run = simulate(flavor, 300, scenario="offload-tier")
+    page = Page(flavor, run)
+    model = run.models[0]
+    snap, counters, config = model.snapshot(), model.counters, model.config
+    adapter = adapters.detect(page.text)
+    labelled = derive.tier_values(adapter.adapt(parser.parse(page.text, adapter.wanted)).ranks["0"].labelled)
+    tier_tokens = config.offload_blocks * config.block_size
+    assert labelled["tier_capacity_tokens"] == {("cpu",): 4096 * 16} == {("cpu",): tier_tokens}
+    assert counters.offload_hit_tokens > 0 and counters.offload_loaded_blocks > 0
+    cpu_hits = counters.offload_hit_tokens if flavor == "vllm-v1" else counters.finished_offload_cached_tokens
+    assert labelled["cached_prompt_tokens_total"][("cpu",)] == cpu_hits
+    if flavor == "vllm-v1":
+        assert page.value("vllm:kv_offload_load_bytes_total") == counters.offload_loaded_blocks * 16 * 131072
+        assert labelled["tier_transfer_bytes_total"] == {
+            ("cpu", "load"): counters.offload_loaded_blocks * config.block_bytes,
+            ("cpu", "store"): counters.offload_stored_blocks * config.block_bytes}
+        assert labelled["tier_transfer_seconds_total"][("cpu", "load")] == pytest.approx(counters.offload_load_seconds)
+        assert labelled["cached_prompt_tokens_total"][("gpu",)] == counters.prefix_hit_tokens
+        # No chunk is pinned between steps: the tier's non-evictable share is 0.
+        assert (labelled["tier_usage_ratio"], labelled["tier_used_tokens"]) == ({("cpu",): 0.0}, {("cpu",): 0.0})
+    else:
+        assert page.value("sglang:hicache_host_used_tokens", tp_rank="0") == snap.offload_used_blocks * 16
+        assert labelled["tier_used_tokens"] == {("cpu",): snap.offload_used_blocks * 16}
+        assert labelled["tier_usage_ratio"][("cpu",)] == pytest.approx(snap.offload_used_blocks / 4096)
+        assert labelled["tier_transfer_tokens_total"] == {("cpu", "load"): counters.offload_loaded_blocks * 16,
+                                                          ("cpu", "store"): counters.offload_stored_blocks * 16}
+        assert labelled["tier_transfer_seconds_total"][("cpu", "store")] == pytest.approx(
+            counters.offload_store_seconds)

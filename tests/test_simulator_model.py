@@ -261,3 +261,52 @@ def test_arrivals_follow_the_rate_and_respect_the_length_limits():
     assert all(r.prefix_len <= r.prompt_len for r in prefixed)
     arrivals.set_workload(replace(workload, arrival_rate=0.0), 1000.0)
     assert arrivals.until(1e9) == []
+
+
+def test_an_evicted_block_goes_to_the_offload_tier_and_a_later_hit_loads_it_back():
+    # 4 GPU blocks of 4 tokens; a 12-token prefix (3 blocks) is cached, then pushed out of the pool by
+    # another request's blocks, then asked for again: it comes back from the tier, not recomputed.
+    model = _model(num_blocks=4, block_size=4, max_model_len=16, offload_blocks=8, reserve_ratio_init=0.0,
+                   reserve_ratio_min=0.0, offload_load_bytes_per_s=1e9, kv_bytes_per_token=1000)
+    model.submit(Request(0, 0.0, prompt_len=12, output_len=1, prefix_id=1, prefix_len=12))
+    model.submit(Request(1, 1.0, prompt_len=16, output_len=1))  # needs all 4 blocks: evicts the prefix
+    model.advance_to(2)
+    counters = model.counters
+    # The pool evicts a released request's tail first, so the tier receives the prefix back to front.
+    assert counters.offload_stored_blocks == 3 and list(model.tier.blocks) == [("prefix", 1, i) for i in (2, 1, 0)]
+    model.submit(Request(2, 2.0, prompt_len=13, output_len=1, prefix_id=1, prefix_len=12))
+    model.advance_to(3)
+    # 3 blocks = 12 tokens hit, all from the CPU; 12 x 1000 bytes at 1e9 bytes/s.
+    assert (counters.prefix_hit_tokens, counters.offload_hit_tokens, counters.offload_loaded_blocks) == (0, 12, 3)
+    assert counters.offload_queried_tokens == 12 + 16 + 13  # every prompt token the GPU pool did not have
+    assert counters.offload_load_seconds == pytest.approx(12 * 1000 / 1e9)
+    assert counters.finished_cached_tokens == counters.finished_offload_cached_tokens == 12
+
+
+def test_the_offload_tier_evicts_least_recently_used_first():
+    from simulator.model import OffloadTier
+
+    tier = OffloadTier(2)
+    assert (tier.store("a"), tier.store("b")) == (0, 0)
+    tier.touch("a")
+    assert tier.store("c") == 1 and list(tier.blocks) == ["a", "c"]
+
+
+def test_the_offload_tier_scenario_serves_most_cached_tokens_from_the_cpu():
+    """The offload-tier scenario: the same seed with and without the tier, numbers from the models' counters."""
+    from simulator.scenarios import override_engine
+
+    scenario = load_scenario("offload-tier")
+    with_tier = ScenarioRun(scenario, FLAVORS["vllm-v1"].reporting, seed=0)
+    without = ScenarioRun(override_engine(scenario, {"offload_blocks": 0}), FLAVORS["vllm-v1"].reporting, seed=0)
+    with_tier.advance_to(600)
+    without.advance_to(600)
+    tiered, plain = with_tier.models[0].counters, without.models[0].counters
+    assert len(with_tier.models[0].tier.blocks) <= scenario.engine.offload_blocks
+    assert tiered.offload_hit_tokens > 2 * tiered.prefix_hit_tokens  # most hits come from the CPU
+    cached = lambda c: (c.prefix_hit_tokens + c.offload_hit_tokens) / c.prefix_queried_tokens  # noqa: E731
+    assert cached(tiered) > 3 * cached(plain)
+    # Recompute: prefill tokens computed per prompt token queried fall by more than a third.
+    computed = lambda c: c.prefill_compute_tokens / c.prefix_queried_tokens  # noqa: E731
+    assert computed(tiered) < 0.67 * computed(plain)
+    assert tiered.offload_loaded_blocks * scenario.engine.block_size >= tiered.offload_hit_tokens

@@ -12,14 +12,19 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from .. import contract
 from ..sources.parser import ParseError, Sample, parse_labels
 from ..snapshot import Histogram, RankValues, Snapshot
 
 Kind = Literal["gauge", "counter", "histogram"]
-# Families most engines beyond vLLM and SGLang lack: the evictable split, the waiting reason, a preemption counter.
-NO_POOL_DETAIL = frozenset({"evictable_tokens", "requests_waiting_for_capacity", "preemptions_total"})
 PREFIX_AND_TOKEN_COUNTERS = frozenset({"prefix_cache_queried_tokens_total", "prefix_cache_hit_tokens_total",
                                        "prompt_tokens_total", "generation_tokens_total"})
+# Families of KV beyond the GPU pool, for engines with no offload tier or external cache series.
+NO_OFFLOAD = frozenset(contract.TIER_FAMILIES) | {"external_cache_queried_tokens_total",
+                                                  "external_cache_hit_tokens_total"}
+# Families most engines beyond vLLM and SGLang lack: the evictable split, the waiting reason, a preemption
+# counter, and KV beyond the GPU pool.
+NO_POOL_DETAIL = frozenset({"evictable_tokens", "requests_waiting_for_capacity", "preemptions_total"}) | NO_OFFLOAD
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
@@ -28,13 +33,23 @@ class Series:
     concept: str
     names: tuple[str, ...]
     kind: Kind = "gauge"
-    match: dict[str, str] = field(default_factory=dict)
+    match: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
     sum_over: tuple[str, ...] = ()
     # A family the engine creates on first use: read it as 0 while any of these names is on the page.
     zero_when_present: tuple[str, ...] = ()
+    # For a family with labels of its own (contract.TIER_FAMILIES): its label values, in order ...
+    labels: tuple[str, ...] = ()
+    # ... then the last one read from a label of the engine's: (its name, engine value -> contract value).
+    # Engine values not listed are "other"; those mapped to None (a total, not a breakdown) are left out.
+    label_from: tuple[str, dict[str, str | None]] | None = None
 
 
 Samples = dict[str, list[Sample]]
+
+
+def _matches(value: str, wanted: str | tuple[str, ...]) -> bool:
+    """A label filter: one value, or any of several ("" where the label may be missing)."""
+    return value in wanted if isinstance(wanted, tuple) else value == wanted
 _UNSEEN = object()
 # Distinct label sets remembered per series; a fleet serving one model shares most of them.
 _SLICE_CACHE_LIMIT = 50_000
@@ -66,7 +81,7 @@ class Adapter:
                     names.add(name)
         self.wanted = frozenset(names)
         self._spellings: dict[tuple, list[tuple[str, str]]] = {}
-        self._slices: dict[tuple, dict[str, tuple | None]] = {}  # by (concept, extra key), then label text
+        self._slices: dict[tuple, dict[str, tuple | None]] = {}  # by (series id, extra key), then label text
 
     # Re-exporters (SGLang's router, gRPC sidecars, Dynamo, Ray) rewrite the engine's colon prefix.
     prefix_aliases: ClassVar[tuple[str, ...]] = ()
@@ -96,23 +111,33 @@ class Adapter:
         """(output key, breakdown slice) of a label set, or None when the series' filters reject it. The
         output key is the rank, or (rank, bucket bound) for the `le` of a histogram bucket."""
         labels = parse_labels(label_text) if label_text else {}
-        if not all(labels.get(k, "") == v for wanted in (self.base_match, series.match) for k, v in wanted.items()):
+        if not all(_matches(labels.get(k, ""), v) for wanted in (self.base_match, series.match)
+                   for k, v in wanted.items()):
             return None
         out_key = self.rank_of(labels)
+        breakdown = ()
+        if series.label_from:
+            wire_label, values = series.label_from
+            wire_value = labels.get(wire_label, "")
+            value = values.get(wire_value, "other")
+            if value is None:
+                return None
+            out_key, breakdown = (out_key, value), (wire_value,)
         if extra_key is not None:
             bound = labels.get(extra_key, "")
             try:
                 out_key = (out_key, float(bound))
             except ValueError:
                 raise ParseError(f"{series.concept}: bucket bound {extra_key}={bound!r} is not a number") from None
-        return out_key, tuple(labels.get(label, "") for label in series.sum_over)
+        return out_key, breakdown + tuple(labels.get(label, "") for label in series.sum_over)
 
     def _collapse(self, samples: list[Sample], series: Series, extra_key: str | None = None) -> dict:
         """Per output key: max over duplicate copies of each breakdown slice, then the sum over slices.
         Label sets repeat from poll to poll, so a label set's slice is cached by its text."""
-        cache = self._slices.get((series.concept, extra_key))
+        # Keyed by the series, not its concept: several series (tiers, directions) fill one labelled family.
+        cache = self._slices.get((id(series), extra_key))
         if cache is None or len(cache) >= _SLICE_CACHE_LIMIT:
-            cache = self._slices[series.concept, extra_key] = {}
+            cache = self._slices[id(series), extra_key] = {}
         slices: dict[tuple, float] = {}
         for _, label_text, value in samples:
             key = cache.get(label_text, _UNSEEN)
@@ -139,6 +164,10 @@ class Adapter:
                 self._adapt_histogram(series, samples, rank)
                 continue
             name = self.first_present(series.names, samples)
+            if series.labels or series.label_from:
+                if name is not None:
+                    self._adapt_labelled(series, samples[name], rank)
+                continue
             target = "counters" if series.kind == "counter" else "gauges"
             if name is None:
                 if series.zero_when_present and self.first_present(series.zero_when_present, samples):
@@ -151,6 +180,14 @@ class Adapter:
         snapshot = Snapshot(engine=self.engine, model=self.model_of(samples), version="", ranks=ranks)
         self.complete(samples, snapshot)
         return snapshot
+
+    def _adapt_labelled(self, series: Series, samples: list[Sample], rank) -> None:
+        """A labelled family's values; where two series fill the same label values, the first one wins
+        (a newer name before an older one, as within a series' names)."""
+        for out_key, value in self._collapse(samples, series).items():
+            rank_name, tail = (out_key[0], (out_key[1],)) if series.label_from else (out_key, ())
+            if math.isfinite(value):
+                rank(rank_name).labelled.setdefault(series.concept, {}).setdefault(series.labels + tail, value)
 
     def _ranks_on_page(self, samples: Samples, names: tuple[str, ...]) -> set[str]:
         found = set()

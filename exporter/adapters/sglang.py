@@ -9,6 +9,13 @@ from ..snapshot import Snapshot
 _STREAMING = ("is_streaming",)
 # Present from 0.5.10 on, when `num_retracted_requests_total` exists but is only created at the first retraction.
 _RETRACTION_COUNTER_ERA = ("sglang:full_token_usage", "sglang:kv_used_tokens")
+# cached_tokens_total{cache_source}: `total` (no breakdown) is no source. Storage backends (L3) other than
+# the local file backend are remote.
+_HIT_SOURCES = {"total": None, "device": "gpu", "host": "cpu", "storage_file": "disk", "storage_mooncake": "remote",
+                "storage_hf3fs": "remote", "storage_nixl": "remote", "storage_aibrix": "remote",
+                "storage_eic": "remote"}
+# Newer HiCache counters split by `pool` (kv, mamba); mamba counts state slots, not tokens.
+_KV_POOL = {"pool": ("kv", "")}
 
 
 class SglangAdapter(Adapter):
@@ -17,7 +24,9 @@ class SglangAdapter(Adapter):
     marker = r"sglang[:_]"
     prefix_aliases = ("sglang_",)
     rank_label = "dp_rank"
-    not_reported = frozenset({"requests_waiting_for_capacity", "requests_paused"})
+    not_reported = frozenset({"requests_waiting_for_capacity", "requests_paused", "tier_used_bytes",
+                              "tier_transfer_bytes_total", "tier_store_failures_total",
+                              "external_cache_queried_tokens_total", "external_cache_hit_tokens_total"})
     # With priority scheduling, priority="" is the total and other values are slices of it.
     base_match = {"priority": ""}
     extra_names = ("sglang:cache_config_info",)
@@ -37,6 +46,19 @@ class SglangAdapter(Adapter):
         Series("prefix_cache_hit_tokens_total", ("sglang:cached_tokens_total",), "counter",
                sum_over=("cache_source",) + _STREAMING),
         Series("prompt_tokens_total", ("sglang:prompt_tokens_total",), "counter", sum_over=_STREAMING),
+        Series("cached_prompt_tokens_total", ("sglang:cached_tokens_total",), "counter", sum_over=_STREAMING,
+               label_from=("cache_source", _HIT_SOURCES)),
+        # HiCache (--enable-hierarchical-cache): the host-memory tier.
+        Series("tier_capacity_tokens", ("sglang:hicache_host_total_tokens",), labels=("cpu",)),
+        Series("tier_used_tokens", ("sglang:hicache_host_used_tokens",), labels=("cpu",)),
+        Series("tier_transfer_tokens_total", ("sglang:load_back_tokens_total",), "counter", match=_KV_POOL,
+               labels=("cpu", "load")),
+        Series("tier_transfer_tokens_total", ("sglang:evicted_tokens_total",), "counter", match=_KV_POOL,
+               labels=("cpu", "store")),
+        Series("tier_transfer_seconds_total", ("sglang:load_back_duration_seconds_sum",), "counter",
+               match=_KV_POOL, labels=("cpu", "load")),
+        Series("tier_transfer_seconds_total", ("sglang:eviction_duration_seconds_sum",), "counter",
+               match=_KV_POOL, labels=("cpu", "store")),
         Series("generation_tokens_total", ("sglang:generation_tokens_total",), "counter", sum_over=_STREAMING),
         Series("time_to_first_token_seconds", ("sglang:time_to_first_token_seconds",), "histogram",
                sum_over=_STREAMING),

@@ -9,6 +9,20 @@ from ..snapshot import RankValues, Snapshot
 
 # Bucketed `priority` slices (with --scheduling-policy priority) partition the requests: sum them.
 _REQUEST_SLICES = ("priority",)
+# prompt_tokens_cached_by_source_total{source} (vllm/v1/metrics/cache_hit_source.py): `p2p` is KV from
+# another instance; `external_unspecified` a connector that does not say where its hit came from.
+_HIT_SOURCES = {"device": "gpu", "host": "cpu", "cpu": "cpu", "disk": "disk", "p2p": "remote"}
+# The native offload tier (OffloadingConnector, CPU spec): flat names first (#35669), then the deprecated
+# `transfer_type` trio (#27942) that older versions have alone.
+_TRANSFERS = tuple(
+    Series(concept, names, "counter", match=match, labels=("cpu", direction))
+    for direction, wire, transfer_type in (("load", "load", "CPU_to_GPU"), ("store", "store", "GPU_to_CPU"))
+    for concept, quantity in (("tier_transfer_bytes_total", "bytes"), ("tier_transfer_seconds_total", "time"))
+    for names, match in (((f"vllm:kv_offload_{wire}_{quantity}_total",), {}),
+                         ((f"vllm:kv_offload_total_{quantity}_total",), {"transfer_type": transfer_type})))
+# LMCache's series on vLLM's page (with PROMETHEUS_MULTIPROC_DIR): bytes per tier, no capacity.
+_LMCACHE_TIERS = (("cpu", "lmcache:local_cache_usage"), ("disk", "lmcache:local_storage_usage"),
+                  ("remote", "lmcache:remote_cache_usage"))
 
 
 class VllmAdapter(Adapter):
@@ -17,8 +31,8 @@ class VllmAdapter(Adapter):
     marker = r"vllm[:_]"
     prefix_aliases = ("vllm_",)
     rank_label = "engine"  # V1's data-parallel engine index; V0 has none
-    not_reported = frozenset({"evictable_tokens", "requests_paused"})
-    extra_names = ("vllm:cache_config_info",)
+    not_reported = frozenset({"evictable_tokens", "requests_paused", "tier_transfer_tokens_total"})
+    extra_names = ("vllm:cache_config_info", "vllm:kv_offload_config_info")
     series = (
         Series("usage_ratio", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
         Series("requests_running", ("vllm:num_requests_running",)),
@@ -31,6 +45,20 @@ class VllmAdapter(Adapter):
                ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"), "counter"),
         Series("prompt_tokens_total", ("vllm:prompt_tokens_total",), "counter"),
         Series("generation_tokens_total", ("vllm:generation_tokens_total",), "counter"),
+        # LMCache's lookup counters, never its retrieve path (num_hit_tokens / num_requested_tokens), which
+        # asks only for tokens LMCache has and so reads about 1.
+        Series("external_cache_queried_tokens_total",
+               ("vllm:external_prefix_cache_queries_total", "lmcache:num_lookup_tokens_total"), "counter"),
+        Series("external_cache_hit_tokens_total",
+               ("vllm:external_prefix_cache_hits_total", "lmcache:num_lookup_hits_total"), "counter"),
+        Series("cached_prompt_tokens_total", ("vllm:prompt_tokens_cached_by_source_total",), "counter",
+               label_from=("source", _HIT_SOURCES)),
+        Series("tier_usage_ratio", ("vllm:kv_offload_cpu_cache_usage_perc",), labels=("cpu",)),
+        Series("tier_store_failures_total", ("vllm:kv_offload_allocation_failure_total",), "counter",
+               labels=("cpu",)),
+        *_TRANSFERS,
+        # Each TP worker's LMCache holds its own shard of the KV: the tier holds the sum.
+        *(Series("tier_used_bytes", (name,), sum_over=("worker_id",), labels=(tier,)) for tier, name in _LMCACHE_TIERS),
         Series("time_to_first_token_seconds", ("vllm:time_to_first_token_seconds",), "histogram",
                sum_over=_REQUEST_SLICES),
         Series("inter_token_latency_seconds",
@@ -76,6 +104,13 @@ class VllmAdapter(Adapter):
                 values["capacity_tokens"] = tokens
             for rank in ranks:
                 snapshot.ranks.setdefault(rank, RankValues()).gauges.update(values)
+        # The CPU offload tier's size, per engine (each engine reports its own, not the instance total).
+        name = self.first_present(("vllm:kv_offload_config_info",), samples)
+        for sample in samples.get(name, ()) if name else ():
+            tokens = _number(sample.labels.get("cpu_kv_cache_size_tokens"))
+            if tokens is not None:
+                rank = snapshot.ranks.setdefault(self.rank_of(sample.labels), RankValues())
+                rank.labelled.setdefault("tier_capacity_tokens", {})[("cpu",)] = tokens
 
 
 def _number(text: str | None) -> float | None:

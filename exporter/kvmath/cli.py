@@ -80,6 +80,8 @@ def _build_parser() -> _ArgumentParser:
     serving.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel ranks (figures per GPU)")
     serving.add_argument("--seq-len", type=_positive_int, metavar="L", help="tokens per sequence")
     serving.add_argument("--budget", type=_size, metavar="SIZE", help="KV memory per GPU, e.g. 40GiB or 80GB")
+    serving.add_argument("--offload-size", type=_size, metavar="SIZE",
+                         help="a KV offload tier's size over all TP ranks (vLLM --kv-offloading-size), e.g. 64GiB")
     capacity = serving.add_mutually_exclusive_group()
     capacity.add_argument("--capacity-tokens", type=_positive_int, metavar="N", help="KV pool capacity in tokens")
     capacity.add_argument("--target", metavar="URL", help="read the capacity in tokens from a live engine's /metrics")
@@ -129,7 +131,14 @@ def _report(layout: KVLayout, args: argparse.Namespace, capacity_tokens: int | N
         "sequences_in_budget": None,
         "capacity_tokens": capacity_tokens,
         "sequences_in_capacity": None,
+        "offload_bytes": args.offload_size,
+        "offload_tokens": None,
+        "sequences_in_offload": None,
     }
+    # The tier keeps KV blocks, not recurrent state: its size over the bytes of a token on all ranks, before
+    # the engine rounds down to whole blocks. A model without attention layers has no KV to offload.
+    if args.offload_size is not None and report["bytes_per_token"]:
+        report["offload_tokens"] = args.offload_size // report["bytes_per_token"]
     if seq_len is not None:
         report["bytes_per_sequence"] = layout.bytes_per_sequence(seq_len, kv_dtype)
         report["bytes_per_sequence_per_gpu"] = layout.bytes_per_sequence(seq_len, kv_dtype, tp)
@@ -137,6 +146,8 @@ def _report(layout: KVLayout, args: argparse.Namespace, capacity_tokens: int | N
             report["sequences_in_budget"] = layout.sequences_in_budget(args.budget, seq_len, kv_dtype, tp)
         if capacity_tokens is not None:
             report["sequences_in_capacity"] = layout.sequences_in_capacity(capacity_tokens, seq_len)
+        if report["offload_tokens"] is not None:
+            report["sequences_in_offload"] = layout.sequences_in_capacity(report["offload_tokens"], seq_len)
     return report
 
 
@@ -168,6 +179,10 @@ def _human_lines(layout: KVLayout, report: dict[str, Any]) -> list[str]:
             f"sequences of {seq_len} tokens in {format_bytes(report['budget_bytes_per_gpu'])}{where}:"
             f" {report['sequences_in_budget']}"
         )
+    if report["offload_tokens"] is not None:
+        lines.append(f"offload tier of {format_bytes(report['offload_bytes'])}: {report['offload_tokens']} tokens")
+        if report["sequences_in_offload"] is not None:
+            lines.append(f"sequences of {seq_len} tokens in the offload tier: {report['sequences_in_offload']}")
     if report["sequences_in_capacity"] is not None:
         lines.append(
             f"sequences of {seq_len} tokens in {report['capacity_tokens']} tokens of KV capacity:"
