@@ -9,7 +9,8 @@ from exporter.thresholds import Thresholds
 from dashboards import target, variables
 from dashboards.layout import Row, assemble
 from dashboards.promql import Scope
-from dashboards.signals import exporter_health, kv, latency, offload, prefix_cache, pressure, triage, what_if
+from dashboards.rows import cache_rows
+from dashboards.signals import exporter_health, kv, latency, prefix_cache, pressure, triage
 from dashboards.view import View
 
 UID = "kvcache-fleet"
@@ -32,13 +33,7 @@ def build(thresholds: Thresholds, static_labels: tuple[str, ...]) -> models.Dash
                    (kv.free_tokens(v), kv.live_tokens_per_request(v), kv.capacity(v)))),
         Row("Pressure", ((pressure.states_over_time(v), pressure.waiting(v)),
                          (pressure.running(v), pressure.preemption_rate(v)))),
-        Row("Prefix cache", ((prefix_cache.hit_ratio(v), prefix_cache.hit_vs_queried(v),
-                              prefix_cache.hit_ratio_vs_baseline(v), offload.hit_ratio_by_source(v)),)),
-        Row("Offload tiers", ((offload.tier_usage(v), offload.tier_tokens(v), offload.store_failures(v)),
-                              (offload.transfer_bytes(v), offload.transfer_tokens(v),
-                               offload.load_seconds_per_token(v)))),
-        Row("What more KV would buy", ((what_if.capacity_miss_share(v), what_if.projected_hit_ratio(v),
-                                         what_if.residency(v)),)),
+        *cache_rows(v),
         Row("Latency", ((latency.ttft(v), latency.itl(v), latency.queue_time(v)), (latency.queue_share_of_ttft(v),))),
         Row("Exporter health", ((exporter_health.target_up_over_time(v), exporter_health.poll_duration(v),
                                  exporter_health.poll_failures(v)),)),

@@ -10,7 +10,8 @@ from dashboards import variables
 from dashboards.layout import Row, assemble
 from dashboards.panels import DATASOURCE_VARIABLE, Link
 from dashboards.promql import Scope
-from dashboards.signals import exporter_health, kv, latency, memory, offload, prefix_cache, pressure, what_if
+from dashboards.rows import cache_rows
+from dashboards.signals import exporter_health, kv, latency, memory, prefix_cache, pressure
 from dashboards.view import View
 
 UID = "kvcache-target"
@@ -37,13 +38,7 @@ def build(thresholds: Thresholds, static_labels: tuple[str, ...]) -> models.Dash
                    (kv.free_tokens(v), kv.free_blocks(v), kv.live_tokens_per_request(v), kv.capacity(v)))),
         Row("Pressure", ((pressure.states_over_time(v), pressure.running(v)),
                          (pressure.waiting(v), pressure.preemption_rate(v)))),
-        Row("Prefix cache", ((prefix_cache.hit_ratio(v), prefix_cache.hit_vs_queried(v),
-                              prefix_cache.hit_ratio_vs_baseline(v), offload.hit_ratio_by_source(v)),)),
-        Row("Offload tiers", ((offload.tier_usage(v), offload.tier_tokens(v), offload.store_failures(v)),
-                              (offload.transfer_bytes(v), offload.transfer_tokens(v),
-                               offload.load_seconds_per_token(v)))),
-        Row("What more KV would buy", ((what_if.capacity_miss_share(v), what_if.projected_hit_ratio(v),
-                                         what_if.residency(v)),)),
+        *cache_rows(v),
         Row("Latency", ((latency.ttft(v), latency.itl(v), latency.queue_time(v)),
                         (latency.ttft_heatmap(v), latency.queue_time_heatmap(v), latency.queue_share_of_ttft(v)))),
         Row("KV memory", ((memory.kv_bytes(v),),)),
