@@ -23,9 +23,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import adapters, derive, exposition
-from exporter.sources import parser
+from exporter.contract import FAILURE_REASONS
 from exporter.runtime import server
-from exporter.runtime.target import FAILURE_REASONS, PollOutcome
+from exporter.runtime.target import PollOutcome
+from exporter.sources import parser
 from exporter.thresholds import DEFAULT
 
 from . import page_server, pages

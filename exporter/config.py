@@ -16,10 +16,10 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from .kvmath import ArchitectureError, KVLayout, layout_from_mapping
 from . import units
-from .thresholds import Thresholds
 from .adapters import ADAPTERS
+from .kvmath import ArchitectureError, KVLayout, layout_from_mapping
+from .thresholds import Thresholds
 
 DEFAULT_LISTEN = "0.0.0.0:10490"
 DEFAULT_POLL_INTERVAL = 5.0

@@ -7,9 +7,10 @@ import math
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import exposition
+from exporter.contract import FAILURE_REASONS
 from exporter.derive import DerivedRank
 from exporter.snapshot import Histogram, RankValues
-from exporter.runtime.target import FAILURE_REASONS, PollOutcome
+from exporter.runtime.target import PollOutcome
 
 
 def read_back(text: exposition.TargetText) -> dict[tuple, float]:

@@ -6,8 +6,8 @@ import asyncio
 
 from ..config import DEFAULT_MAX_BYTES, target_from_url
 from ..sources.fetch import FetchSettings
-from .target import Target
 from ..thresholds import DEFAULT
+from .target import Target
 
 
 class TargetUnavailable(Exception):

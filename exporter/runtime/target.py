@@ -7,12 +7,11 @@ import time
 from dataclasses import dataclass, field
 
 from .. import adapters, contract, derive, exposition
-from ..sources import parser
 from ..config import TargetConfig
+from ..sources import parser
 from ..sources.fetch import FetchError, Fetcher, FetchSettings
 from ..thresholds import Thresholds
 
-FAILURE_REASONS = tuple(contract.FAILURE_REASONS)
 log = logging.getLogger(__name__)
 
 
@@ -38,7 +37,7 @@ class PollFailed(Exception):
 class Target:
     def __init__(self, config: TargetConfig, settings: FetchSettings, thresholds: Thresholds, static_labels: dict):
         self.fetcher = Fetcher(config.url, settings)
-        self.failures = dict.fromkeys(FAILURE_REASONS, 0)
+        self.failures = dict.fromkeys(contract.FAILURE_REASONS, 0)
         self.outcome = PollOutcome(engine="" if config.engine == "auto" else config.engine)
         self._histories: dict[str, derive.History] = {}
         self._last_reason: str | None = None
