@@ -1,0 +1,289 @@
+"""The whole monitoring path (issue 21), each way of running it measured over the same fleet:
+
+- `direct` (path A): Prometheus scrapes every engine page itself;
+- `exporter` (path B): the exporter polls every engine, Prometheus scrapes the exporter's one page
+  and evaluates the project's recording and alerting rules;
+- `probe`: Prometheus scrapes `/probe?target=` per engine through the exporter (the multi-target
+  pattern large fleets run), rules loaded as in B.
+
+    python -m bench.paths [--sizes 100,500,2000] [--workloads vllm,sglang,mix] [--paths direct,exporter,probe]
+
+One path runs at a time. For each: warm-up until every engine is up in Prometheus and two more
+intervals, then a window of whole intervals in which the CPU of every monitoring process, the
+samples Prometheus appended and the bytes its data directory grew by are read; after it,
+Prometheus' head series and resident memory, and a snapshot of its TSDB (the head written as a
+block) for the bytes a sample takes on disk. docs/performance.md explains the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import urllib.request
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from exporter.sources import parser
+from tests import harness
+
+from . import pages, paths_report, procstat
+from .fleet import Fleet
+from .measure import Plan, prometheus_config
+from .run import code_version, prometheus_version
+
+PATHS = ("direct", "exporter", "probe")
+RULES = harness.REPO / "alerts" / "kvcache-rules.yml"
+EVALUATION_INTERVAL_S = 15  # the shipped Prometheus configuration's (deploy/compose)
+MB = 1e6
+# What Prometheus says about its own ingestion, read from its /metrics.
+APPENDED = "prometheus_tsdb_head_samples_appended_total"
+HEAD_SERIES = "prometheus_tsdb_head_series"
+
+
+@dataclass
+class Stack:
+    """The processes of one path: Prometheus always, the exporter in B and probe mode."""
+
+    prometheus: harness.Process
+    data_dir: Path
+    exporter: harness.Process | None = None
+
+    @property
+    def pids(self) -> dict[str, int]:
+        pids = {"prometheus": self.prometheus.proc.pid}
+        if self.exporter is not None:
+            pids["exporter"] = self.exporter.proc.pid
+        return pids
+
+
+def _exporter_config(fleet: Fleet, plan: Plan, path: str) -> dict:
+    if path == "probe":
+        # Every engine keeps its state between probes (rates and the pressure state need history).
+        return {"log_level": "warning", "targets": [],
+                "probe": {"enabled": True, "allow": ["127.0.0.1"], "max_targets": plan.targets}}
+    return {"poll_interval": plan.duration, "log_level": "warning",
+            "targets": [{"name": f"t-{i}", "url": fleet.url(i)} for i in range(plan.targets)]}
+
+
+def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_address: str | None) -> dict:
+    if path == "direct":
+        return prometheus_config(fleet, plan)
+    config = {
+        "global": {"scrape_interval": plan.duration, "scrape_timeout": plan.timeout,
+                   "evaluation_interval": f"{EVALUATION_INTERVAL_S}s"},
+        "rule_files": [str(RULES)],
+    }
+    if path == "exporter":
+        config["scrape_configs"] = [{"job_name": "kvcache-exporter", "static_configs": [{"targets": [exporter_address]}]}]
+    else:
+        config["scrape_configs"] = [{
+            "job_name": "kvcache-probe",
+            "metrics_path": "/probe",
+            "static_configs": [{"targets": [fleet.url(i) for i in range(plan.targets)]}],
+            "relabel_configs": [
+                {"source_labels": ["__address__"], "target_label": "__param_target"},
+                {"source_labels": ["__param_target"], "target_label": "instance"},
+                {"target_label": "__address__", "replacement": exporter_address},
+            ],
+        }]
+    return config
+
+
+def _up_query(path: str) -> str:
+    """How many engines Prometheus holds fresh data of."""
+    return "count(up == 1)" if path == "direct" else "count(kvcache_target_up == 1)"
+
+
+def _age_query(path: str) -> str:
+    """Age of the oldest engine data a query sees now: since the scrape of the page (A), since the
+    exporter's last successful poll (B and probe)."""
+    if path == "direct":
+        return "max(time() - timestamp(up))"
+    return "max(time() - kvcache_target_last_success_timestamp_seconds)"
+
+
+def _own_metrics(prometheus_url: str) -> dict[str, float]:
+    with urllib.request.urlopen(prometheus_url + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    samples = parser.parse(text, frozenset({APPENDED, HEAD_SERIES}))
+    return {name: sum(sample.value for sample in samples.get(name, ())) for name in (APPENDED, HEAD_SERIES)}
+
+
+def _directory_bytes(path: Path) -> int:
+    """Bytes allocated on disk under `path` (as `du` counts them: a WAL segment grows as it is written)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def _snapshot_block(prometheus_url: str, data_dir: Path) -> dict:
+    """The head written as one block (the admin API's snapshot): its chunk and index bytes, samples and
+    series, and the time it spans."""
+    request = urllib.request.Request(prometheus_url + "/api/v1/admin/tsdb/snapshot", method="POST")
+    with urllib.request.urlopen(request, timeout=300) as response:
+        name = json.loads(response.read())["data"]["name"]
+    blocks = [block for block in (data_dir / "snapshots" / name).iterdir() if (block / "meta.json").exists()]
+    chunks = index = samples = series = 0
+    span_ms = 0
+    for block in blocks:
+        meta = json.loads((block / "meta.json").read_text())
+        chunks += _directory_bytes(block / "chunks")
+        index += (block / "index").stat().st_size
+        samples += meta["stats"]["numSamples"]
+        series += meta["stats"]["numSeries"]
+        span_ms = max(span_ms, meta["maxTime"] - meta["minTime"])
+    return {"chunk_bytes": chunks, "index_bytes": index, "samples": samples, "series": series,
+            "span_s": span_ms / 1e3}
+
+
+def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path) -> Stack:
+    exporter = None
+    exporter_address = None
+    if path != "direct":
+        config_path = work_dir / "exporter.yml"
+        config_path.write_text(yaml.safe_dump(_exporter_config(fleet, plan, path), sort_keys=False))
+        exporter = stack.enter_context(harness.exporter(work_dir, "--config", str(config_path)))
+        exporter_address = exporter.url.removeprefix("http://")
+    config = _prometheus_config(fleet, plan, path, exporter_address)
+    prometheus = stack.enter_context(harness.prometheus(work_dir, config, extra_args=("--web.enable-admin-api",)))
+    return Stack(prometheus, work_dir / "data", exporter)
+
+
+def _scalar(base_url: str, expr: str) -> float:
+    result = harness.prom_vector(base_url, expr)
+    return result[0][1] if result else 0.0
+
+
+def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path) -> dict:
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    try:
+        with ExitStack() as stack:
+            processes = _start(stack, fleet, plan, path, work_dir)
+            url = processes.prometheus.url
+            harness.wait_until(lambda: _scalar(url, _up_query(path)) == plan.targets,
+                               timeout=90 + 10 * plan.interval, interval=1.0, what=f"every engine up ({path})")
+            time.sleep(plan.warmup_cycles * plan.interval)
+            return _window(processes, fleet, plan, path)
+    finally:
+        shutil.rmtree(work_dir / "data", ignore_errors=True)  # up to a million series
+
+
+def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
+    url = processes.prometheus.url
+    pids = processes.pids
+    cpu_before = {name: procstat.cpu_seconds(pid) for name, pid in pids.items()}
+    server_before, machine_before = procstat.cpu_seconds(fleet.pid), procstat.machine_busy_seconds()
+    own_before, disk_before = _own_metrics(url), _directory_bytes(processes.data_dir)
+    started = time.monotonic()
+    ages = []
+    # The oldest data age, read at phases spread over the window (a query costs Prometheus well
+    # under a millisecond of CPU per thousand series).
+    while time.monotonic() - started < plan.cycles * plan.interval - 0.6 * plan.interval:
+        time.sleep(0.55 * plan.interval)
+        ages.append(_scalar(url, _age_query(path)))
+    time.sleep(max(0.0, plan.cycles * plan.interval - (time.monotonic() - started)))
+    wall = time.monotonic() - started
+    cpu = {name: procstat.cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    server_cpu = procstat.cpu_seconds(fleet.pid) - server_before
+    machine = procstat.machine_busy_seconds() - machine_before
+    own_after, disk_after = _own_metrics(url), _directory_bytes(processes.data_dir)
+    samples_per_s = (own_after[APPENDED] - own_before[APPENDED]) / wall
+    result = {
+        "window_s": round(wall, 3),
+        "cores": {name: seconds / wall for name, seconds in cpu.items()},
+        "monitoring_cores": sum(cpu.values()) / wall,
+        "engine_serving_cores": server_cpu / wall,
+        "other_load_cores": (machine - sum(cpu.values()) - server_cpu) / wall,
+        "samples_per_s": samples_per_s,
+        "head_series": own_after[HEAD_SERIES],
+        "prometheus_rss_mb": procstat.memory_bytes(pids["prometheus"])[0] / MB,
+        "wal_mb_per_hour": (disk_after - disk_before) / wall * 3600 / MB,
+        "oldest_age_s": max(ages),
+        "oldest_age_median_s": sorted(ages)[len(ages) // 2],
+        "engines_up": _scalar(url, _up_query(path)),
+    }
+    if processes.exporter is not None:
+        result["exporter_rss_mb"] = procstat.memory_bytes(pids["exporter"])[0] / MB
+    block = _snapshot_block(url, processes.data_dir)
+    result["block"] = block
+    result["tsdb_mb_per_hour"] = tsdb_bytes_per_hour(block, samples_per_s) / MB
+    return result
+
+
+def tsdb_bytes_per_hour(block: dict, samples_per_s: float) -> float:
+    """Bytes one hour adds to the TSDB's blocks: the samples at the snapshot's bytes per sample, and half
+    an index (Prometheus cuts a block, with its own index, every two hours)."""
+    bytes_per_sample = block["chunk_bytes"] / block["samples"] if block["samples"] else 0.0
+    return samples_per_s * 3600 * bytes_per_sample + block["index_bytes"] / 2
+
+
+def arguments(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.paths", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="100,500,2000", help="numbers of engines, comma-separated")
+    p.add_argument("--interval", type=float, default=5.0, help="poll and scrape interval, seconds")
+    p.add_argument("--cycles", type=int, default=9, help="intervals in each measured window (9 x 5 s holds 3 rule evaluations)")
+    p.add_argument("--warmup", type=int, default=2, help="intervals to wait once every engine is up")
+    p.add_argument("--workloads", default=",".join(pages.DEFAULT_WORKLOADS),
+                   help=f"comma-separated, of {', '.join(pages.WORKLOADS)}")
+    p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
+    p.add_argument("--out", type=Path, default=Path("bench/results-paths"))
+    args = p.parse_args(argv)
+    args.sizes = [int(size) for size in args.sizes.split(",")]
+    args.workloads = args.workloads.split(",")
+    args.paths = args.paths.split(",")
+    for given, known, what in ((args.workloads, pages.WORKLOADS, "workload"), (args.paths, PATHS, "path")):
+        unknown = set(given) - set(known)
+        if unknown:
+            p.error(f"unknown {what}(s): {', '.join(sorted(unknown))}")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = arguments(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    page_paths = pages.write_pages(out / "pages")
+    results: dict = {
+        "machine": procstat.machine(),
+        "prometheus_version": prometheus_version(),
+        "code": code_version(),
+        "settings": {"sizes": args.sizes, "interval": args.interval, "cycles": args.cycles,
+                     "warmup_cycles": args.warmup, "workloads": args.workloads, "paths": args.paths,
+                     "evaluation_interval_s": EVALUATION_INTERVAL_S},
+        "runs": [],
+    }
+    for workload in args.workloads:
+        with Fleet(workload, [page_paths[name] for name in pages.WORKLOADS[workload]], out / "logs") as fleet:
+            for size in args.sizes:
+                plan = Plan(size, args.interval, args.cycles, args.warmup)
+                run = {"workload": workload, "targets": size}
+                for path in args.paths:
+                    started = time.monotonic()
+                    run[path] = measure_path(fleet, plan, path, out / "work" / f"{workload}-{size}-{path}")
+                    figures = run[path]
+                    print(f"{workload} N={size} {path}: {figures['monitoring_cores']:.3f} cores, "
+                          f"{figures['samples_per_s']:,.0f} samples/s, {figures['head_series']:,.0f} series, "
+                          f"Prometheus {figures['prometheus_rss_mb']:.0f} MB, oldest {figures['oldest_age_s']:.1f} s, "
+                          f"other load {figures['other_load_cores']:.2f} ({time.monotonic() - started:.0f} s)",
+                          flush=True)
+                results["runs"].append(run)
+                (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(paths_report.write(results, out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

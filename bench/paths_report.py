@@ -1,0 +1,131 @@
+"""The figures of `bench.paths` as Markdown tables and a plot: each path against N, and B / A.
+
+    python -m bench.paths_report bench/results-paths/results.json   # rewrites results.md and paths.png next to it
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# Issue 21's goals for the exporter's path against Prometheus scraping the engines.
+MAX_CPU_RATIO = 0.8
+MAX_SAMPLES_RATIO = 0.5
+LABELS = {"direct": "A: Prometheus scrapes engines", "exporter": "B: exporter + Prometheus + rules",
+          "probe": "probe: Prometheus via /probe + rules"}
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _cores(figures: dict) -> str:
+    parts = figures["cores"]
+    split = " + ".join(f"{parts[name]:.3f}" for name in ("prometheus", "exporter") if name in parts)
+    return f"{figures['monitoring_cores']:.3f}" + (f" ({split})" if len(parts) > 1 else "")
+
+
+def path_table(runs: list[dict], paths: list[str]) -> str:
+    head = ["workload", "N", "path", "CPU, cores (Prometheus + exporter)", "samples/s", "head series",
+            "Prometheus RSS MB", "TSDB MB/hour", "WAL MB/hour", "oldest data s (median)", "engines up",
+            "other load, cores"]
+    rows = []
+    for run in runs:
+        for path in paths:
+            if path not in run:
+                continue
+            f = run[path]
+            rows.append([run["workload"], f"{run['targets']:,}", path, _cores(f), f"{f['samples_per_s']:,.0f}",
+                         f"{f['head_series']:,.0f}", f"{f['prometheus_rss_mb']:,.0f}", f"{f['tsdb_mb_per_hour']:,.1f}",
+                         f"{f['wal_mb_per_hour']:,.0f}", f"{f['oldest_age_s']:.1f} ({f['oldest_age_median_s']:.1f})",
+                         f"{f['engines_up']:,.0f}", f"{f['other_load_cores']:.2f}"])
+    return _table(head, rows)
+
+
+def ratios(run: dict, path: str) -> dict | None:
+    """`path` over path A (direct) for each figure, or None when either was not measured."""
+    if path not in run or "direct" not in run:
+        return None
+    ours, theirs = run[path], run["direct"]
+    keys = ("monitoring_cores", "samples_per_s", "head_series", "prometheus_rss_mb", "tsdb_mb_per_hour")
+    return {key: ours[key] / theirs[key] if theirs[key] else None for key in keys}
+
+
+def ratio_table(runs: list[dict], paths: list[str]) -> str:
+    head = ["workload", "N", "path / A", "CPU", "samples/s", "head series", "Prometheus RSS", "TSDB bytes/hour",
+            f"CPU ≤ {MAX_CPU_RATIO} and samples ≤ {MAX_SAMPLES_RATIO}"]
+    rows = []
+    for run in runs:
+        for path in paths:
+            r = ratios(run, path) if path != "direct" else None
+            if r is None:
+                continue
+            met = r["monitoring_cores"] <= MAX_CPU_RATIO and r["samples_per_s"] <= MAX_SAMPLES_RATIO
+            rows.append([run["workload"], f"{run['targets']:,}", path,
+                         *(f"{r[key]:.2f}" for key in ("monitoring_cores", "samples_per_s", "head_series",
+                                                        "prometheus_rss_mb", "tsdb_mb_per_hour")),
+                         "yes" if met else "NO"])
+    return _table(head, rows)
+
+
+def markdown(results: dict) -> str:
+    settings, machine = results["settings"], results["machine"]
+    paths = settings["paths"]
+    return "\n".join([
+        f"Exporter at {results['code']}. Machine: {machine['cpus']} × {machine['cpu_model']}, Python "
+        f"{machine['python']}, {results['prometheus_version']}. Scrape and poll interval {settings['interval']:g} s, "
+        f"rules every {settings['evaluation_interval_s']} s, {settings['cycles']} measured intervals after "
+        f"{settings['warmup_cycles']} of warm-up.",
+        "", path_table(results["runs"], paths), "", ratio_table(results["runs"], paths), "",
+    ])
+
+
+def plot(results: dict, path: Path) -> None:
+    """Monitoring CPU, samples ingested, Prometheus memory and TSDB growth against N, per path and workload."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = results["runs"]
+    figures = (("monitoring_cores", "cores", "CPU of the monitoring path"),
+               ("samples_per_s", "samples/s", "Samples Prometheus ingests"),
+               ("prometheus_rss_mb", "MB", "Prometheus resident memory"),
+               ("tsdb_mb_per_hour", "MB per hour", "TSDB growth on disk"))
+    figure, axes_row = plt.subplots(1, len(figures), figsize=(19, 4.8))
+    styles = {"direct": "--s", "exporter": "-o", "probe": ":^"}
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for color, workload in zip(colors, dict.fromkeys(run["workload"] for run in runs)):
+        rows = [run for run in runs if run["workload"] == workload]
+        for name in results["settings"]["paths"]:
+            measured = [run for run in rows if name in run]
+            if not measured:
+                continue
+            sizes = [run["targets"] for run in measured]
+            for axes, (key, _, _) in zip(axes_row, figures):
+                axes.plot(sizes, [run[name][key] for run in measured], styles[name], color=color,
+                          label=f"{LABELS[name]}, {workload}")
+    for axes, (_, unit, title) in zip(axes_row, figures):
+        axes.set(xlabel="engines", ylabel=unit, title=title)
+        axes.set_xlim(left=0)
+        axes.set_ylim(bottom=0)
+        axes.grid(True, alpha=0.3)
+    axes_row[0].legend(fontsize=6)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write(results: dict, out: Path) -> str:
+    """results.md and paths.png into `out`; returns the Markdown."""
+    text = markdown(results)
+    (out / "results.md").write_text(text)
+    plot(results, out / "paths.png")
+    return text
+
+
+if __name__ == "__main__":
+    results_path = Path(sys.argv[1])
+    print(write(json.loads(results_path.read_text()), results_path.parent))
