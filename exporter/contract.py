@@ -88,12 +88,15 @@ TIER_FAMILIES = {
     "tier_transfer_bytes_total": ("counter", ("tier", "direction"), "Bytes moved between the GPU pool and an offload "
                                   "tier. " + _TRANSFER + _POLLED),
     "tier_transfer_tokens_total": ("counter", ("tier", "direction"), "Tokens moved between the GPU pool and an "
-                                   "offload tier, where the engine counts tokens, not bytes (SGLang). " + _TRANSFER
+                                   "offload tier, where the engine counts tokens (SGLang; its storage tier's load is "
+                                   "storage to host memory, its store host to storage). " + _TRANSFER
                                    + _POLLED),
     "tier_transfer_seconds_total": ("counter", ("tier", "direction"), "Time spent moving KV between the GPU pool and "
                                     "an offload tier. " + _TRANSFER + _POLLED),
     "tier_store_failures_total": ("counter", ("tier",), "Stores to an offload tier that found no room (vLLM "
                                   "allocation failures): the tier is full of KV it cannot evict. " + _TIER + _POLLED),
+    "tier_evictions_total": ("counter", ("tier",), "Entries an offload tier evicted to make room for new KV "
+                             "(LMCache: keys, one per KV chunk; vLLM and SGLang export none). " + _TIER + _POLLED),
 }
 # The pressure states, mildest first (exporter.derive.pressure_state says which one applies).
 PRESSURE_STATES = ("ok", "tight", "capped", "saturated", "thrashing")

@@ -325,6 +325,21 @@ report has no series, not one at 0; a source's series appears once the engine co
 - Usage: vLLM reports the share of its CPU tier that cannot be evicted (chunks pinned by transfers in
   flight), like the GPU pool's usage; SGLang reports the tokens its host tier holds, evictable ones
   included. LMCache reports bytes only (`kvcache_tier_used_bytes`), no capacity.
+- SGLang HiCache (names from its `observability/metrics_collector.py`, 0.5.19 and 0.5.23): the host tier's
+  load is `load_back_*`, its store `hicache_backup_*` (GPU to host, whatever the write policy), both `pool="kv"`
+  for tokens; `evicted_tokens_total` counts GPU slots freed, backed up or not, and is not read. Bytes are per TP
+  rank's shard and are added up over ranks; token counts repeat on every TP rank and are read once. Before
+  0.5.23 these counters carry no rank labels, so SGLang's own registry adds up every scheduler: the counts are
+  the whole server's, TP times the logical count, under rank "0". The storage tier (`--hicache-storage-backend`)
+  is `disk` for the `file` backend and `remote` for the distributed stores (mooncake, hf3fs, nixl, aibrix, eic,
+  simm, mori); `shm` and custom backends have no tier. Its load is `prefetched_tokens_total` (storage to host
+  memory, the first hop toward the GPU), its store `backuped_tokens_total` (host to storage). Storage hits
+  (`cache_source="storage_<class>"`, from 0.5.23 `"storage"`) take the tier of the page's `storage_backend`,
+  else `other`.
+- Evictions from a tier (`kvcache_tier_evictions_total`): LMCache counts the keys (chunks) its CPU backend
+  evicts, per TP worker for its own shard (read once). vLLM's native offload reports its CPU tier's evictions
+  only on the KV event stream (BlockRemoved with medium CPU), and SGLang none for its host tier; its
+  `hicache_dropped_tokens_total` (GPU tokens destroyed without a host copy) is not read.
 
 The pressure state is the GPU pool's and does not look at the tiers. A full tier does not make the
 GPU pool fuller; it stops relieving it: blocks the GPU pool evicts are then kept nowhere and every later

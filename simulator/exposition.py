@@ -28,8 +28,9 @@ One custom prometheus_client Collector per flavor reads the latest published `En
 - With an offload tier (`offload_blocks`): `vllm-v1` and `vllm-v1-kv-tokens` add vLLM 0.33's native CPU
   offload families (`kv_offload_*`, `kv_offload_config_info`), `external_prefix_cache_*` and
   `prompt_tokens_cached_by_source_total{source="device"|"host"}`; `sglang` adds HiCache's
-  `hicache_host_{total,used}_tokens`, `load_back_tokens_total`, `evicted_tokens_total`, the load-back and
-  eviction duration histograms, and `cached_tokens_total{cache_source="host"}`. vLLM V0 and TensorRT-LLM
+  `hicache_host_{total,used}_tokens`, 0.5.23's `load_back_{tokens,bytes}_total` and
+  `hicache_backup_{tokens,bytes}_total` with the radix cache's labels, the load-back and backup duration
+  histograms (both in load-back's buckets), and `cached_tokens_total{cache_source="host"}`. vLLM V0 and TensorRT-LLM
   show no tier.
 - `trtllm`: TensorRT-LLM `trtllm-serve`'s /prometheus/metrics in the `trtllm_` generation (1.3.0rc5 on,
   with #12545's labels `engine_type="pytorch"` and the served `model_name`, and #12636's
@@ -378,11 +379,24 @@ class SglangCollector(Collector):
             yield gauge("sglang:hicache_host_total_tokens", MP,
                         each(lambda s: s.config.offload_blocks * s.config.block_size))
             yield gauge("sglang:hicache_host_used_tokens", MP, each(tokens(lambda s: s.offload_used_blocks)))
-            yield counter("sglang:load_back_tokens_total", MP, each(tokens(lambda s: s.counters.offload_loaded_blocks)))
-            yield counter("sglang:evicted_tokens_total", MP, each(tokens(lambda s: s.counters.offload_stored_blocks)))
-            for name, key in (("sglang:load_back_duration_seconds", "offload_load"),
-                              ("sglang:eviction_duration_seconds", "offload_store")):
-                yield histogram(name, MP, [(labels, snap.histograms[key]) for labels, snap, _ in schedulers],
+            # The radix cache's collector (0.5.23): its own rank labels, `pool` on the token counters; tokens
+            # are the logical count on every TP rank, bytes each rank's shard.
+            radix = [({"cache_type": "HiRadixCache", "dp_rank": labels.get("dp_rank", "0"), "pp_rank": "0",
+                       "tp_rank": labels["tp_rank"]}, snap) for labels, snap, _ in schedulers]
+            shard = len({labels["tp_rank"] for labels, _, _ in schedulers})
+            for direction, tokens_name, bytes_name, seconds_name in (
+                    ("loaded", "sglang:load_back_tokens_total", "sglang:load_back_bytes_total",
+                     "sglang:load_back_duration_seconds"),
+                    ("stored", "sglang:hicache_backup_tokens_total", "sglang:hicache_backup_bytes_total",
+                     "sglang:hicache_backup_duration_seconds")):
+                field = f"offload_{direction}_blocks"
+                yield counter(tokens_name, MP, [({**labels, "pool": "kv"},
+                                                 float(getattr(snap.counters, field) * snap.config.block_size))
+                                                for labels, snap in radix])
+                yield counter(bytes_name, MP, [(labels, getattr(snap.counters, field) * snap.config.block_bytes / shard)
+                                               for labels, snap in radix])
+                key = "offload_load" if direction == "loaded" else "offload_store"
+                yield histogram(seconds_name, MP, [(labels, snap.histograms[key]) for labels, snap in radix],
                                 multiprocess=True)
 
     def _tokenizer_families(self, state: EngineState) -> Iterable[Metric]:

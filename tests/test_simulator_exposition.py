@@ -373,3 +373,7 @@ def test_an_offload_tier_shows_in_the_engines_names_and_the_adapter_reads_the_mo
                                                           ("cpu", "store"): counters.offload_stored_blocks * 16}
         assert labelled["tier_transfer_seconds_total"][("cpu", "store")] == pytest.approx(
             counters.offload_store_seconds)
+        # Bytes: each TP rank moves its shard; the exporter adds the ranks up to the whole blocks' bytes.
+        assert labelled["tier_transfer_bytes_total"] == {
+            ("cpu", "load"): counters.offload_loaded_blocks * config.block_bytes,
+            ("cpu", "store"): counters.offload_stored_blocks * config.block_bytes}

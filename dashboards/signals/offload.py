@@ -89,7 +89,8 @@ def _transfers(v: View, counter: str, what: str, unit: str, counts: str):
 
 
 def transfer_bytes(v: View):
-    return _transfers(v, TRANSFER_BYTES, "bytes", BYTES_PER_SECOND, "where the engine counts bytes (vLLM)")
+    return _transfers(v, TRANSFER_BYTES, "bytes", BYTES_PER_SECOND,
+                      "where the engine counts bytes (vLLM; SGLang's host tier)")
 
 
 def transfer_tokens(v: View):

@@ -9,13 +9,45 @@ from ..snapshot import Snapshot
 _STREAMING = ("is_streaming",)
 # Present from 0.5.10 on, when `num_retracted_requests_total` exists but is only created at the first retraction.
 _RETRACTION_COUNTER_ERA = ("sglang:full_token_usage", "sglang:kv_used_tokens")
-# cached_tokens_total{cache_source}: `total` (no breakdown) is no source. Storage backends (L3) other than
-# the local file backend are remote.
-_HIT_SOURCES = {"total": None, "device": "gpu", "host": "cpu", "storage_file": "disk", "storage_mooncake": "remote",
-                "storage_hf3fs": "remote", "storage_nixl": "remote", "storage_aibrix": "remote",
-                "storage_eic": "remote"}
-# Newer HiCache counters split by `pool` (kv, mamba); mamba counts state slots, not tokens.
+# The storage tier (L3, --hicache-storage-backend) by backend: the local file backend is disk, the
+# distributed stores are remote; others (shm, sim, custom) have no tier. The storage collector labels its
+# series with the CLI name (`storage_backend`); cached_tokens_total named the backend's class up to 0.5.2x
+# (`storage_<class>`), then the literal `storage` (0.5.23), resolved from the page's `storage_backend`.
+_STORAGE_TIERS = {"file": "disk", "mooncake": "remote", "hf3fs": "remote", "nixl": "remote", "aibrix": "remote",
+                  "eic": "remote", "simm": "remote", "mori": "remote"}
+_STORAGE_CLASSES = {"file": "HiCacheFile", "mooncake": "MooncakeStore", "hf3fs": "HiCacheHF3FS",
+                    "nixl": "HiCacheNixl", "aibrix": "AibrixKVCacheStorage", "eic": "EICStorage",
+                    "simm": "HiCacheSiMM", "mori": "UMBPStore"}
+_STORAGE_SOURCE = "storage"  # 0.5.23's cache_source for any backend
+# cached_tokens_total{cache_source}: `total` (no breakdown) is no source.
+_HIT_SOURCES = {"total": None, "device": "gpu", "host": "cpu", _STORAGE_SOURCE: _STORAGE_SOURCE,
+                **{f"storage_{cls}": _STORAGE_TIERS[name] for name, cls in _STORAGE_CLASSES.items()}}
+# HiCache counters split by `pool` (kv, swa, mamba; absent before it existed); mamba counts state slots.
 _KV_POOL = {"pool": ("kv", "")}
+# Per-rank byte counters: each TP (and PP) rank moves its own shard of the KV, so the rank total is the sum.
+_SHARDS = ("tp_rank", "pp_rank")
+# Host tier (L2) transfers: (direction, tokens, bytes, duration histogram). Backup is GPU to host memory; not
+# `evicted_tokens_total`, which counts GPU slots freed, backed up or not.
+_HOST_TRANSFERS = (("load", "sglang:load_back_tokens_total", "sglang:load_back_bytes_total",
+                    "sglang:load_back_duration_seconds_sum"),
+                   ("store", "sglang:hicache_backup_tokens_total", "sglang:hicache_backup_bytes_total",
+                    "sglang:hicache_backup_duration_seconds_sum"))
+_TRANSFERS = tuple(
+    series
+    for direction, tokens, nbytes, seconds in _HOST_TRANSFERS
+    for series in (Series("tier_transfer_tokens_total", (tokens,), "counter", match=_KV_POOL,
+                          labels=("cpu", direction)),
+                   Series("tier_transfer_bytes_total", (nbytes,), "counter", sum_over=_SHARDS,
+                          labels=("cpu", direction)),
+                   Series("tier_transfer_seconds_total", (seconds,), "counter", labels=("cpu", direction)))
+) + tuple(
+    # Storage tier (L3): prefetch is storage to host memory (the first hop of a load), backup host to storage.
+    Series("tier_transfer_tokens_total", (name,), "counter",
+           match={"storage_backend": tuple(b for b, t in _STORAGE_TIERS.items() if t == tier)},
+           labels=(tier, direction))
+    for direction, name in (("load", "sglang:prefetched_tokens_total"), ("store", "sglang:backuped_tokens_total"))
+    for tier in sorted(set(_STORAGE_TIERS.values())))
+_STORAGE_NAMES = ("sglang:prefetched_tokens_total", "sglang:backuped_tokens_total")
 
 
 class SglangAdapter(Adapter):
@@ -25,11 +57,11 @@ class SglangAdapter(Adapter):
     prefix_aliases = ("sglang_",)
     rank_label = "dp_rank"
     not_reported = frozenset({"requests_waiting_for_capacity", "requests_paused", "tier_used_bytes",
-                              "tier_transfer_bytes_total", "tier_store_failures_total",
+                              "tier_store_failures_total", "tier_evictions_total",
                               "external_cache_queried_tokens_total", "external_cache_hit_tokens_total"})
     # With priority scheduling, priority="" is the total and other values are slices of it.
     base_match = {"priority": ""}
-    extra_names = ("sglang:cache_config_info",)
+    extra_names = ("sglang:cache_config_info",) + _STORAGE_NAMES
     series = (
         Series("usage_ratio", ("sglang:token_usage",)),
         Series("capacity_tokens", ("sglang:max_total_num_tokens",)),
@@ -48,17 +80,10 @@ class SglangAdapter(Adapter):
         Series("prompt_tokens_total", ("sglang:prompt_tokens_total",), "counter", sum_over=_STREAMING),
         Series("cached_prompt_tokens_total", ("sglang:cached_tokens_total",), "counter", sum_over=_STREAMING,
                label_from=("cache_source", _HIT_SOURCES)),
-        # HiCache (--enable-hierarchical-cache): the host-memory tier.
+        # HiCache (--enable-hierarchical-cache): the host-memory tier, and the storage tier behind it.
         Series("tier_capacity_tokens", ("sglang:hicache_host_total_tokens",), labels=("cpu",)),
         Series("tier_used_tokens", ("sglang:hicache_host_used_tokens",), labels=("cpu",)),
-        Series("tier_transfer_tokens_total", ("sglang:load_back_tokens_total",), "counter", match=_KV_POOL,
-               labels=("cpu", "load")),
-        Series("tier_transfer_tokens_total", ("sglang:evicted_tokens_total",), "counter", match=_KV_POOL,
-               labels=("cpu", "store")),
-        Series("tier_transfer_seconds_total", ("sglang:load_back_duration_seconds_sum",), "counter",
-               match=_KV_POOL, labels=("cpu", "load")),
-        Series("tier_transfer_seconds_total", ("sglang:eviction_duration_seconds_sum",), "counter",
-               match=_KV_POOL, labels=("cpu", "store")),
+        *_TRANSFERS,
         Series("generation_tokens_total", ("sglang:generation_tokens_total",), "counter", sum_over=_STREAMING),
         Series("time_to_first_token_seconds", ("sglang:time_to_first_token_seconds",), "histogram",
                sum_over=_STREAMING),
@@ -75,6 +100,11 @@ class SglangAdapter(Adapter):
             # `max_total_num_tokens` reads 0 before the first report (0.5.6, 0.5.10): unknown, not empty.
             if rank.gauges.get("capacity_tokens") == 0:
                 del rank.gauges["capacity_tokens"]
+            # 0.5.23's cache_source="storage": the tier of the backend the storage collector names.
+            hits = rank.labelled.get("cached_prompt_tokens_total", {})
+            if (_STORAGE_SOURCE,) in hits:
+                tier = (self._storage_tier(samples),)
+                hits[tier] = hits.get(tier, 0.0) + hits.pop((_STORAGE_SOURCE,))
         # 0.5.10 alone carried page size and page count as info labels.
         name = self.first_present(("sglang:cache_config_info",), samples)
         for sample in samples.get(name, ()) if name else ():
@@ -85,3 +115,9 @@ class SglangAdapter(Adapter):
                 value = sample.labels.get(label, "")
                 if concept not in rank.gauges and value.isascii() and value.isdigit():
                     rank.gauges[concept] = float(value)
+
+    def _storage_tier(self, samples: Samples) -> str:
+        name = self.first_present(_STORAGE_NAMES, samples)
+        for sample in samples.get(name, ()) if name else ():
+            return _STORAGE_TIERS.get(sample.labels.get("storage_backend", ""), "other")
+        return "other"

@@ -59,6 +59,8 @@ class VllmAdapter(Adapter):
         *_TRANSFERS,
         # Each TP worker's LMCache holds its own shard of the KV: the tier holds the sum.
         *(Series("tier_used_bytes", (name,), sum_over=("worker_id",), labels=(tier,)) for tier, name in _LMCACHE_TIERS),
+        # LMCache's CPU backend evicts the same chunks on every TP worker (each its own shard): one worker's count.
+        Series("tier_evictions_total", ("lmcache:local_cpu_evict_keys_count_total",), "counter", labels=("cpu",)),
         Series("time_to_first_token_seconds", ("vllm:time_to_first_token_seconds",), "histogram",
                sum_over=_REQUEST_SLICES),
         Series("inter_token_latency_seconds",
