@@ -95,7 +95,7 @@ def load(args: argparse.Namespace, environ: dict[str, str]) -> cfg.Config:
             if named.get(target.name) == url:
                 raise cfg.ConfigError(origin, key, f"{url} is given twice")
             if target.name in named:  # the command line has no way to name a target
-                raise cfg.ConfigError(origin, key, f"{url} would be named {target.name!r} (its host:port) like "
+                raise cfg.ConfigError(origin, key, f"{url} would be named {target.name!r} like "
                                       f"{named[target.name]}: to poll both, list them in a --config file, each "
                                       "with its own `name`")
             named[target.name] = url

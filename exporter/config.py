@@ -193,7 +193,11 @@ def redact_url(url: Any) -> str:
 
 
 def _default_name(url: str) -> str:
-    return urlsplit(url).netloc
+    """`host:port`, and the path where it is not /metrics: engines behind one address (a gateway
+    routing by path) stay apart."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    return parts.netloc if path in ("", "/metrics") else parts.netloc + path
 
 
 def _labels(value: Any) -> dict[str, str]:

@@ -130,7 +130,7 @@ def _labels_section() -> str:
 
 | label | on | value |
 |---|---|---|
-| `target` | every per-target series | the target's `name` in the configuration; default `host:port` of its URL |
+| `target` | every per-target series | the target's `name` in the configuration; default `host:port` of its URL, followed by the path where that is not `/metrics` |
 | `engine` | every per-target series | {engines}: the engine that produced the numbers (a page Dynamo passes through on a worker's port keeps its engine; `dynamo` is Dynamo's own series) |
 | `model` | per-pool series | the served model name the engine reports ({models}), `""` if none |
 | `dp_rank` | per-pool series | the data-parallel replica, one KV pool each ({ranks}); `"0"` without one |

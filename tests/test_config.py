@@ -87,6 +87,14 @@ def test_defaults_from_targets_alone():
     assert config.max_response_bytes == 16 * 2**20
 
 
+def test_default_names_keep_engines_behind_one_address_apart():
+    config = load(["--target", "http://gw:80/engine-a/metrics", "--target", "http://gw:80/engine-b/metrics",
+                   "--target", "http://trt:8000/prometheus/metrics", "--target", "http://v:8000/metrics/",
+                   "--target", "http://s:30000"])
+    assert [t.name for t in config.targets] == ["gw:80/engine-a/metrics", "gw:80/engine-b/metrics",
+                                                "trt:8000/prometheus/metrics", "v:8000", "s:30000"]
+
+
 def test_flags_beat_environment_which_beats_the_file(tmp_path):
     path = write(tmp_path, "poll_interval: 10s\nlisten: 127.0.0.1:1\ntargets: [{url: 'http://f:1/metrics'}]\n")
     environ = {"KVCACHE_EXPORTER_CONFIG": str(path), "KVCACHE_EXPORTER_POLL_INTERVAL": "3s",
@@ -178,8 +186,8 @@ def test_bad_environment_value_names_the_variable():
     (["--web.config.file", "{tmp}/exporter.yml"],
      "kvcache-exporter: {tmp}/exporter.yml: targets: unknown key "
      "(known: tls_server_config, basic_auth_users, http_server_config)\n"),
-    (["--target", "http://a:1/x", "--target", "http://a:1/y"],
-     "kvcache-exporter: command line: --target: http://a:1/y would be named 'a:1' (its host:port) like http://a:1/x: "
+    (["--target", "http://a:1", "--target", "http://a:1/metrics"],
+     "kvcache-exporter: command line: --target: http://a:1/metrics would be named 'a:1' like http://a:1: "
      "to poll both, list them in a --config file, each with its own `name`\n"),
     (["--target", "http://a:1/x", "--target", "http://a:1/x"],
      "kvcache-exporter: command line: --target: http://a:1/x is given twice\n"),
@@ -201,9 +209,9 @@ def test_the_process_prints_one_line_and_exits_2(tmp_path, argv, expected):
 def test_a_command_line_target_named_like_a_file_target_says_to_name_both_in_the_file(tmp_path):
     path = write(tmp_path, "targets: [{url: 'http://a:1/metrics'}]\n")
     with pytest.raises(cfg.ConfigError) as err:
-        load(["--config", str(path)], {"KVCACHE_EXPORTER_TARGETS": "http://a:1/other"})
-    assert str(err.value) == (f"environment: KVCACHE_EXPORTER_TARGETS: http://a:1/other would be named 'a:1' (its "
-                              f"host:port) like target 'a:1' of {path}: to poll both, list them in a --config file, "
+        load(["--config", str(path)], {"KVCACHE_EXPORTER_TARGETS": "http://a:1/"})
+    assert str(err.value) == (f"environment: KVCACHE_EXPORTER_TARGETS: http://a:1/ would be named 'a:1' "
+                              f"like target 'a:1' of {path}: to poll both, list them in a --config file, "
                               "each with its own `name`")
 
 
