@@ -229,6 +229,18 @@ ENGINE_NOTES = {
               "`/metrics` as well: both drain the same stats queue.",
     "triton": "Triton's metrics port (8002). `requests_waiting` is active minus scheduled requests (admitted, not "
               "scheduled this iteration), not the executor's own queue, which is not exported.",
+    "lmcache": "LMCache's own page, served by its internal API server (`internal_api_server_enabled: true`, env "
+               "`LMCACHE_INTERNAL_API_SERVER_ENABLED=true`; it listens on 127.0.0.1 unless "
+               "`internal_api_server_host` says otherwise, and only vLLM's data-parallel rank 0 starts it). Give "
+               "each TP worker a target of its own: worker i on `internal_api_server_port_start` + 1 + i "
+               "(7000, 7001, ... by default). The scheduler's port (6999) has values only with "
+               "`enable_scheduler_bypass_lookup`. A worker's tier bytes are its shard of the KV (the instance "
+               "holds the sum over its workers' targets); every worker counts every lookup and evicts the same "
+               "chunks, so those counters are read from any one worker, not added up. The page has no vLLM "
+               "series, hence no GPU pool, queue or pressure state: poll vLLM's own `/metrics` as a target "
+               "too. Where vLLM's page already carries the `lmcache:*` series (PROMETHEUS_MULTIPROC_DIR set for "
+               "`vllm serve`) the vLLM target reads them the same way and LMCache's ports add nothing. "
+               "LMCache's multi-process server (OpenTelemetry `lmcache_mp_*`) is not read.",
     "dynamo": "Dynamo's own series, read only where no engine page is on the target: a worker port's "
               "`dynamo_component_*` (usage and blocks copied from the engine's KV stats) or the frontend's "
               "`dynamo_frontend_*`. Frontend values are measured at the frontend, not in the engine: in-flight "

@@ -226,8 +226,8 @@ class VllmCollector(Collector):
     @staticmethod
     def _offload(ranks: list[tuple[dict[str, str], ModelSnapshot]], created: float | None) -> Iterator[Metric]:
         """vLLM 0.33's native CPU offload (OffloadingConnector, one block per chunk) and the engine's
-        by-source and external (connector) prefix counters. Transfers end within their step, so no
-        chunk is ever pinned: the tier's usage (its non-evictable share) reads 0."""
+        by-source and external (connector) prefix counters. The tier's usage is its non-evictable share:
+        the chunks whose store is still in flight."""
         def each(value: Callable[[ModelSnapshot], float]) -> Series:
             return [(labels, float(value(snap))) for labels, snap in ranks]
 
@@ -251,10 +251,11 @@ class VllmCollector(Collector):
             ("vllm:kv_offload_store_time_total", "Total store time from GPU to offload storage, in seconds.",
              lambda s: s.counters.offload_store_seconds),
             ("vllm:kv_offload_allocation_failure_total", "Number of KV offload store allocation attempts that "
-             "failed.", lambda s: 0),
+             "failed.", lambda s: s.counters.offload_store_failures),
         ):
             yield counter(name, doc, each(value), created)
-        yield gauge("vllm:kv_offload_cpu_cache_usage_perc", "CPU offload cache usage.", each(lambda s: 0.0))
+        yield gauge("vllm:kv_offload_cpu_cache_usage_perc", "CPU offload cache usage.",
+                    each(lambda s: s.offload_pinned_blocks / s.config.offload_blocks))
         yield gauge("vllm:kv_offload_config_info", "Static configuration of the KV offload managers of this "
                     "engine instance.", [({**labels, "cpu_blocks_per_chunk": "1",
                                            "cpu_kv_cache_size_bytes": str(snap.config.offload_blocks

@@ -28,8 +28,12 @@ function of the requests submitted to it (`workload.ArrivalProcess` draws those,
   least-recently-used first. At admission the prefix lookup goes on in the tier where the pool's
   cached head ends: those blocks are loaded back (CPU to GPU at `offload_load_bytes_per_s`, the load
   time added to the step) instead of recomputed, and counted as hits from the CPU. A block is
-  `kv_bytes_per_token` x `block_size` bytes. Transfers finish within their step, so nothing in the
-  tier is ever pinned: every tier block is evictable.
+  `kv_bytes_per_token` x `block_size` bytes. Loads finish within their step. Stores are asynchronous,
+  one batch after another over one link, as vLLM's native offload does them: each step's evicted
+  blocks are one allocation in the tier, and until a block's store completes it is pinned (neither
+  loaded nor evicted). An allocation evicts only unpinned blocks; when those are too few it stores
+  nothing and counts an allocation failure (vLLM's `prepare_store` returning None). At the default
+  bandwidth a store ends within its step, so the tier never refuses while it has any block to evict.
 - Time: a step lasts `step_base_s + step_per_token_s * tokens_in_step` (+ the step's load-back time);
   TTFT, ITL, queue time and end-to-end latency are read off this simulated clock.
 """
@@ -39,6 +43,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import OrderedDict, deque
+from itertools import islice
 from dataclasses import dataclass, field, replace
 from typing import Hashable
 
@@ -168,6 +173,7 @@ class Counters:
     offload_loaded_blocks: int = 0
     offload_stored_blocks: int = 0
     offload_evicted_blocks: int = 0
+    offload_store_failures: int = 0  # allocations the tier refused: too few unpinned blocks to evict
     offload_load_seconds: float = 0.0
     offload_store_seconds: float = 0.0
 
@@ -224,22 +230,45 @@ class Request:
 
 
 class OffloadTier:
-    """The CPU tier: an LRU set of block keys (a tier block is never pinned, so all are evictable)."""
+    """The CPU tier, kept as vLLM's LRU offloading manager keeps it: block keys, least recently used first,
+    each with the time its store completes (a block is pinned until then)."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, store_seconds_per_block: float):
         self.capacity = capacity
-        self.blocks: OrderedDict[BlockKey, None] = OrderedDict()  # least recently used first
+        self.store_seconds_per_block = store_seconds_per_block
+        self.blocks: OrderedDict[BlockKey, float] = OrderedDict()  # key -> when its store completes
+        self.link_free_at = 0.0  # when the stores queued so far are done
 
-    def store(self, key: BlockKey) -> int:
-        """Keep `key` (most recently used); the number of blocks evicted to make room (0 or 1)."""
-        if key in self.blocks:
-            self.blocks.move_to_end(key)
-            return 0
-        self.blocks[key] = None
-        if len(self.blocks) > self.capacity:
-            self.blocks.popitem(last=False)
-            return 1
-        return 0
+    def is_ready(self, key: BlockKey, now: float) -> bool:
+        done = self.blocks.get(key)
+        return done is not None and done <= now
+
+    def pinned(self, now: float) -> int:
+        return sum(1 for done in self.blocks.values() if done > now)
+
+    def store(self, keys: list[BlockKey], now: float) -> tuple[int, int] | None:
+        """One allocation for the blocks of `keys` (those already kept become most recently used): room is
+        made by evicting unpinned blocks outside `keys`, least recently used first; when that cannot make
+        enough, nothing is stored or evicted and the answer is None. Else (blocks stored, blocks evicted)."""
+        new = [key for key in keys if key not in self.blocks]
+        excess = len(self.blocks) + len(new) - self.capacity
+        victims: list[BlockKey] = []
+        if excess > 0:
+            wanted = set(keys)
+            victims = list(islice((key for key, done in self.blocks.items() if done <= now and key not in wanted),
+                                  excess))
+            if len(victims) < excess:
+                return None
+        for key in victims:
+            del self.blocks[key]
+        for key in keys:
+            if key in self.blocks:
+                self.blocks.move_to_end(key)
+        if new:
+            self.link_free_at = max(now, self.link_free_at) + len(new) * self.store_seconds_per_block
+            for key in new:
+                self.blocks[key] = self.link_free_at
+        return len(new), len(victims)
 
     def touch(self, key: BlockKey) -> None:
         self.blocks.move_to_end(key)
@@ -331,7 +360,8 @@ class ModelSnapshot:
     report: GaugeReport
     counters: Counters
     histograms: dict[str, Histogram]
-    offload_used_blocks: int = 0  # blocks the tier holds (all evictable)
+    offload_used_blocks: int = 0  # blocks the tier holds
+    offload_pinned_blocks: int = 0  # of those, blocks whose store is still in flight (not evictable)
 
 
 class EngineModel:
@@ -342,7 +372,8 @@ class EngineModel:
         self.started_at = start_time
         self.now = start_time
         self.pool = BlockPool(config.num_blocks)
-        self.tier = OffloadTier(config.offload_blocks) if config.offload_blocks else None
+        self.tier = (OffloadTier(config.offload_blocks, config.block_bytes / config.offload_store_bytes_per_s)
+                     if config.offload_blocks else None)
         self._load_seconds = 0.0  # load-back time of the step being built
         # With record_kv_events: (end of step, the pool's journal of that step) for each step that stored
         # or evicted a block, as the engines publish one KV event batch per scheduler step.
@@ -473,7 +504,7 @@ class EngineModel:
             key = request.block_key(index, size)
             if not offloaded and self.pool.is_cached(key):
                 keys.append(key)
-            elif self.tier is not None and key in self.tier.blocks:
+            elif self.tier is not None and self.tier.is_ready(key, self.now):
                 offloaded.append(key)
             else:
                 break
@@ -547,17 +578,22 @@ class EngineModel:
         self.histograms["offload_load"].observe(seconds)
 
     def _spill(self) -> None:
-        """Store the blocks the pool evicted in the tier (or forget them without one)."""
+        """Store the blocks the pool evicted in the tier, as one allocation (or forget them without a tier)."""
         spilled, self.pool.spilled = self.pool.spilled, []
         if self.tier is None or not spilled:
             return
-        counters, config = self.counters, self.config
-        for key in spilled:
-            counters.offload_evicted_blocks += self.tier.store(key)
-        seconds = len(spilled) * config.block_bytes / config.offload_store_bytes_per_s
-        counters.offload_stored_blocks += len(spilled)
-        counters.offload_store_seconds += seconds
-        self.histograms["offload_store"].observe(seconds)
+        counters = self.counters
+        outcome = self.tier.store(spilled, self.now)
+        if outcome is None:
+            counters.offload_store_failures += 1
+            return
+        stored, evicted = outcome
+        counters.offload_evicted_blocks += evicted
+        if stored:
+            seconds = stored * self.tier.store_seconds_per_block
+            counters.offload_stored_blocks += stored
+            counters.offload_store_seconds += seconds
+            self.histograms["offload_store"].observe(seconds)
 
     def _first_admission(self, request: Request, hit_tokens: int, offload_hit_tokens: int) -> None:
         request.first_scheduled = self.now
@@ -681,4 +717,5 @@ class EngineModel:
             counters=replace(self.counters),
             histograms={name: h.copy() for name, h in self.histograms.items()},
             offload_used_blocks=len(self.tier.blocks) if self.tier is not None else 0,
+            offload_pinned_blocks=self.tier.pinned(self.now) if self.tier is not None else 0,
         )

@@ -35,6 +35,11 @@ of 4 shared 512-token prefixes.
     1 req/s, 90% of prompts start with one of 16 shared 512-token prefixes (512 blocks: twice the GPU
     pool). The pool keeps few of them; the tier keeps them all, so most cached prompt tokens come back
     from the CPU (load-back) instead of being recomputed.
+- offload-tier-full (600 s, repeats), engine with 256 blocks, a CPU tier of 256 blocks and stores 400 times
+    slower than the default (50 MB/s: 42 ms a block): the offload-tier workload at 1.5 req/s. The GPU pool
+    is saturated within a minute (requests queue for KV, preemptions follow); the tier is full of blocks
+    whose stores are still in flight, so it refuses most allocations (vLLM's
+    `kv_offload_allocation_failure_total` climbs all along) and what it cannot keep is recomputed.
 - restart (360 s, repeats): the default workload; the engine restarts at 180 s (and at every
   repeat), so counters start again from zero and `_created` moves.
 
@@ -139,6 +144,11 @@ BUILTIN_SCENARIOS: dict[str, dict[str, Any]] = {
     "offload-tier": {
         "engine": {"num_blocks": 256, "offload_blocks": 4096},
         "phases": [{"name": "offloaded", "duration_s": 600, "arrival_rate": 1.0, "prefix_share": 0.9,
+                    "num_prefixes": 16, "prefix_len": 512}],
+    },
+    "offload-tier-full": {
+        "engine": {"num_blocks": 256, "offload_blocks": 256, "offload_store_bytes_per_s": 50e6},
+        "phases": [{"name": "tier-full", "duration_s": 600, "arrival_rate": 1.5, "prefix_share": 0.9,
                     "num_prefixes": 16, "prefix_len": 512}],
     },
     "restart": {

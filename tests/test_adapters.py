@@ -51,6 +51,43 @@ def test_an_engine_page_wins_over_dynamos_own_series_wherever_they_stand():
     assert adapters.detect(engine_first).engine == adapters.detect(text).engine == "vllm"
 
 
+def test_vllms_page_with_lmcache_series_is_vllm_wherever_they_stand():
+    text = (FIXTURES / "vllm-lmcache.txt").read_text()
+    blocks = text.split("# HELP ")
+    lmcache_first = "# HELP ".join([blocks[0], *[b for b in blocks[1:] if b.startswith("lmcache:")],
+                                    *[b for b in blocks[1:] if not b.startswith("lmcache:")]])
+    assert lmcache_first.index("lmcache:") < lmcache_first.index("vllm:")
+    assert adapters.detect(lmcache_first).engine == adapters.detect(text).engine == "vllm"
+
+
+def test_lmcache_series_read_alike_on_vllms_page_and_on_lmcaches_own():
+    """One mapping for LMCache's series: its own page (the lmcache adapter) and vLLM's page (the vLLM adapter)."""
+    text = (FIXTURES / "vllm-lmcache.txt").read_text()
+    own_page = "".join("# HELP " + block for block in text.split("# HELP ")[1:] if block.startswith("lmcache:"))
+    assert "vllm:" not in own_page
+    lmcache_adapter, own = adapt(own_page)
+    _, on_vllm = adapt(text)
+    assert lmcache_adapter.engine == "lmcache"
+    shared = {s.concept for s in lmcache_adapter.series}
+    assert own.ranks["0"].counters == {k: v for k, v in on_vllm.ranks["0"].counters.items() if k in shared} != {}
+    assert own.ranks["0"].labelled == {k: v for k, v in on_vllm.ranks["0"].labelled.items() if k in shared} != {}
+
+
+def test_a_page_without_a_gpu_pool_has_no_pressure_state_and_no_pool_gauges():
+    """LMCache's own page: no usage, queue or capacity, so no pressure state (not `ok` from missing inputs),
+    no derived pool gauges and no queue split; the tier readings pass through."""
+    from exporter import derive
+    from exporter.thresholds import DEFAULT
+
+    _, snapshot = adapt((FIXTURES / "lmcache-0.5.6.txt").read_text())
+    ranks, histories = derive.derive(snapshot, {}, 100.0, DEFAULT)
+    rank = ranks["0"]
+    assert rank.pressure is None
+    assert rank.gauges == {}
+    assert rank.labelled["tier_used_bytes"] == {("cpu",): 5368709120, ("disk",): 21474836480, ("remote",): 0}
+    assert histories == {"0": ()}
+
+
 def test_generic_request_histograms_are_not_tensorrt_llm():
     """The unprefixed TensorRT-LLM names are generic: without its hard-coded first label they are someone else's."""
     page = (FIXTURES / "trtllm-1.1-unprefixed.txt").read_text().replace('{engine_type="undefined",', '{')

@@ -4,6 +4,7 @@
 Time is compressed TIME_SCALE times: the simulator runs that much faster than real time, and the
 exporter's pressure thresholds and the rule file are the shipped defaults on the same faster clock
 (`alerts.generate.compress`): `for: 2m` becomes 6s, the 60s window 3s, rates 20 times higher.
+The offload test needs no Alertmanager: the alert is read from Prometheus's ALERTS series.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 from alerts import generate
 from exporter import units
 from exporter.thresholds import DEFAULT
+from simulator import scenarios
 from simulator.server import start_engine
 from tests import harness
 
@@ -104,26 +106,29 @@ def alertmanager_test_config(shipped: dict, receiver_url: str, secrets_dir: Path
     return config
 
 
-def exporter_config(path: Path, target: str, url: str) -> Path:
+def exporter_config(path: Path, targets: dict[str, str]) -> Path:
+    """A config polling vLLM targets (name -> URL) on the compressed clock."""
     path.write_text(yaml.safe_dump({
         "poll_interval": INTERVAL,
         "labels": {"cluster": "e2e"},
         "pressure": dataclasses.asdict(COMPRESSED),
-        "targets": [{"name": target, "url": url, "engine": "vllm"}],
+        "targets": [{"name": name, "url": url, "engine": "vllm"} for name, url in targets.items()],
     }))
     return path
 
 
-def prometheus_config(rules: Path, alertmanager_url: str, exporter_ports: list[int]) -> dict:
-    return {
+def prometheus_config(rules: Path, alertmanager_url: str | None, exporter_ports: list[int]) -> dict:
+    config = {
         "global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL, "evaluation_interval": INTERVAL},
         "rule_files": [str(rules)],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager_url.split("//")[1]]}]}]},
         "scrape_configs": [{
             "job_name": "kvcache-exporter",
             "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in exporter_ports]}],
         }],
     }
+    if alertmanager_url:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager_url.split("//")[1]]}]}]}
+    return config
 
 
 def diagnostics(prom_url: str, target: str) -> str:
@@ -131,7 +136,7 @@ def diagnostics(prom_url: str, target: str) -> str:
     lines = []
     for expr in (f'kvcache_pressure_state{{target="{target}"}} == 1', f'kvcache_requests_waiting{{target="{target}"}}',
                  f'kvcache_usage_ratio{{target="{target}"}}', f'kvcache_target_up{{target="{target}"}}',
-                 f'ALERTS{{target="{target}"}}'):
+                 f'kvcache_tier_store_failures_total{{target="{target}"}}', f'ALERTS{{target="{target}"}}'):
         try:
             lines.append(f"{expr}: {harness.prom_vector(prom_url, expr)}")
         except (OSError, ValueError) as err:
@@ -166,7 +171,7 @@ def test_shortage_notification_for_kv_saturation_and_none_for_concurrency_cap(tm
         # ~8s of wall time, for ~25s; the alert fires `for` (6s) after the exporter says so.
         with start_engine("vllm-v1", "kv-saturation", speed=TIME_SCALE, seed=SEED) as engine, \
                 harness.exporter(tmp_path / "sat", "--config", str(exporter_config(
-                    tmp_path / "sat.yml", "llama-sat", engine.url)), port=exporter_ports[0]):
+                    tmp_path / "sat.yml", {"llama-sat": engine.url})), port=exporter_ports[0]):
             try:
                 harness.wait_until(lambda: recorder.webhook_alerts("KVCacheShortageQueueing", "llama-sat"),
                                    timeout=60, interval=0.5, what="a KVCacheShortageQueueing notification")
@@ -204,7 +209,7 @@ def test_shortage_notification_for_kv_saturation_and_none_for_concurrency_cap(tm
                       f'[{units.format_duration(queued_for)}:{INTERVAL}]) > 0')
         with start_engine("vllm-v1", "concurrency-cap", speed=TIME_SCALE, seed=SEED) as engine, \
                 harness.exporter(tmp_path / "cap", "--config", str(exporter_config(
-                    tmp_path / "cap.yml", "llama-cap", engine.url)), port=exporter_ports[1]):
+                    tmp_path / "cap.yml", {"llama-cap": engine.url})), port=exporter_ports[1]):
             try:
                 harness.wait_until(lambda: harness.prom_vector(prom.url, queue_held), timeout=60, interval=0.5,
                                    what=f"a concurrency-cap queue held for {queued_for}s")
@@ -218,6 +223,59 @@ def test_shortage_notification_for_kv_saturation_and_none_for_concurrency_cap(tm
         assert alerts_seen == [], f"shortage alert pending or firing on the concurrency-cap run\n{cap_diagnostics}"
         assert recorder.webhook_alerts("KVCacheShortageQueueing", "llama-cap") == []
         assert [body for _, body in recorder.received("/pagerduty") if "llama-cap" in json.dumps(body)] == []
+
+
+def tier_full_then_idle() -> scenarios.Scenario:
+    """offload-tier-full's phase, then no more arrivals for good: once the engine has drained, its counters
+    stand still, so the exporter's reading can be compared with the model's own count exactly."""
+    builtin = scenarios.BUILTIN_SCENARIOS["offload-tier-full"]
+    return scenarios.parse_scenario({**builtin, "then": "hold", "phases": [
+        *builtin["phases"], {"name": "idle", "duration_s": 1, "arrival_rate": 0}]},
+        source="offload-tier-full", name="offload-tier-full-then-idle")
+
+
+def test_offload_tier_full_fires_for_a_refusing_tier_and_not_for_a_tier_that_keeps_up(tmp_path):
+    """KVCacheOffloadTierFull through the real exporter and Prometheus: it fires for a saturated pool whose small,
+    slow CPU tier refuses stores, never for the offload-tier pool; the refusals counted are the model's own."""
+    rules = tmp_path / "kvcache-rules.yml"
+    assert generate.main(["--time-scale", str(TIME_SCALE), "--output", str(rules)]) == 0
+    scenario = tier_full_then_idle()
+    phase_s = scenario.phases[0].duration_s
+    with start_engine("vllm-v1", scenario, speed=TIME_SCALE, seed=SEED) as full, \
+            start_engine("vllm-v1", "offload-tier", speed=TIME_SCALE, seed=SEED) as steady, \
+            harness.exporter(tmp_path, "--config", str(exporter_config(
+                tmp_path / "exporter.yml", {"tier-full": full.url, "tier-steady": steady.url}))) as exporter, \
+            harness.prometheus(tmp_path / "prom", prometheus_config(
+                rules, None, [int(exporter.url.rsplit(":", 1)[1])])) as prom:
+        started = time.monotonic()
+        firing = 'ALERTS{alertname="KVCacheOffloadTierFull",alertstate="firing",target="tier-full"}'
+        try:
+            # Refusals and a queue for KV from ~3 s of wall time, `for` 15 s: well within the 30 s phase.
+            [(labels, _)] = harness.wait_until(lambda: harness.prom_vector(prom.url, firing), timeout=phase_s / TIME_SCALE,
+                                               interval=0.5, what="KVCacheOffloadTierFull firing for tier-full")
+        except TimeoutError as err:
+            raise AssertionError(f"{err}\n{diagnostics(prom.url, 'tier-full')}") from None
+        assert (labels["tier"], labels["severity"], labels["engine"]) == ("cpu", "warning", "vllm")
+
+        def drained():
+            state = full.state().ranks[0]
+            return full.sim_time > phase_s and state.report.running == state.report.waiting == 0
+
+        harness.wait_until(drained, timeout=30, interval=0.5, what="the tier-full engine to drain after its phase")
+        refused = full.state().ranks[0].counters.offload_store_failures
+        time.sleep(3 * units.parse_duration(INTERVAL))  # a few more polls
+        samples = harness.scrape(exporter.url)
+        seconds = int(time.monotonic() - started) + 5
+        steady_alerts = harness.prom_vector(
+            prom.url, f'count_over_time(ALERTS{{alertname="KVCacheOffloadTierFull",target="tier-steady"}}[{seconds}s])')
+        steady_diagnostics = diagnostics(prom.url, "tier-steady")
+        steady_refused = steady.state().ranks[0].counters.offload_store_failures
+        assert full.state().ranks[0].counters.offload_store_failures == refused  # the count stood still
+    assert refused > 0
+    assert harness.value(samples, "kvcache_tier_store_failures_total", target="tier-full", tier="cpu") == refused
+    assert steady_refused == 0
+    assert harness.value(samples, "kvcache_tier_store_failures_total", target="tier-steady", tier="cpu") == 0
+    assert steady_alerts == [], f"KVCacheOffloadTierFull pending or firing for tier-steady\n{steady_diagnostics}"
 
 
 def test_alertmanager_inhibits_nearly_full_during_a_shortage_on_the_same_target(tmp_path, recorder):

@@ -112,7 +112,7 @@ def test_flags_beat_environment_which_beats_the_file(tmp_path):
     ("poll_interval: 2s\ntimeout: 3s", "timeout", "must be below poll_interval"),
     ("poll_interval: 5ms", "poll_interval", "must be at least 100ms (the default is 5s), got '5ms'"),
     ("staleness: 1s", "staleness", "at least poll_interval"),
-    ("targets: [{url: 'http://a:1/m', engine: tgi}]", "targets[0].engine", "one of auto, dynamo, lmdeploy, sglang, triton, trtllm, vllm"),
+    ("targets: [{url: 'http://a:1/m', engine: tgi}]", "targets[0].engine", "one of auto, dynamo, lmcache, lmdeploy, sglang, triton, trtllm, vllm"),
     ("targets: [{url: 'http://a:1/m', labels: {target: x}}]", "targets[0].labels", "set by the exporter"),
     ("targets: [{url: 'http://a:1/m', labels: {'bad-name': x}}]", "targets[0].labels", "invalid label name"),
     ("targets: [{url: 'http://a:1/m'}, {url: 'http://a:1/m'}]", "targets", "used twice"),

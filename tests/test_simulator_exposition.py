@@ -377,3 +377,23 @@ def test_an_offload_tier_shows_in_the_engines_names_and_the_adapter_reads_the_mo
         assert labelled["tier_transfer_bytes_total"] == {
             ("cpu", "load"): counters.offload_loaded_blocks * config.block_bytes,
             ("cpu", "store"): counters.offload_stored_blocks * config.block_bytes}
+
+
+def test_a_full_tier_refusing_stores_shows_as_vllms_allocation_failures():
+    """offload-tier-full at 300 s: the page counts the model's refused allocations under vLLM's name, the tier's
+    usage is its pinned share, and the adapter reads both."""
+    from exporter import adapters, derive
+    from exporter.sources import parser
+
+    run = simulate("vllm-v1", 300, scenario="offload-tier-full")
+    page = Page("vllm-v1", run)
+    snap = run.models[0].snapshot()
+    failures, pinned = snap.counters.offload_store_failures, snap.offload_pinned_blocks
+    assert failures > 0 and pinned > 0
+    assert page.value("vllm:kv_offload_allocation_failure_total") == failures
+    assert page.value("vllm:kv_offload_cpu_cache_usage_perc") == pinned / 256
+    adapter = adapters.detect(page.text)
+    labelled = derive.tier_values(adapter.adapt(parser.parse(page.text, adapter.wanted)).ranks["0"].labelled)
+    assert labelled["tier_store_failures_total"] == {("cpu",): failures}
+    assert labelled["tier_usage_ratio"] == {("cpu",): pinned / 256}
+    assert labelled["tier_used_tokens"] == {("cpu",): pinned * 16}

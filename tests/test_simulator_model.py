@@ -286,10 +286,27 @@ def test_an_evicted_block_goes_to_the_offload_tier_and_a_later_hit_loads_it_back
 def test_the_offload_tier_evicts_least_recently_used_first():
     from simulator.model import OffloadTier
 
-    tier = OffloadTier(2)
-    assert (tier.store("a"), tier.store("b")) == (0, 0)
+    tier = OffloadTier(2, store_seconds_per_block=0.0)
+    assert (tier.store(["a"], 0.0), tier.store(["b"], 0.0)) == ((1, 0), (1, 0))
     tier.touch("a")
-    assert tier.store("c") == 1 and list(tier.blocks) == ["a", "c"]
+    assert tier.store(["c"], 0.0) == (1, 1) and list(tier.blocks) == ["a", "c"]
+
+
+def test_a_store_in_flight_pins_its_blocks_and_an_allocation_without_room_stores_nothing():
+    """As vLLM's LRU offloading manager: a block is evictable (and loadable) once its store completed;
+    an allocation that cannot evict enough stores none of its blocks and evicts nothing."""
+    from simulator.model import OffloadTier
+
+    tier = OffloadTier(3, store_seconds_per_block=1.0)  # one link, 1 s a block
+    assert tier.store(["a"], 0.0) == (1, 0)  # done at 1
+    assert tier.store(["b", "c"], 0.0) == (2, 0)  # queued behind "a": done at 1 + 2 = 3
+    assert tier.blocks == {"a": 1.0, "b": 3.0, "c": 3.0}
+    assert (tier.is_ready("a", 2.0), tier.is_ready("b", 2.0), tier.pinned(2.0)) == (True, False, 2)
+    assert tier.store(["d", "e"], 2.0) is None  # two to evict, one unpinned ("a")
+    assert list(tier.blocks) == ["a", "b", "c"]
+    assert tier.store(["c", "d"], 2.0) == (1, 1)  # "c" is kept already: one new block, "a" makes room
+    assert tier.blocks == {"b": 3.0, "c": 3.0, "d": 4.0} and list(tier.blocks) == ["b", "c", "d"]
+    assert tier.store(["e"], 3.5) == (1, 1) and "b" not in tier.blocks  # "b" is done by now: evictable
 
 
 def test_the_offload_tier_scenario_serves_most_cached_tokens_from_the_cpu():
@@ -310,3 +327,26 @@ def test_the_offload_tier_scenario_serves_most_cached_tokens_from_the_cpu():
     computed = lambda c: c.prefill_compute_tokens / c.prefix_queried_tokens  # noqa: E731
     assert computed(tiered) < 0.67 * computed(plain)
     assert tiered.offload_loaded_blocks * scenario.engine.block_size >= tiered.offload_hit_tokens
+
+
+def test_the_tier_full_scenario_refuses_stores_while_the_gpu_pool_is_saturated():
+    """offload-tier-full: after its first minute, every minute has refused allocations, a queue waiting for KV
+    and a tier holding its capacity; offload-tier (a large tier at the default bandwidth) never refuses."""
+    full = ScenarioRun(load_scenario("offload-tier-full"), FLAVORS["vllm-v1"].reporting, seed=0)
+    config = full.scenario.engine
+    refused = []
+    for minute in range(1, 11):
+        before = full.models[0].counters.offload_store_failures
+        full.advance_to(60 * minute)
+        model = full.models[0]
+        refused.append(model.counters.offload_store_failures - before)
+        if minute > 1:
+            assert model.waiting_reason == "kv" and model.report.waiting > 0, minute
+            assert len(model.tier.blocks) == config.offload_blocks, minute
+    assert min(refused[1:]) > 0, refused
+    counters = full.models[0].counters
+    assert counters.preemptions > 0 and counters.offload_stored_blocks > 0
+    steady = ScenarioRun(load_scenario("offload-tier"), FLAVORS["vllm-v1"].reporting, seed=0)
+    steady.advance_to(600)
+    assert steady.models[0].counters.offload_store_failures == 0
+    assert steady.models[0].counters.offload_evicted_blocks > 0  # it was full too, but could always evict

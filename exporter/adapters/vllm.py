@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from . import lmcache
 from .base import Adapter, Samples, Series
 from ..snapshot import RankValues, Snapshot
 
@@ -20,9 +21,6 @@ _TRANSFERS = tuple(
     for concept, quantity in (("tier_transfer_bytes_total", "bytes"), ("tier_transfer_seconds_total", "time"))
     for names, match in (((f"vllm:kv_offload_{wire}_{quantity}_total",), {}),
                          ((f"vllm:kv_offload_total_{quantity}_total",), {"transfer_type": transfer_type})))
-# LMCache's series on vLLM's page (with PROMETHEUS_MULTIPROC_DIR): bytes per tier, no capacity.
-_LMCACHE_TIERS = (("cpu", "lmcache:local_cache_usage"), ("disk", "lmcache:local_storage_usage"),
-                  ("remote", "lmcache:remote_cache_usage"))
 
 
 class VllmAdapter(Adapter):
@@ -45,22 +43,18 @@ class VllmAdapter(Adapter):
                ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"), "counter"),
         Series("prompt_tokens_total", ("vllm:prompt_tokens_total",), "counter"),
         Series("generation_tokens_total", ("vllm:generation_tokens_total",), "counter"),
-        # LMCache's lookup counters, never its retrieve path (num_hit_tokens / num_requested_tokens), which
-        # asks only for tokens LMCache has and so reads about 1.
+        # vLLM's connector counters, else LMCache's lookup counters (with PROMETHEUS_MULTIPROC_DIR).
         Series("external_cache_queried_tokens_total",
-               ("vllm:external_prefix_cache_queries_total", "lmcache:num_lookup_tokens_total"), "counter"),
+               ("vllm:external_prefix_cache_queries_total", lmcache.LOOKUP_TOKENS), "counter"),
         Series("external_cache_hit_tokens_total",
-               ("vllm:external_prefix_cache_hits_total", "lmcache:num_lookup_hits_total"), "counter"),
+               ("vllm:external_prefix_cache_hits_total", lmcache.LOOKUP_HITS), "counter"),
         Series("cached_prompt_tokens_total", ("vllm:prompt_tokens_cached_by_source_total",), "counter",
                label_from=("source", _HIT_SOURCES)),
         Series("tier_usage_ratio", ("vllm:kv_offload_cpu_cache_usage_perc",), labels=("cpu",)),
         Series("tier_store_failures_total", ("vllm:kv_offload_allocation_failure_total",), "counter",
                labels=("cpu",)),
         *_TRANSFERS,
-        # Each TP worker's LMCache holds its own shard of the KV: the tier holds the sum.
-        *(Series("tier_used_bytes", (name,), sum_over=("worker_id",), labels=(tier,)) for tier, name in _LMCACHE_TIERS),
-        # LMCache's CPU backend evicts the same chunks on every TP worker (each its own shard): one worker's count.
-        Series("tier_evictions_total", ("lmcache:local_cpu_evict_keys_count_total",), "counter", labels=("cpu",)),
+        *lmcache.TIER_SERIES,
         Series("time_to_first_token_seconds", ("vllm:time_to_first_token_seconds",), "histogram",
                sum_over=_REQUEST_SLICES),
         Series("inter_token_latency_seconds",
