@@ -102,14 +102,6 @@ def what_if_rules(t: Thresholds) -> list[dict]:
     return rules
 
 
-def lookup(expr_format: str, pipe: str) -> str:
-    """Template text showing another series' value for the alert's target (`%q` takes the target)."""
-    return (
-        "{{ with printf `" + expr_format + "` $labels.target | query }}"
-        "{{ . | first | value | " + pipe + " }}{{ else }}n/a{{ end }}"
-    )
-
-
 def recording_rules(t: Thresholds) -> list[dict]:
     w = format_duration(t.window_seconds)
 
@@ -184,19 +176,7 @@ def alert(name: str, severity: str, expr: str, for_: str, summary: str, descript
 def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
     w = format_duration(t.window_seconds)
     horizon = number(t.nearly_full_horizon_seconds)
-    usage = lookup("kvcache:usage_ratio:max{target=%q}", "humanizePercentage")
-    preemptions = lookup("kvcache:preemptions:rate{target=%q}", PER_SECOND)
-    finished = lookup("kvcache:requests_finished:rate{target=%q}", PER_SECOND)
-    hit_baseline = lookup("kvcache:prefix_cache_hit_ratio:baseline{target=%q}", "humanizePercentage")
-    queried = lookup("kvcache:prefix_cache_queried_tokens:rate{target=%q}", 'printf "%.0f"')
-    queue_mean = lookup("kvcache:queue_time_seconds:mean{target=%q}", "humanizeDuration")
-    ttft_mean = lookup("kvcache:time_to_first_token_seconds:mean{target=%q}", "humanizeDuration")
     value_per_second = "{{ $value | " + PER_SECOND + " }}"
-    waiting_for_kv = lookup("kvcache:requests_waiting_for_kv:sum{target=%q}", 'printf "%.0f"')
-    kept_2x = lookup('kvcache:capacity_miss_tokens_kept:rate{target=%q,factor="2"}', 'printf "%.0f"')
-    projected_2x = lookup('kvcache:prefix_cache_hit_ratio:projected{target=%q,factor="2"}', "humanizePercentage")
-    hit_now = lookup("kvcache:prefix_cache_hit_ratio:rate{target=%q}", "humanizePercentage")
-    last_poll_age = lookup("time() - max(kvcache_target_last_success_timestamp_seconds{target=%q})", "humanizeDuration")
 
     def storm(severity: str, per_second: float) -> dict:
         return alert(
@@ -205,16 +185,11 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             f"and kvcache:requests_finished:rate >= {number(t.traffic_floor_requests_per_second)}",
             t.preemption_storm_for,
             f"{WHERE}: the engine keeps preempting requests to free KV",
-            f"{WHERE} preempts {value_per_second} requests/s over {w}, above {number(per_second)}/s, "
-            f"while {finished} requests/s finish; KV usage {usage}. "
-            "Preempted requests lose their KV and are recomputed: throughput falls and latency climbs.",
+            f"{WHERE} preempts {value_per_second} requests/s over {w}, above {number(per_second)}/s, while "
+            "requests still finish. Preempted requests lose their KV and are recomputed: throughput falls and latency climbs.",
             runbook_base,
         )
 
-    predicted = lookup(
-        f"max {PER_TARGET} (predict_linear(kvcache_usage_ratio{{target=%q}}[{w}], {horizon}))",
-        "humanizePercentage",
-    )
     return [
         alert(
             "KVCacheShortageQueueing", "critical",
@@ -223,8 +198,7 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             t.shortage_for,
             f"{WHERE}: requests are queueing because the KV cache is full",
             f"{{{{ $value | humanize }}}} requests wait for KV on {WHERE} while the engine answers. "
-            f"KV usage {usage}, {preemptions} preemptions/s over {w}. GPU memory looks flat because the "
-            "KV pool is reserved at start; users see this as rising time to first token.",
+            "GPU memory looks flat because the KV pool is reserved at start; users see this as rising time to first token.",
             runbook_base,
         ),
         storm("warning", t.preemption_storm_warning_per_second),
@@ -239,8 +213,8 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             t.nearly_full_for,
             f"{WHERE}: the KV cache is nearly full",
             f"KV usage {{{{ $value | humanizePercentage }}}} on {WHERE} (high-water mark "
-            f"{number(t.high_water_ratio * 100)}%); the trend over {w} projects {predicted} "
-            f"in {format_duration(t.nearly_full_horizon_seconds)}. Once it is full, new requests queue for KV.",
+            f"{number(t.high_water_ratio * 100)}%, or {number(t.low_water_ratio * 100)}% on a trend over {w} "
+            f"that fills it within {format_duration(t.nearly_full_horizon_seconds)}). Once it is full, new requests queue for KV.",
             runbook_base,
         ),
         alert(
@@ -249,8 +223,8 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             f"and kvcache:prefix_cache_queried_tokens:rate >= {number(t.traffic_floor_prefix_tokens_per_second)}",
             t.prefix_hit_drop_for,
             f"{WHERE}: the prefix-cache hit ratio dropped",
-            f"Prefix-cache hit ratio {{{{ $value | humanizePercentage }}}} over {w} on {WHERE}, against "
-            f"{hit_baseline} {t.prefix_hit_baseline_offset} earlier, with {queried} prompt tokens/s looked up. "
+            f"Prefix-cache hit ratio {{{{ $value | humanizePercentage }}}} over {w} on {WHERE}, below "
+            f"{number(t.prefix_hit_drop_fraction * 100)}% of its ratio {t.prefix_hit_baseline_offset} earlier. "
             "Every miss is prefill recomputed and KV spent twice.",
             runbook_base,
         ),
@@ -261,8 +235,8 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             t.capacity_miss_for,
             f"{WHERE}: prompts are computed again because the KV pool evicted them",
             f"{{{{ $value | humanizePercentage }}}} of the prompt tokens looked up on {WHERE} over {w} had been "
-            f"cached, were evicted for room and were computed again. A pool twice as large would have served "
-            f"{kept_2x} tokens/s of them from cache (projected hit ratio {projected_2x}, now {hit_now}).",
+            "cached, were evicted for room and were computed again. kvcache:prefix_cache_hit_ratio:projected "
+            "says what a larger pool would have served from cache.",
             runbook_base,
         ),
         alert(
@@ -272,7 +246,7 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             t.queue_dominates_for,
             f"{WHERE}: most of the time to first token is spent queueing",
             f"Queueing is {{{{ $value | humanizePercentage }}}} of the time to first token on {WHERE} over {w}: "
-            f"mean queue time {queue_mean}, mean TTFT {ttft_mean}.",
+            "requests wait for a place to run (KV or the running-request cap), not for their prefill.",
             runbook_base,
         ),
         alert(
@@ -282,7 +256,7 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             t.offload_full_for,
             f"{WHERE}: the {{{{ $labels.tier }}}} offload tier is full while requests queue for KV",
             f"The {{{{ $labels.tier }}}} tier of {WHERE} refuses {value_per_second} stores/s over {w}: it is full "
-            f"of KV it cannot evict, while {waiting_for_kv} requests wait for the GPU pool (KV usage {usage}). "
+            "of KV it cannot evict, while requests wait for the GPU pool. "
             "Offloading no longer takes load off the GPU pool: what the tier cannot keep is recomputed.",
             runbook_base,
         ),
@@ -306,8 +280,7 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             t.target_down_for,
             "{{ $labels.target }}: the exporter cannot poll the engine",
             f"{{{{ $value | humanizePercentage }}}} of the polls of {{{{ $labels.target }}}} "
-            f"(engine {{{{ $labels.engine }}}}) failed over the last {w}; last good poll "
-            f"{last_poll_age} ago. Its KV alerts are blind while it does not answer.",
+            f"(engine {{{{ $labels.engine }}}}) failed over the last {w}. Its KV alerts are blind while it does not answer.",
             runbook_base,
         ),
         # One replica of several gone (sharded probe mode): absent() still sees the others, and

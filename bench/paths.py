@@ -39,12 +39,16 @@ from .measure import Plan, prometheus_config
 from .run import code_version, prometheus_version
 
 PATHS = ("direct", "exporter", "probe")
+# Pages as the engines serve them: a Prometheus scraping an engine ingests its whole page (vLLM's
+# 435 series with `_created` and the HTTP instrumentator's families), the exporter reads what it needs.
+WORKLOADS = {"vllm": ("vllm-v1-58k",), "sglang": ("sglang-tp2",), "mix": ("vllm-v1-58k", "sglang-tp2")}
 RULES = harness.REPO / "alerts" / "kvcache-rules.yml"
 EVALUATION_INTERVAL_S = 15  # the shipped Prometheus configuration's (deploy/compose)
 MB = 1e6
 # What Prometheus says about its own ingestion, read from its /metrics.
 APPENDED = "prometheus_tsdb_head_samples_appended_total"
 HEAD_SERIES = "prometheus_tsdb_head_series"
+RULE_SECONDS = "prometheus_rule_group_last_duration_seconds"  # wall time of the last evaluation of each group
 
 
 @dataclass
@@ -112,8 +116,9 @@ def _age_query(path: str) -> str:
 def _own_metrics(prometheus_url: str) -> dict[str, float]:
     with urllib.request.urlopen(prometheus_url + "/metrics", timeout=30) as response:
         text = response.read().decode()
-    samples = parser.parse(text, frozenset({APPENDED, HEAD_SERIES}))
-    return {name: sum(sample.value for sample in samples.get(name, ())) for name in (APPENDED, HEAD_SERIES)}
+    names = (APPENDED, HEAD_SERIES, RULE_SECONDS)
+    samples = parser.parse(text, frozenset(names))
+    return {name: sum(sample.value for sample in samples.get(name, ())) for name in names}
 
 
 def _directory_bytes(path: Path) -> int:
@@ -126,6 +131,18 @@ def _directory_bytes(path: Path) -> int:
             except FileNotFoundError:
                 continue
     return total
+
+
+def _rule_seconds(prometheus_url: str) -> dict:
+    """Wall time of the last evaluation of the recording and of the alerting rules, and the alerts
+    active (pending or firing): an alert's annotations are expanded, with their queries, at every
+    evaluation."""
+    with urllib.request.urlopen(prometheus_url + "/api/v1/rules", timeout=30) as response:
+        groups = json.loads(response.read())["data"]["groups"]
+    rules = [rule for group in groups for rule in group["rules"]]
+    return {"recording_s": sum(r["evaluationTime"] for r in rules if r["type"] == "recording"),
+            "alerting_s": sum(r["evaluationTime"] for r in rules if r["type"] == "alerting"),
+            "alerts_active": sum(len(r.get("alerts", ())) for r in rules if r["type"] == "alerting")}
 
 
 def _snapshot_block(prometheus_url: str, data_dir: Path) -> dict:
@@ -209,6 +226,9 @@ def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
         "other_load_cores": (machine - sum(cpu.values()) - server_cpu) / wall,
         "samples_per_s": samples_per_s,
         "head_series": own_after[HEAD_SERIES],
+        # Rule evaluation, in cores: the last evaluation's wall time over the evaluation interval.
+        "rules_cores": own_after[RULE_SECONDS] / EVALUATION_INTERVAL_S,
+        "rules": _rule_seconds(url),
         "prometheus_rss_mb": procstat.memory_bytes(pids["prometheus"])[0] / MB,
         "wal_mb_per_hour": (disk_after - disk_before) / wall * 3600 / MB,
         "oldest_age_s": max(ages),
@@ -236,15 +256,14 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--interval", type=float, default=5.0, help="poll and scrape interval, seconds")
     p.add_argument("--cycles", type=int, default=9, help="intervals in each measured window (9 x 5 s holds 3 rule evaluations)")
     p.add_argument("--warmup", type=int, default=2, help="intervals to wait once every engine is up")
-    p.add_argument("--workloads", default=",".join(pages.DEFAULT_WORKLOADS),
-                   help=f"comma-separated, of {', '.join(pages.WORKLOADS)}")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
     p.add_argument("--out", type=Path, default=Path("bench/results-paths"))
     args = p.parse_args(argv)
     args.sizes = [int(size) for size in args.sizes.split(",")]
     args.workloads = args.workloads.split(",")
     args.paths = args.paths.split(",")
-    for given, known, what in ((args.workloads, pages.WORKLOADS, "workload"), (args.paths, PATHS, "path")):
+    for given, known, what in ((args.workloads, WORKLOADS, "workload"), (args.paths, PATHS, "path")):
         unknown = set(given) - set(known)
         if unknown:
             p.error(f"unknown {what}(s): {', '.join(sorted(unknown))}")
@@ -266,7 +285,7 @@ def main(argv: list[str]) -> int:
         "runs": [],
     }
     for workload in args.workloads:
-        with Fleet(workload, [page_paths[name] for name in pages.WORKLOADS[workload]], out / "logs") as fleet:
+        with Fleet(workload, [page_paths[name] for name in WORKLOADS[workload]], out / "logs") as fleet:
             for size in args.sizes:
                 plan = Plan(size, args.interval, args.cycles, args.warmup)
                 run = {"workload": workload, "targets": size}

@@ -242,7 +242,8 @@ class MetricsServer:
             log.exception("error serving %s", url.path)
             return _error(500, "internal error")
         if "gzip" in headers.get("accept-encoding", "") and _size(response.body) > 1024 and method != "HEAD":
-            response.body = await asyncio.to_thread(_gzip, response.body)
+            body = response.body
+            response.body = _gzip(body) if _size(body) < INLINE_GZIP_BYTES else await asyncio.to_thread(_gzip, body)
             response.headers["Content-Encoding"] = "gzip"
         return response
 
@@ -261,6 +262,10 @@ class MetricsServer:
         async with asyncio.timeout(WRITE_TIMEOUT):
             await writer.drain()
 
+
+# A body this small (a probe's page) is compressed on the loop: handing it to a thread costs more
+# than compressing it (docs/performance.md).
+INLINE_GZIP_BYTES = 256 * 1024
 
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
