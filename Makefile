@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install deps docs dashboards dashboards-preview alerts kubernetes bench fuzz
+.PHONY: demo test install deps docs dashboards dashboards-preview alerts kubernetes bench bench-paths fuzz
 
 demo: install
 	$(PY) -m exporter --demo
@@ -59,6 +59,11 @@ kubernetes: install
 bench: install
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) -m bench.run
+
+# The whole monitoring path (Prometheus alone, exporter + Prometheus, probe mode): about 35 minutes.
+bench-paths: install
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m bench.paths
 
 # Five minutes of coverage-guided fuzzing of the page path (fuzz/fuzz_parser.py says what it checks).
 fuzz: install
