@@ -7,6 +7,7 @@ environment variable), the key and what is wrong, printed as one line with exit 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import ipaddress
 import os
 import re
@@ -91,13 +92,23 @@ class ProbeConfig:
     def allows(self, host: str) -> bool:
         """Whether `host`, as written in the URL, is allowed: an IP address by the CIDRs, a name by the
         patterns (a name is not resolved: an allowed name is trusted for whatever it resolves to)."""
+        networks, patterns = self._allow_parsed
         try:
             address = ipaddress.ip_address(host)
         except ValueError:
-            return any(fnmatch.fnmatchcase(host.lower(), pattern.lower()) for pattern in self.allow
-                       if not _is_network(pattern))
-        return any(pattern == "*" or (_is_network(pattern) and address in ipaddress.ip_network(pattern, strict=False))
-                   for pattern in self.allow)
+            return any(fnmatch.fnmatchcase(host.lower(), pattern) for pattern in patterns)
+        return "*" in patterns or any(address in network for network in networks)
+
+    @functools.cached_property
+    def _allow_parsed(self) -> tuple[tuple, tuple[str, ...]]:
+        """The allow list split into networks and lower-cased name patterns, once."""
+        networks, patterns = [], []
+        for pattern in self.allow:
+            try:
+                networks.append(ipaddress.ip_network(pattern, strict=False))
+            except ValueError:
+                patterns.append(pattern.lower())
+        return tuple(networks), tuple(patterns)
 
 
 def _is_network(pattern: str) -> bool:

@@ -167,3 +167,34 @@ def test_probe_honours_the_scrape_timeout_header(tmp_path):
         assert harness.value(samples, "kvcache_target_up") == 0.0
         assert harness.value(samples, "kvcache_target_scrape_failures_total", reason="timeout") == 1.0
         assert 0.85 <= harness.value(samples, "kvcache_target_scrape_duration_seconds") < 1.0
+
+
+def test_a_reload_that_narrows_probe_allow_refuses_and_forgets_engines_probed_before(tmp_path):
+    config = tmp_path / "exporter.yml"
+    config.write_text(yaml.safe_dump({"probe": LOOPBACK_PROBES}))
+    with PageServer({"/metrics": page(GOOD_PAGE)}) as server, \
+            harness.exporter(tmp_path, "--config", str(config)) as exporter:
+        for _ in range(2):  # the second probe finds the engine checked under this configuration
+            assert probe(exporter, server.url("/metrics"), engine="vllm")[0] == 200
+        assert harness.value(harness.scrape(exporter.url), "kvcache_exporter_probed_targets") == 1.0
+        config.write_text(yaml.safe_dump({"probe": {"enabled": True, "allow": ["10.0.0.0/8"]}}))
+        request = urllib.request.Request(exporter.url + "/-/reload", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+        status, body = probe_answer(exporter, server.url("/metrics"), engine="vllm")
+        assert (status, body) == (403, "target host '127.0.0.1' is not in probe.allow\n")
+        assert harness.value(harness.scrape(exporter.url), "kvcache_exporter_probed_targets") == 0.0
+        assert server.requests["/metrics"] == 2
+
+
+def test_a_probe_page_goes_uncompressed_even_when_gzip_is_asked_for(tmp_path):
+    from exporter.runtime.server import GZIP_MIN_BYTES
+
+    with PageServer({"/metrics": page(GOOD_PAGE)}) as server, exporter_with(tmp_path, probe=LOOPBACK_PROBES) as exporter:
+        query = urllib.parse.urlencode({"target": server.url("/metrics"), "engine": "vllm"})
+        request = urllib.request.Request(f"{exporter.url}/probe?{query}", headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.headers.get("Content-Encoding") is None
+            body = response.read()
+        assert len(body) < GZIP_MIN_BYTES
+        assert harness.value(parse(body.decode()), "kvcache_usage_ratio") == 0.5

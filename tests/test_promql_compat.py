@@ -19,6 +19,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.runtime.server import GZIP_MIN_BYTES
 from tests import harness, promql_compat
 from tests.pageserver import PageServer, page
 
@@ -116,10 +117,14 @@ PROMETHEUS3_ACCEPT = {
 def exporter_with_a_target(tmp_path_factory):
     body = (FIXTURES / "vllm-v1.txt").read_text()
     log_dir = tmp_path_factory.mktemp("negotiation")
-    with PageServer({"/metrics": page(body)}) as engine, \
-            harness.exporter(log_dir, "--target", engine.url("/metrics"), "--poll-interval", "1s") as proc:
-        harness.wait_until(lambda: harness.value(harness.scrape(proc.url), "kvcache_target_up") == 1,
-                           timeout=20, what="a first good poll")
+    # Four engines: a /metrics body above the size from which the exporter compresses.
+    paths = [f"/engine-{i}/metrics" for i in range(4)]
+    with PageServer({path: page(body) for path in paths}) as engine, \
+            harness.exporter(log_dir, *(arg for path in paths for arg in ("--target", engine.url(path))),
+                             "--poll-interval", "1s") as proc:
+        harness.wait_until(lambda: sum(v for k, v in harness.scrape(proc.url).items()
+                                       if k[0] == "kvcache_target_up") == len(paths),
+                           timeout=20, what="a first good poll of every engine")
         yield proc
 
 
@@ -142,6 +147,7 @@ def test_metrics_answer_in_a_format_prometheus3_takes(exporter_with_a_target, ac
     assert parsed.get_param("version") == "0.0.4"
     assert encoding == ("gzip" if compressed else None)
     text = (gzip.decompress(raw) if compressed else raw).decode()
+    assert len(text) >= GZIP_MIN_BYTES
     families = {family.name: family for family in text_string_to_metric_families(text)}
     assert families["kvcache_target_up"].samples[0].value == 1
     assert families["kvcache_usage_ratio"].type == "gauge"

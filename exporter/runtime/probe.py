@@ -35,12 +35,13 @@ TIMEOUT_MARGIN = 0.5
 
 
 class _Probed:
-    __slots__ = ("target", "last_probe", "poll")
+    __slots__ = ("target", "last_probe", "poll", "checked_under")
 
-    def __init__(self, target: Target):
+    def __init__(self, target: Target, config: Config):
         self.target = target
         self.last_probe = time.monotonic()
         self.poll: asyncio.Task | None = None  # the poll in flight, shared by every probe that arrives meanwhile
+        self.checked_under = config  # the configuration whose allow list admitted this engine
 
 
 class Prober:
@@ -61,18 +62,17 @@ class Prober:
             return 403, "a probe cannot probe an exporter's /probe"
         url = (query.get("target") or [""])[0]
         engine = (query.get("engine") or ["auto"])[0]
-        if engine not in engines():
-            return 400, f"engine must be one of {', '.join(engines())}"
-        try:
-            target_config = target_from_url(url)
-        except ValueError as err:
-            return 400, f"target {err}"
-        host, port = _host_port(url)
-        if not config.probe.allows(host):
-            return 403, f"target host {host!r} is not in probe.allow"
-        if port == self._own_port() and await _is_local(host):
-            return 403, "target is this exporter itself"
-        probed = self._entry((url, engine), TargetConfig(name=target_config.name, url=url, engine=engine), config)
+        key = (url, engine)
+        known = self._targets.get(key)
+        if known is None or known.checked_under is not config:  # checked once per engine and configuration
+            refusal = await self._refusal(url, engine, config)
+            if refusal is not None:
+                if known is not None:
+                    self._forget(self._targets.pop(key))
+                return refusal
+            if known is not None:
+                known.checked_under = config
+        probed = self._entry(key, config)
         poll = probed.poll
         if poll is None:
             poll = probed.poll = asyncio.get_running_loop().create_task(probed.target.poll(_timeout(config, headers)))
@@ -85,7 +85,22 @@ class Prober:
             return 503, "the engine's state was evicted while its poll ran (more engines probed than probe.max_targets)"
         return 200, probed.target
 
-    def _entry(self, key: tuple[str, str], target_config: TargetConfig, config: Config) -> _Probed:
+    async def _refusal(self, url: str, engine: str, config: Config) -> tuple[int, str] | None:
+        """Why this engine may not be probed, as (HTTP status, reason), or None."""
+        if engine not in engines():
+            return 400, f"engine must be one of {', '.join(engines())}"
+        try:
+            target_from_url(url)
+        except ValueError as err:
+            return 400, f"target {err}"
+        host, port = _host_port(url)
+        if not config.probe.allows(host):
+            return 403, f"target host {host!r} is not in probe.allow"
+        if port == self._own_port() and await _is_local(host):
+            return 403, "target is this exporter itself"
+        return None
+
+    def _entry(self, key: tuple[str, str], config: Config) -> _Probed:
         """The state kept for this engine, made if new; forgets the stale and the least recently probed."""
         now = time.monotonic()
         while self._targets:
@@ -98,7 +113,9 @@ class Prober:
             while len(self._targets) >= config.probe.max_targets:
                 self._forget(self._targets.popitem(last=False)[1])
                 self.evictions += 1
-            probed = self._targets[key] = _Probed(self._make_target(target_config, config))
+            url, engine = key
+            target_config = TargetConfig(name=target_from_url(url).name, url=url, engine=engine)
+            probed = self._targets[key] = _Probed(self._make_target(target_config, config), config)
         self._targets.move_to_end(key)
         probed.last_probe = now
         return probed
