@@ -27,10 +27,16 @@ def _cores(figures: dict) -> str:
     return f"{figures['monitoring_cores']:.3f}" + (f" ({split})" if len(parts) > 1 else "")
 
 
+def _rules(rules: dict) -> str:
+    if not rules["recording_s"] and not rules["alerting_s"]:
+        return "none loaded"
+    return f"{rules['recording_s']:.2f} + {rules['alerting_s']:.2f} ({rules['alerts_active']:,})"
+
+
 def path_table(runs: list[dict], paths: list[str]) -> str:
     head = ["workload", "N", "path", "CPU, cores (Prometheus + exporter)", "samples/s", "head series",
             "Prometheus RSS MB", "TSDB MB/hour", "WAL MB/hour", "oldest data s (median)", "engines up",
-            "other load, cores"]
+            "rules s/evaluation: recording + alerting (alerts active)", "other load, cores"]
     rows = []
     for run in runs:
         for path in paths:
@@ -40,7 +46,7 @@ def path_table(runs: list[dict], paths: list[str]) -> str:
             rows.append([run["workload"], f"{run['targets']:,}", path, _cores(f), f"{f['samples_per_s']:,.0f}",
                          f"{f['head_series']:,.0f}", f"{f['prometheus_rss_mb']:,.0f}", f"{f['tsdb_mb_per_hour']:,.1f}",
                          f"{f['wal_mb_per_hour']:,.0f}", f"{f['oldest_age_s']:.1f} ({f['oldest_age_median_s']:.1f})",
-                         f"{f['engines_up']:,.0f}", f"{f['other_load_cores']:.2f}"])
+                         f"{f['engines_up']:,.0f}", _rules(f["rules"]), f"{f['other_load_cores']:.2f}"])
     return _table(head, rows)
 
 
