@@ -190,8 +190,7 @@ def test_shortage_notification_for_kv_saturation_and_none_for_concurrency_cap(tm
         assert annotations["summary"] == f"llama-sat (model {model}): requests are queueing because the KV cache is full"
         waiting, rest = annotations["description"].split(" ", 1)
         assert float(waiting) >= 1
-        assert rest.startswith(f"requests wait for KV on llama-sat (model {model}) while the engine answers. KV usage ")
-        assert "n/a" not in annotations["description"]
+        assert rest.startswith(f"requests wait for KV on llama-sat (model {model}) while the engine answers. GPU ")
         assert annotations["runbook_url"] == f"{generate.RUNBOOK_URL_BASE}#kvcacheshortagequeueing"
 
         # The critical route also paged, with the routing key read from its file.

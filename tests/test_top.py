@@ -100,7 +100,8 @@ def test_direct_poll_reads_the_engines_with_the_exporters_pipeline(tmp_path):
         result = top("--config", str(config), "--target", server.url("/vllm-v1.txt"), "--json", "--interval", "0.1s")
     assert result.returncode == 0, result.stderr
     pools = {(row["target"], row["dp_rank"]): row for row in json.loads(result.stdout)["pools"]}
-    targets = {"vllm-v1.txt": server.url("/vllm-v1.txt").split("/")[2], "sglang-0.5.txt": "from-config"}
+    # A target without a name is called by its host:port and its path (not /metrics here).
+    targets = {"vllm-v1.txt": server.url("/vllm-v1.txt").split("/", 2)[2], "sglang-0.5.txt": "from-config"}
     assert set(pools) == {(targets[name], rank) for name in names for rank in expected[name]["ranks"]}
     for name in names:
         for rank, want in expected[name]["ranks"].items():
