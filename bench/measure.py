@@ -165,19 +165,20 @@ def prometheus_config(fleet: Fleet, plan: Plan) -> dict:
 def measure_prometheus(fleet: Fleet, plan: Plan, work_dir: Path) -> dict:
     try:
         with harness.prometheus(work_dir, prometheus_config(fleet, plan)) as proc:
-            harness.wait_until(lambda: _scalar(proc.url, "count(up == 1)") == plan.targets,
+            harness.wait_until(lambda: scalar(proc.url, "count(up == 1)") == plan.targets,
                                timeout=60 + 10 * plan.interval, interval=1.0, what="every target scraped")
             time.sleep(plan.warmup_cycles * plan.interval)
             result = steady_window(proc.proc.pid, fleet, plan)
-            result["targets_up"] = _scalar(proc.url, "count(up == 1)")
-            result["scrape_duration_ms"] = _scalar(proc.url, "avg(scrape_duration_seconds)") * 1e3
-            result["samples_per_scrape"] = _scalar(proc.url, "avg(scrape_samples_scraped)")
+            result["targets_up"] = scalar(proc.url, "count(up == 1)")
+            result["scrape_duration_ms"] = scalar(proc.url, "avg(scrape_duration_seconds)") * 1e3
+            result["samples_per_scrape"] = scalar(proc.url, "avg(scrape_samples_scraped)")
     finally:
         shutil.rmtree(work_dir / "data", ignore_errors=True)  # a TSDB of up to a million series
     return result
 
 
-def _scalar(base_url: str, expr: str) -> float:
+def scalar(base_url: str, expr: str) -> float:
+    """An instant query's single value, 0 when it returns nothing."""
     result = harness.prom_vector(base_url, expr)
     return result[0][1] if result else 0.0
 

@@ -35,8 +35,8 @@ from tests import harness
 
 from . import pages, paths_report, procstat
 from .fleet import Fleet
-from .measure import Plan, prometheus_config
-from .run import code_version, prometheus_version
+from .measure import Plan, prometheus_config, scalar
+from .run import measured_on
 
 PATHS = ("direct", "exporter", "probe")
 # Pages as the engines serve them: a Prometheus scraping an engine ingests its whole page (vLLM's
@@ -48,7 +48,6 @@ MB = 1e6
 # What Prometheus says about its own ingestion, read from its /metrics.
 APPENDED = "prometheus_tsdb_head_samples_appended_total"
 HEAD_SERIES = "prometheus_tsdb_head_series"
-RULE_SECONDS = "prometheus_rule_group_last_duration_seconds"  # wall time of the last evaluation of each group
 
 
 @dataclass
@@ -116,7 +115,7 @@ def _age_query(path: str) -> str:
 def _own_metrics(prometheus_url: str) -> dict[str, float]:
     with urllib.request.urlopen(prometheus_url + "/metrics", timeout=30) as response:
         text = response.read().decode()
-    names = (APPENDED, HEAD_SERIES, RULE_SECONDS)
+    names = (APPENDED, HEAD_SERIES)
     samples = parser.parse(text, frozenset(names))
     return {name: sum(sample.value for sample in samples.get(name, ())) for name in names}
 
@@ -178,11 +177,6 @@ def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path
     return Stack(prometheus, work_dir / "data", exporter)
 
 
-def _scalar(base_url: str, expr: str) -> float:
-    result = harness.prom_vector(base_url, expr)
-    return result[0][1] if result else 0.0
-
-
 def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path) -> dict:
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
@@ -190,7 +184,7 @@ def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path) -> dict:
         with ExitStack() as stack:
             processes = _start(stack, fleet, plan, path, work_dir)
             url = processes.prometheus.url
-            harness.wait_until(lambda: _scalar(url, _up_query(path)) == plan.targets,
+            harness.wait_until(lambda: scalar(url, _up_query(path)) == plan.targets,
                                timeout=90 + 10 * plan.interval, interval=1.0, what=f"every engine up ({path})")
             time.sleep(plan.warmup_cycles * plan.interval)
             return _window(processes, fleet, plan, path)
@@ -210,7 +204,7 @@ def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
     # under a millisecond of CPU per thousand series).
     while time.monotonic() - started < plan.cycles * plan.interval - 0.6 * plan.interval:
         time.sleep(0.55 * plan.interval)
-        ages.append(_scalar(url, _age_query(path)))
+        ages.append(scalar(url, _age_query(path)))
     time.sleep(max(0.0, plan.cycles * plan.interval - (time.monotonic() - started)))
     wall = time.monotonic() - started
     cpu = {name: procstat.cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
@@ -226,14 +220,12 @@ def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
         "other_load_cores": (machine - sum(cpu.values()) - server_cpu) / wall,
         "samples_per_s": samples_per_s,
         "head_series": own_after[HEAD_SERIES],
-        # Rule evaluation, in cores: the last evaluation's wall time over the evaluation interval.
-        "rules_cores": own_after[RULE_SECONDS] / EVALUATION_INTERVAL_S,
         "rules": _rule_seconds(url),
         "prometheus_rss_mb": procstat.memory_bytes(pids["prometheus"])[0] / MB,
         "wal_mb_per_hour": (disk_after - disk_before) / wall * 3600 / MB,
         "oldest_age_s": max(ages),
         "oldest_age_median_s": sorted(ages)[len(ages) // 2],
-        "engines_up": _scalar(url, _up_query(path)),
+        "engines_up": scalar(url, _up_query(path)),
     }
     if processes.exporter is not None:
         result["exporter_rss_mb"] = procstat.memory_bytes(pids["exporter"])[0] / MB
@@ -276,9 +268,7 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     page_paths = pages.write_pages(out / "pages")
     results: dict = {
-        "machine": procstat.machine(),
-        "prometheus_version": prometheus_version(),
-        "code": code_version(),
+        **measured_on(),
         "settings": {"sizes": args.sizes, "interval": args.interval, "cycles": args.cycles,
                      "warmup_cycles": args.warmup, "workloads": args.workloads, "paths": args.paths,
                      "evaluation_interval_s": EVALUATION_INTERVAL_S},

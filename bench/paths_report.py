@@ -9,16 +9,13 @@ import json
 import sys
 from pathlib import Path
 
+from .report import table
+
 # Issue 21's goals for the exporter's path against Prometheus scraping the engines.
 MAX_CPU_RATIO = 0.8
 MAX_SAMPLES_RATIO = 0.5
 LABELS = {"direct": "A: Prometheus scrapes engines", "exporter": "B: exporter + Prometheus + rules",
           "probe": "probe: Prometheus via /probe + rules"}
-
-
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def _cores(figures: dict) -> str:
@@ -47,7 +44,7 @@ def path_table(runs: list[dict], paths: list[str]) -> str:
                          f"{f['head_series']:,.0f}", f"{f['prometheus_rss_mb']:,.0f}", f"{f['tsdb_mb_per_hour']:,.1f}",
                          f"{f['wal_mb_per_hour']:,.0f}", f"{f['oldest_age_s']:.1f} ({f['oldest_age_median_s']:.1f})",
                          f"{f['engines_up']:,.0f}", _rules(f["rules"]), f"{f['other_load_cores']:.2f}"])
-    return _table(head, rows)
+    return table(head, rows)
 
 
 def ratios(run: dict, path: str) -> dict | None:
@@ -73,7 +70,7 @@ def ratio_table(runs: list[dict], paths: list[str]) -> str:
                          *(f"{r[key]:.2f}" for key in ("monitoring_cores", "samples_per_s", "head_series",
                                                         "prometheus_rss_mb", "tsdb_mb_per_hour")),
                          "yes" if met else "NO"])
-    return _table(head, rows)
+    return table(head, rows)
 
 
 def markdown(results: dict) -> str:

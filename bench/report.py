@@ -58,7 +58,7 @@ def _ratio(run: dict) -> float | None:
     return ours / theirs if ours and theirs else None
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
+def table(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -75,7 +75,7 @@ def cpu_table(runs: list[dict]) -> str:
                      _number(ours["cpu_per_request_us"]), _number(theirs.get("cpu_per_request_us")),
                      _number(_ratio(run), 2), _number(theirs.get("rss_mb")),
                      f"{ours['other_load_cores']:.1f} / {_number(theirs.get('other_load_cores'), 1)}"])
-    return _table(head, rows)
+    return table(head, rows)
 
 
 def exporter_table(runs: list[dict]) -> str:
@@ -89,7 +89,7 @@ def exporter_table(runs: list[dict]) -> str:
                      f"{100 * ours['completed_share']:.1f} %", f"{ours['rss_mb']:.0f}", f"{ours['peak_rss_mb']:.0f}",
                      f"{ours['metrics_mb']:.1f}",
                      f"{ours['render_gzip_ms']:.0f}", f"{ours['render_ms']:.0f}"])
-    return _table(head, rows)
+    return table(head, rows)
 
 
 def parser_table(pages: dict) -> str:

@@ -49,6 +49,11 @@ def prometheus_version() -> str:
     return " ".join((out.stdout or out.stderr).split()[:3])  # "prometheus, version X.Y.Z"
 
 
+def measured_on() -> dict:
+    """What a results file says about where and what was measured."""
+    return {"machine": procstat.machine(), "prometheus_version": prometheus_version(), "code": code_version()}
+
+
 def arguments(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="100,500,1000,2000", help="numbers of targets, comma-separated")
@@ -77,9 +82,7 @@ def main(argv: list[str]) -> int:
     page_paths = pages.write_pages(out / "pages")
     used = dict.fromkeys(name for workload in args.workloads for name in pages.WORKLOADS[workload])
     results: dict = {
-        "machine": procstat.machine(),
-        "prometheus_version": prometheus_version(),
-        "code": code_version(),
+        **measured_on(),
         "settings": {"sizes": args.sizes, "interval": args.interval, "cycles": args.cycles,
                      "warmup_cycles": args.warmup, "workloads": args.workloads},
         "pages": {},
