@@ -9,6 +9,9 @@
   engine without a DP controller writes them. Two TP ranks repeat every scheduler gauge: about 50 KB.
 - `vllm-v1-58k`: the fixture itself (long model name, `_created`, `http_*`), for comparison with
   earlier measurements.
+- `vllm-v1-58k-at-rest`, `sglang-tp2-at-rest`: the same pages from a pool with room to spare: KV usage
+  0.55, nothing waiting, no preemption or retraction. The captured pages are from pools under
+  pressure (vLLM's KV-bound, both preempting), so a fleet of them alone sets off every KV alert.
 
 A workload is the list of pages its targets serve: target i serves page i mod len(pages).
 """
@@ -50,7 +53,22 @@ def vllm_v1_58k() -> str:
     return (FIXTURES / "vllm-v1.txt").read_text()
 
 
-PAGES = {"vllm-v1-35k": vllm_v1_35k, "sglang-tp2": sglang_tp2, "vllm-v1-58k": vllm_v1_58k}
+# The series that put a pool under pressure, and their values at rest. Values of 1 or less stay as they are
+# in every variant the page server makes, so the preemption counters do not move.
+_AT_REST = {"vllm:kv_cache_usage_perc": "0.55", "vllm:num_requests_waiting": "0.0",
+            "vllm:num_requests_waiting_by_reason": "0.0", "vllm:num_preemptions_total": "0.0",
+            "sglang:token_usage": "0.55", "sglang:full_token_usage": "0.55", "sglang:num_queue_reqs": "0.0",
+            "sglang:num_retracted_requests_total": "0.0"}
+_PRESSURE_LINE = re.compile(r"(?m)^(" + "|".join(map(re.escape, _AT_REST)) + r")((?:\{[^}\n]*\})? )\S+$")
+
+
+def at_rest(text: str) -> str:
+    """The page of a pool with room to spare (see the module's text)."""
+    return _PRESSURE_LINE.sub(lambda m: m.group(1) + m.group(2) + _AT_REST[m.group(1)], text)
+
+
+PAGES = {"vllm-v1-35k": vllm_v1_35k, "sglang-tp2": sglang_tp2, "vllm-v1-58k": vllm_v1_58k,
+         "vllm-v1-58k-at-rest": lambda: at_rest(vllm_v1_58k()), "sglang-tp2-at-rest": lambda: at_rest(sglang_tp2())}
 WORKLOADS = {
     "vllm": ("vllm-v1-35k",),
     "sglang": ("sglang-tp2",),

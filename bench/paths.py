@@ -7,6 +7,11 @@
   pattern large fleets run), rules loaded as in B.
 
     python -m bench.paths [--sizes 100,500,2000] [--workloads vllm,sglang,mix] [--paths direct,exporter,probe]
+                          [--fleet steady|pressure]
+
+The fleet is `steady` by default: one pool in 20 under KV pressure (the captured pages), the others
+at rest (bench/pages.py), as a fleet runs most days; `pressure` puts every pool under pressure, so
+that every one of them raises its KV alerts, and measures what an incident costs Prometheus.
 
 One path runs at a time. For each: warm-up until every engine is up in Prometheus and two more
 intervals, then a window of whole intervals in which the CPU of every monitoring process, the
@@ -42,8 +47,10 @@ PATHS = ("direct", "exporter", "probe")
 # Pages as the engines serve them: a Prometheus scraping an engine ingests its whole page (vLLM's
 # 435 series with `_created` and the HTTP instrumentator's families), the exporter reads what it needs.
 WORKLOADS = {"vllm": ("vllm-v1-58k",), "sglang": ("sglang-tp2",), "mix": ("vllm-v1-58k", "sglang-tp2")}
+FLEETS = ("steady", "pressure")
+PRESSURE_EVERY = 20  # in a steady fleet, one pool in this many is under pressure
 RULES = harness.REPO / "alerts" / "kvcache-rules.yml"
-EVALUATION_INTERVAL_S = 15  # the shipped Prometheus configuration's (deploy/compose)
+EVALUATION_INTERVAL_S = 30  # the shipped Prometheus configuration's (deploy/compose)
 MB = 1e6
 # What Prometheus says about its own ingestion, read from its /metrics.
 APPENDED = "prometheus_tsdb_head_samples_appended_total"
@@ -64,6 +71,14 @@ class Stack:
         if self.exporter is not None:
             pids["exporter"] = self.exporter.proc.pid
         return pids
+
+
+def fleet_pages(workload: str, fleet: str) -> list[str]:
+    """The pages the targets serve, target i the (i mod length)-th."""
+    names = WORKLOADS[workload]
+    if fleet == "pressure":
+        return list(names)
+    return [name if turn == 0 else f"{name}-at-rest" for turn in range(PRESSURE_EVERY) for name in names]
 
 
 def _exporter_config(fleet: Fleet, plan: Plan, path: str) -> dict:
@@ -246,10 +261,12 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.paths", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="100,500,2000", help="numbers of engines, comma-separated")
     p.add_argument("--interval", type=float, default=5.0, help="poll and scrape interval, seconds")
-    p.add_argument("--cycles", type=int, default=9, help="intervals in each measured window (9 x 5 s holds 3 rule evaluations)")
+    p.add_argument("--cycles", type=int, default=12, help="intervals in each measured window (12 x 5 s holds 2 rule evaluations)")
     p.add_argument("--warmup", type=int, default=2, help="intervals to wait once every engine is up")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
+    p.add_argument("--fleet", choices=FLEETS, default="steady",
+                   help=f"steady: one pool in {PRESSURE_EVERY} under KV pressure; pressure: every pool")
     p.add_argument("--out", type=Path, default=Path("bench/results-paths"))
     args = p.parse_args(argv)
     args.sizes = [int(size) for size in args.sizes.split(",")]
@@ -271,11 +288,13 @@ def main(argv: list[str]) -> int:
         **measured_on(),
         "settings": {"sizes": args.sizes, "interval": args.interval, "cycles": args.cycles,
                      "warmup_cycles": args.warmup, "workloads": args.workloads, "paths": args.paths,
-                     "evaluation_interval_s": EVALUATION_INTERVAL_S},
+                     "evaluation_interval_s": EVALUATION_INTERVAL_S, "fleet": args.fleet,
+                     "pressure_every": 1 if args.fleet == "pressure" else PRESSURE_EVERY},
         "runs": [],
     }
     for workload in args.workloads:
-        with Fleet(workload, [page_paths[name] for name in WORKLOADS[workload]], out / "logs") as fleet:
+        served = [page_paths[name] for name in fleet_pages(workload, args.fleet)]
+        with Fleet(workload, served, out / "logs") as fleet:
             for size in args.sizes:
                 plan = Plan(size, args.interval, args.cycles, args.warmup)
                 run = {"workload": workload, "targets": size}

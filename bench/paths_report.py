@@ -80,9 +80,16 @@ def markdown(results: dict) -> str:
         f"Exporter at {results['code']}. Machine: {machine['cpus']} × {machine['cpu_model']}, Python "
         f"{machine['python']}, {results['prometheus_version']}. Scrape and poll interval {settings['interval']:g} s, "
         f"rules every {settings['evaluation_interval_s']} s, {settings['cycles']} measured intervals after "
-        f"{settings['warmup_cycles']} of warm-up.",
+        f"{settings['warmup_cycles']} of warm-up. {_fleet(settings)}",
         "", path_table(results["runs"], paths), "", ratio_table(results["runs"], paths), "",
     ])
+
+
+def _fleet(settings: dict) -> str:
+    every = settings.get("pressure_every", 1)  # runs before the steady fleet existed had every pool under pressure
+    if every == 1:
+        return "Every pool under KV pressure (the captured pages): every pool raises its KV alerts."
+    return f"Steady fleet: one pool in {every} under KV pressure (the captured pages), the others at rest."
 
 
 def plot(results: dict, path: Path) -> None:

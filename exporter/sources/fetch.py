@@ -81,6 +81,9 @@ class Fetcher:
         self._tls = _tls_context(settings) if parts.scheme == "https" else None
         self._token = SecretFile(settings.bearer_token_file) if settings.bearer_token_file else None
         self._password = SecretFile(settings.basic_auth_password_file) if settings.basic_auth_password_file else None
+        # Every poll sends the same head but for a credential read from its file: built once.
+        self._fixed_headers = "".join(f"{name}: {value}\r\n" for name, value in (
+            ("Host", self._host_header), ("Accept", ACCEPT), ("Accept-Encoding", "gzip"), ("User-Agent", USER_AGENT)))
         self._stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
     def close(self) -> None:
@@ -99,19 +102,19 @@ class Fetcher:
             raise FetchError("timeout", f"no complete response within {timeout:g}s") from None
 
     def _headers(self) -> str:
-        headers = {"Host": self._host_header, "Accept": ACCEPT, "Accept-Encoding": "gzip",
-                   "User-Agent": USER_AGENT}
         try:
             if self._token is not None:
-                headers["Authorization"] = "Bearer " + self._token.read()
+                authorization = "Bearer " + self._token.read()
             elif self._password is not None:
                 pair = f"{self.settings.basic_auth_username}:{self._password.read()}".encode()
-                headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+                authorization = "Basic " + base64.b64encode(pair).decode()
+            else:
+                return self._fixed_headers
         except (OSError, UnicodeDecodeError) as err:
             path = self._token.path if self._token is not None else self._password.path
             problem = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
             raise FetchError("credentials", f"cannot read {path}: {problem}") from None
-        return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        return f"{self._fixed_headers}Authorization: {authorization}\r\n"
 
     async def _follow(self, headers: str) -> bytes:
         url = self.url
