@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from deploy.kubernetes import probe
-from deploy.kubernetes.deployment import Deployment, meta_label
+from deploy.kubernetes.deployment import METRICS_PATH_ANNOTATION, Deployment, meta_label
 from tests import harness
 from tests.harness import REPO
 from tests.pageserver import PageServer, hang_before_headers, page
@@ -90,6 +90,7 @@ class EnginePod:
     expected_engine_param: str | None = "auto"  # None: the relabeling must drop it
     expected_engine: str = ""  # what the exporter reports
     hangs: bool = False  # accepts the connection and never answers
+    path: str = "/metrics"  # where it serves its page; another one is named by the pod's annotation
     server: PageServer | None = None
 
     def route(self):
@@ -101,7 +102,12 @@ class EnginePod:
 
     @property
     def metrics_url(self) -> str:
-        return self.server.url("/metrics")
+        return self.server.url(self.path)
+
+    @property
+    def target_name(self) -> str:
+        """The exporter's default name of the target: host:port, and the path where it is not /metrics."""
+        return self.address if self.path == "/metrics" else self.address + self.path
 
     def discovery(self) -> dict:
         """What Kubernetes pod discovery would hand Prometheus for this pod's container port."""
@@ -116,6 +122,8 @@ class EnginePod:
             "__meta_kubernetes_pod_container_port_number": self.address.rsplit(":", 1)[1],
             **{meta_label(key): value for key, value in self.labels.items()},
         }
+        if self.path != "/metrics":
+            meta[meta_label(METRICS_PATH_ANNOTATION, "annotation")] = self.path
         return {"targets": [self.address], "labels": meta}
 
 
@@ -131,6 +139,8 @@ def engine_pods() -> list[EnginePod]:
         # No engine label, or one naming another engine: the exporter detects it.
         EnginePod("mistral-0", "vllm-v0.txt", expected_engine="vllm"),
         EnginePod("gemma-0", "sglang-0.4.txt", {GIE_LABEL: "triton-trtllm"}, expected_engine="sglang"),
+        # trtllm-serve's page is elsewhere: the pod's prometheus.io/path annotation says where.
+        EnginePod("trtllm-0", "trtllm-1.3.txt", path="/prometheus/metrics", expected_engine="trtllm"),
         # The exporter's per-engine timeout ends before Prometheus's scrape timeout: the scrape
         # succeeds and says the engine is down.
         EnginePod("stuck-0", "vllm-v1.txt", {GIE_LABEL: "vllm"}, expected_engine_param="vllm", expected_engine="vllm",
@@ -148,7 +158,7 @@ def start_pods(stack: contextlib.ExitStack, replicas: int) -> list[EnginePod]:
     while True:
         for pod in pods:
             if pod.server is None:
-                pod.server = stack.enter_context(PageServer({"/metrics": pod.route()}))
+                pod.server = stack.enter_context(PageServer({pod.path: pod.route()}))
         probed = [pod for pod in pods if pod.expected_engine_param]
         if len({hashmod_shard(pod.address, replicas) for pod in probed}) == replicas:
             return pods
@@ -233,7 +243,7 @@ def test_probe_mode_end_to_end(tmp_path):
 
         up = vector_of(prometheus.url, f'kvcache_target_up{{job="{probe.PROBE_JOB}"}}', len(probed))
         assert {(labels["pod"], labels["engine"], labels["target"], value) for labels, value in up} == {
-            (pod.name, pod.expected_engine, address, 0.0 if pod.hangs else 1.0) for address, pod in probed.items()}
+            (pod.name, pod.expected_engine, pod.target_name, 0.0 if pod.hangs else 1.0) for pod in probed.values()}
         [(_, timeouts)] = harness.prom_vector(
             prometheus.url, 'kvcache_target_scrape_failures_total{pod="stuck-0", reason="timeout"}')
         assert timeouts >= 1

@@ -27,6 +27,8 @@ DEFAULT_POD_SELECTOR = "kvcache-exporter/probe=true"
 # Names of the container ports that serve an engine's /metrics (vLLM and SGLang serve it on their API port).
 ENGINE_PORT_NAMES = ("http", "metrics")
 ENGINE_METRICS_PATH = "/metrics"
+# The conventional pod annotation naming another path (trtllm-serve serves /prometheus/metrics).
+METRICS_PATH_ANNOTATION = "prometheus.io/path"
 
 
 def project_version() -> str:
@@ -39,9 +41,10 @@ def default_image() -> str:
     return f"ghcr.io/kvcache-exporter/kvcache-exporter:{project_version()}"
 
 
-def meta_label(pod_label: str) -> str:
-    """The discovery meta label under which Prometheus shows a pod label."""
-    return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", pod_label)
+def meta_label(pod_label: str, kind: str = "label") -> str:
+    """The discovery meta label under which Prometheus shows a pod label (or, with kind="annotation", an
+    annotation)."""
+    return f"__meta_kubernetes_pod_{kind}_" + re.sub(r"[^a-zA-Z0-9_]", "_", pod_label)
 
 
 def seconds(value: float) -> str:

@@ -7,8 +7,8 @@ scrape config for a Prometheus without the operator, so the two cannot disagree.
 
 from __future__ import annotations
 
-from .deployment import (DEFAULT_ENGINE, ENGINE_LABELS, ENGINE_METRICS_PATH, ENGINE_PORT_NAMES, ENGINES, NAME,
-                         PROBE_INTERVAL_SECONDS, Deployment, meta_label, seconds)
+from .deployment import (DEFAULT_ENGINE, ENGINE_LABELS, ENGINE_METRICS_PATH, ENGINE_PORT_NAMES, ENGINES,
+                         METRICS_PATH_ANNOTATION, NAME, PROBE_INTERVAL_SECONDS, Deployment, meta_label, seconds)
 
 PROBE_JOB = "kvcache-probe"
 SELF_JOB = NAME
@@ -30,6 +30,9 @@ def relabel_rules(deployment: Deployment) -> list[dict]:
         # The URL the exporter polls: the pod's address (IP:port, IPv6 in brackets) and the path.
         {"source_labels": ["__address__"], "target_label": "__param_target",
          "replacement": f"http://$1{ENGINE_METRICS_PATH}"},
+        # ... or the path the pod's prometheus.io/path annotation names, where it is an absolute path.
+        {"source_labels": ["__address__", meta_label(METRICS_PATH_ANNOTATION, "annotation")],
+         "regex": "([^;]+);(/.*)", "target_label": "__param_target", "replacement": "http://$1$2"},
         {"target_label": "__param_engine", "replacement": DEFAULT_ENGINE},
     ]
     # The engine from the pod's label when it names one the exporter knows; otherwise detection.
