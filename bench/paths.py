@@ -149,7 +149,7 @@ def _directory_bytes(path: Path) -> int:
 
 def _rule_seconds(prometheus_url: str) -> dict:
     """Wall time of the last evaluation of the recording and of the alerting rules, and the alerts
-    active (pending or firing): an alert's annotations are expanded, with their queries, at every
+    active (pending or firing): every active alert's labels and annotations are expanded at every
     evaluation."""
     with urllib.request.urlopen(prometheus_url + "/api/v1/rules", timeout=30) as response:
         groups = json.loads(response.read())["data"]["groups"]
