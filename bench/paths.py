@@ -4,9 +4,11 @@
 - `exporter` (path B): the exporter polls every engine, Prometheus scrapes the exporter's one page
   and evaluates the project's recording and alerting rules;
 - `probe`: Prometheus scrapes `/probe?target=` per engine through the exporter (the multi-target
-  pattern large fleets run), rules loaded as in B.
+  pattern large fleets run), rules loaded as in B;
+- `replay` (asked for by name): B with the reading of each page replayed (bench/replay_exporter.py):
+  what B costs besides parsing, adapting, deriving and rendering, the floor a faster reader could reach.
 
-    python -m bench.paths [--sizes 100,500,2000] [--workloads vllm,sglang,mix] [--paths direct,exporter,probe]
+    python -m bench.paths [--sizes 100,500,2000] [--workloads vllm,sglang,mix] [--paths direct,exporter,probe,replay]
                           [--fleet steady|pressure]
 
 The fleet is `steady` by default: one pool in 20 under KV pressure (the captured pages), the others
@@ -43,7 +45,8 @@ from .fleet import Fleet
 from .measure import Plan, prometheus_config, scalar
 from .run import measured_on
 
-PATHS = ("direct", "exporter", "probe")
+PATHS = ("direct", "exporter", "probe", "replay")
+DEFAULT_PATHS = PATHS[:3]
 # Pages as the engines serve them: a Prometheus scraping an engine ingests its whole page (vLLM's
 # 435 series with `_created` and the HTTP instrumentator's families), the exporter reads what it needs.
 WORKLOADS = {"vllm": ("vllm-v1-58k",), "sglang": ("sglang-tp2",), "mix": ("vllm-v1-58k", "sglang-tp2")}
@@ -98,7 +101,7 @@ def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_address: st
                    "evaluation_interval": f"{EVALUATION_INTERVAL_S}s"},
         "rule_files": [str(RULES)],
     }
-    if path == "exporter":
+    if path in ("exporter", "replay"):
         config["scrape_configs"] = [{"job_name": "kvcache-exporter", "static_configs": [{"targets": [exporter_address]}]}]
     else:
         config["scrape_configs"] = [{
@@ -185,7 +188,8 @@ def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path
     if path != "direct":
         config_path = work_dir / "exporter.yml"
         config_path.write_text(yaml.safe_dump(_exporter_config(fleet, plan, path), sort_keys=False))
-        exporter = stack.enter_context(harness.exporter(work_dir, "--config", str(config_path)))
+        module = "bench.replay_exporter" if path == "replay" else "exporter"
+        exporter = stack.enter_context(harness.exporter(work_dir, "--config", str(config_path), module=module))
         exporter_address = exporter.url.removeprefix("http://")
     config = _prometheus_config(fleet, plan, path, exporter_address)
     prometheus = stack.enter_context(harness.prometheus(work_dir, config, extra_args=("--web.enable-admin-api",)))
@@ -264,7 +268,7 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cycles", type=int, default=12, help="intervals in each measured window (12 x 5 s holds 2 rule evaluations)")
     p.add_argument("--warmup", type=int, default=2, help="intervals to wait once every engine is up")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
-    p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
+    p.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
     p.add_argument("--fleet", choices=FLEETS, default="steady",
                    help=f"steady: one pool in {PRESSURE_EVERY} under KV pressure; pressure: every pool")
     p.add_argument("--out", type=Path, default=Path("bench/results-paths"))

@@ -15,7 +15,7 @@ from .report import table
 MAX_CPU_RATIO = 0.8
 MAX_SAMPLES_RATIO = 0.5
 LABELS = {"direct": "A: Prometheus scrapes engines", "exporter": "B: exporter + Prometheus + rules",
-          "probe": "probe: Prometheus via /probe + rules"}
+          "probe": "probe: Prometheus via /probe + rules", "replay": "B with pages replayed, not read"}
 
 
 def _cores(figures: dict) -> str:
@@ -105,7 +105,7 @@ def plot(results: dict, path: Path) -> None:
                ("prometheus_rss_mb", "MB", "Prometheus resident memory"),
                ("tsdb_mb_per_hour", "MB per hour", "TSDB growth on disk"))
     figure, axes_row = plt.subplots(1, len(figures), figsize=(19, 4.8))
-    styles = {"direct": "--s", "exporter": "-o", "probe": ":^"}
+    styles = {"direct": "--s", "exporter": "-o", "probe": ":^", "replay": "-.v"}
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for color, workload in zip(colors, dict.fromkeys(run["workload"] for run in runs)):
         rows = [run for run in runs if run["workload"] == workload]

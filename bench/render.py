@@ -22,30 +22,19 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import adapters, derive, exposition
-from exporter.contract import FAILURE_REASONS
+from exporter import exposition
 from exporter.runtime import server
-from exporter.runtime.target import PollOutcome
-from exporter.sources import parser
-from exporter.thresholds import DEFAULT
 
 from . import page_server, pages
+from .reading import Reader
 
 STALENESS = 60.0
 
 
 def target_texts(page: str, count: int, now: float) -> list[exposition.TargetText]:
     """`count` targets named t-0, t-1, ..., target i having last read variant i of `page`."""
-    adapter = adapters.detect(page)
-    failures = dict.fromkeys(FAILURE_REASONS, 0)
-    texts = []
-    for index in range(count):
-        snapshot = adapter.adapt(parser.parse(page_server.variant(page, index), adapter.wanted))
-        ranks, _ = derive.derive(snapshot, {}, now, DEFAULT, None)
-        outcome = PollOutcome(True, snapshot.engine, snapshot.model, snapshot.version, 0.01, now, ranks)
-        texts.append(exposition.render_target(f"t-{index}", {}, f"http://10.0.0.1:8000/t/{index}/metrics", outcome,
-                                              failures, exposition.Prefixes()))
-    return texts
+    return [Reader(f"t-{index}", f"http://10.0.0.1:8000/t/{index}/metrics").read(page_server.variant(page, index), now)
+            for index in range(count)]
 
 
 def gzip_seconds(parts: list[bytes], level: int) -> tuple[float, int]:

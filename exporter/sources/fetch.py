@@ -16,7 +16,7 @@ import os
 import ssl
 import zlib
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import SplitResult, urljoin, urlsplit
 
 # Text 0.0.4 only: prometheus_client ignores q-values and answers OpenMetrics to any Accept that
 # names it, and its recent versions then rewrite `vllm:` to `vllm_` on sample lines.
@@ -85,6 +85,7 @@ class Fetcher:
         self._fixed_headers = "".join(f"{name}: {value}\r\n" for name, value in (
             ("Host", self._host_header), ("Accept", ACCEPT), ("Accept-Encoding", "gzip"), ("User-Agent", USER_AGENT)))
         self._stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._target = _request_target(parts)
 
     def close(self) -> None:
         if self._stream is not None:
@@ -136,9 +137,9 @@ class Fetcher:
 
     async def _exchange(self, url: str, headers: str) -> tuple[int, dict[str, str]]:
         """Send the GET and read the response's head, on the kept-alive connection if there is one."""
-        parts = urlsplit(url)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        request = f"GET {path} HTTP/1.1\r\n{headers}\r\n".encode("latin-1")
+        # Worked out once for the configured URL (every poll asks for it), each time for a redirect's.
+        target = self._target if url == self.url else _request_target(urlsplit(url))
+        request = f"GET {target} HTTP/1.1\r\n{headers}\r\n".encode("latin-1")
         for attempt in (1, 2):
             reused = self._stream is not None
             try:
@@ -233,6 +234,11 @@ class Fetcher:
         if headers.get("connection") == "close":
             self.close()
         return body.bytes()
+
+
+def _request_target(parts: SplitResult) -> str:
+    """The path and query of a URL, as the request line names them."""
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
 class _Body:

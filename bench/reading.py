@@ -1,0 +1,101 @@
+"""What reading one engine page costs the exporter, step by step: detection, parse, adapt, derive, render.
+
+    python -m bench.reading [--pages sglang-tp2-at-rest,vllm-v1-58k-at-rest] [--targets 2000]
+
+Per page (bench/pages.py): each step's CPU per poll, the best of 5 runs of 500 reads of the same
+page (warm caches); then whole reads over --targets targets in turn, each target with its own
+render cache and history and the page's variants in rotation, as the exporter reads a fleet's
+pages (colder caches). Everything else a poll costs (scheduler, fetch, serving the exporter's
+page) is measured by path `replay` of bench.paths; docs/performance.md puts the two together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from exporter import adapters, derive, exposition
+from exporter.contract import FAILURE_REASONS
+from exporter.runtime.target import PollOutcome
+from exporter.sources import parser
+from exporter.thresholds import DEFAULT
+
+from . import page_server, pages
+from .parser_speed import best_of
+from .report import table
+
+DEFAULT_PAGES = ("sglang-tp2-at-rest", "vllm-v1-58k-at-rest")
+
+
+class Reader:
+    """One target's reading of pages, as exporter.runtime.target.Target does it after the fetch."""
+
+    def __init__(self, name: str, url: str | None = None):
+        self.name = name
+        self.url = url or f"http://127.0.0.1:1/{name}"
+        self.prefixes = exposition.Prefixes()
+        self.histories: dict = {}
+        self.failures = dict.fromkeys(FAILURE_REASONS, 0)
+
+    def read(self, text: str, now: float | None = None) -> exposition.TargetText:
+        adapter = adapters.detect(text)
+        snapshot = adapter.adapt(parser.parse(text, adapter.wanted))
+        now = time.time() if now is None else now
+        ranks, self.histories = derive.derive(snapshot, self.histories, now, DEFAULT)
+        outcome = PollOutcome(True, snapshot.engine, snapshot.model, snapshot.version, 0.01, now, ranks)
+        return exposition.render_target(self.name, {}, self.url, outcome, self.failures, self.prefixes)
+
+
+def steps(text: str) -> dict[str, float]:
+    """µs of CPU per read of `text`, by step, with warm caches."""
+    adapter = adapters.detect(text)
+    samples = parser.parse(text, adapter.wanted)
+    snapshot = adapter.adapt(samples)
+    ranks, _ = derive.derive(snapshot, {}, time.time(), DEFAULT)
+    outcome = PollOutcome(True, snapshot.engine, snapshot.model, snapshot.version, 0.01, time.time(), ranks)
+    reader = Reader("t-0")
+    timed = {
+        "detect": lambda: adapters.detect(text),
+        "parse": lambda: parser.parse(text, adapter.wanted),
+        "adapt": lambda: adapter.adapt(samples),
+        "derive": lambda: derive.derive(snapshot, {}, 0.0, DEFAULT),
+        "render": lambda: exposition.render_target("t-0", {}, reader.url, outcome, reader.failures, reader.prefixes),
+    }
+    return {step: best_of(function, repeat=5, number=500) * 1e6 for step, function in timed.items()}
+
+
+def fleet_read(text: str, targets: int, rounds: int = 3) -> float:
+    """µs of CPU per read, reading `targets` targets in turn, `rounds` times after one warm-up round."""
+    variants = [body.decode() for body in page_server.variants(text)]
+    readers = [Reader(f"t-{i}") for i in range(targets)]
+    texts = [None] * targets  # kept, as the exporter keeps every target's text
+    for turn in range(rounds + 1):
+        if turn == 1:
+            start = time.process_time()
+        for i, reader in enumerate(readers):
+            texts[i] = reader.read(variants[(turn + i) % len(variants)])
+    return (time.process_time() - start) / (rounds * targets) * 1e6
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.reading", description=__doc__.split("\n\n")[0])
+    p.add_argument("--pages", default=",".join(DEFAULT_PAGES), help=f"comma-separated, of {', '.join(pages.PAGES)}")
+    p.add_argument("--targets", type=int, default=2000, help="targets read in turn for the fleet figure")
+    args = p.parse_args(argv)
+    rows = []
+    for name in args.pages.split(","):
+        text = pages.PAGES[name]()
+        adapter = adapters.detect(text)
+        wanted = sum(map(len, parser.parse(text, adapter.wanted).values()))
+        by_step = steps(text)
+        rows.append([name, f"{len(text.encode()) / 1000:.0f} KB", str(wanted),
+                     *(f"{by_step[step]:.0f}" for step in by_step), f"{sum(by_step.values()):.0f}",
+                     f"{fleet_read(text, args.targets):.0f}"])
+    print(table(["page", "size", "lines read", "detect µs", "parse µs", "adapt µs", "derive µs", "render µs",
+                 "sum µs", f"a read among {args.targets:,} targets, µs"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
