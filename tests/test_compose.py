@@ -94,16 +94,17 @@ def host_path(svc: dict, container_path: str) -> Path:
     raise AssertionError(f"{container_path} is not mounted from the host")
 
 
-def container_ports(model: dict) -> dict[str, int]:
-    """The port each service listens on inside the network: its published target, or the
-    port of a simulator's --listen."""
+def container_ports(model: dict) -> dict[str, tuple[int, ...]]:
+    """The ports each service listens on inside the network, its HTTP port first: its published
+    target, or the port of a simulator's --listen, then a simulator's KV event stream."""
     ports = {}
     for name, svc in model["services"].items():
         for port in svc.get("ports", []):
-            ports[name] = int(port["target"])
-        for arg in svc.get("command") or []:
-            if arg.startswith("--listen="):
-                ports[name] = int(arg.rsplit(":", 1)[1])
+            ports[name] = (int(port["target"]),)
+        for option in ("--listen=", "--kv-events-endpoint="):
+            for arg in svc.get("command") or []:
+                if arg.startswith(option):
+                    ports[name] = ports.get(name, ()) + (int(arg.rsplit(":", 1)[1]),)
     return ports
 
 
@@ -263,7 +264,9 @@ def test_demo_engines_run_the_simulator_from_our_image():
         assert model["services"][name]["profiles"] == ["demo"]
     demo = load_launcher().read_config(str(DEPLOY / "demo" / "exporter.yml"))
     ports = container_ports(model)
-    assert sorted(service_addresses(demo)) == sorted((name, ports[name]) for name in DEMO_SERVICES)
+    # Each engine's page and its KV event stream.
+    assert all(len(ports[name]) == 2 for name in DEMO_SERVICES)
+    assert sorted(service_addresses(demo)) == sorted((name, port) for name in DEMO_SERVICES for port in ports[name])
     # The exporter starts after the engines when they exist, and without them when they do not.
     depends = model["services"]["exporter"]["depends_on"]
     assert {name: (dep["condition"], dep["required"]) for name, dep in depends.items()} == {
@@ -283,8 +286,8 @@ def test_every_address_in_the_mounted_configs_is_a_service_and_its_port():
     addresses = [pair for path in files for pair in service_addresses(yaml.safe_load(path.read_text()))]
     assert len(addresses) >= 8
     for name, port in addresses:
-        assert ports[name] == port, f"{name}:{port} is named, but {name} listens on {ports[name]}"
-    assert ports["exporter"] == int(exporter_config.DEFAULT_LISTEN.rsplit(":", 1)[1])
+        assert port in ports[name], f"{name}:{port} is named, but {name} listens on {ports[name]}"
+    assert ports["exporter"] == (int(exporter_config.DEFAULT_LISTEN.rsplit(":", 1)[1]),)
 
 
 # --- Prometheus and Alertmanager configuration --------------------------------------------------

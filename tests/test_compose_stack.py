@@ -28,16 +28,21 @@ class Loopback:
 
     def __init__(self, model: dict):
         self.container_ports = container_ports(model)
-        self.local_ports = {name: harness.free_port() for name in self.container_ports}
+        self.local_ports = {(name, port): harness.free_port()
+                            for name, ports in self.container_ports.items() for port in ports}
         self.pattern = service_address_pattern(self.container_ports)
 
+    def port(self, name: str) -> int:
+        """The local port standing for the service's HTTP port."""
+        return self.local_ports[name, self.container_ports[name][0]]
+
     def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.local_ports[name]}"
+        return f"http://127.0.0.1:{self.port(name)}"
 
     def _replace(self, match) -> str:
         name, port = match.group(1), int(match.group(2))
         # A port that the service does not listen on stays as written, and fails.
-        return f"127.0.0.1:{self.local_ports[name]}" if self.container_ports[name] == port else match.group(0)
+        return f"127.0.0.1:{self.local_ports[name, port]}" if (name, port) in self.local_ports else match.group(0)
 
     def rewrite(self, node):
         """A copy of a loaded YAML document with every service address mapped to loopback."""
@@ -59,10 +64,11 @@ def start_demo_engines(stack: contextlib.ExitStack, model: dict, net: Loopback) 
     """The demo profile's simulators, with the flavor, scenario, speed and seed compose gives them."""
     for name in sorted(DEMO_SERVICES):
         svc = model["services"][name]
+        events = net.rewrite(command_option(svc, "kv-events-endpoint").replace("0.0.0.0", name))
         stack.enter_context(start_engine(
             command_option(svc, "flavor"), scenario=command_option(svc, "scenario"),
-            port=net.local_ports[name], speed=float(command_option(svc, "speed")),
-            seed=int(command_option(svc, "seed"))))
+            port=net.port(name), speed=float(command_option(svc, "speed")),
+            seed=int(command_option(svc, "seed")), kv_events_endpoint=events))
 
 
 def exporter_config(model: dict, net: Loopback, work: Path) -> Path:
@@ -123,11 +129,11 @@ def test_compose_configuration_runs_with_the_demo_engines(tmp_path):
     with contextlib.ExitStack() as stack:
         start_demo_engines(stack, model, net)
         exporter = stack.enter_context(harness.exporter(tmp_path, "--config", str(exporter_config(model, net, tmp_path)),
-                                                        port=net.local_ports["exporter"]))
+                                                        port=net.port("exporter")))
         stack.enter_context(harness.alertmanager(tmp_path / "alertmanager", am_config,
-                                                 port=net.local_ports["alertmanager"]))
+                                                 port=net.port("alertmanager")))
         prometheus = stack.enter_context(harness.prometheus(tmp_path / "prometheus", prometheus_config(model, net),
-                                                           port=net.local_ports["prometheus"]))
+                                                           port=net.port("prometheus")))
 
         # The image's HEALTHCHECK passes on this exporter once it has polled, and fails where none listens.
         healthy = {"KVCACHE_EXPORTER_LISTEN": exporter.url.removeprefix("http://")}
@@ -175,6 +181,15 @@ def test_compose_configuration_runs_with_the_demo_engines(tmp_path):
         assert {labels["target"] for labels, _ in usage} == DEMO_SERVICES
         assert all(0.0 <= value <= 1.0 for _, value in usage)
 
+        # Both engines' KV event streams reach the exporter, for the "What more KV would buy" panels.
+        def streaming():
+            stored = harness.prom_vector(datasource_url, 'kvcache_events_blocks_stored_total{job="kvcache-exporter"} > 0')
+            return {labels["target"] for labels, _ in stored} == DEMO_SERVICES
+
+        harness.wait_until(streaming, timeout=60, what="KV events of both demo engines in Prometheus")
+        dropped = harness.prom_vector(datasource_url, "kvcache_events_dropped_total > 0")
+        assert dropped == []
+
 
 def test_alertmanager_starts_with_none_of_its_secret_files(tmp_path):
     # alerts/alertmanager.yml names files under /etc/alertmanager/secrets/; none exist here, as on
@@ -184,7 +199,7 @@ def test_alertmanager_starts_with_none_of_its_secret_files(tmp_path):
     am_config = alertmanager_config(model, net, tmp_path)
     assert "/etc/alertmanager/secrets/" in am_config.read_text()
     assert not Path("/etc/alertmanager/secrets").exists()
-    with harness.alertmanager(tmp_path / "alertmanager", am_config, port=net.local_ports["alertmanager"]) as am:
+    with harness.alertmanager(tmp_path / "alertmanager", am_config, port=net.port("alertmanager")) as am:
         status, body = harness.http_get(f"{am.url}/api/v2/status")
         assert status == 200
         assert json.loads(body)["config"]["original"].count("/etc/alertmanager/secrets/") >= 4
