@@ -64,6 +64,7 @@ def start_demo_engines(stack: contextlib.ExitStack, model: dict, net: Loopback) 
     """The demo profile's simulators, with the flavor, scenario, speed and seed compose gives them."""
     for name in sorted(DEMO_SERVICES):
         svc = model["services"][name]
+        # It binds all interfaces inside its container; here, the loopback port standing for name:port.
         events = net.rewrite(command_option(svc, "kv-events-endpoint").replace("0.0.0.0", name))
         stack.enter_context(start_engine(
             command_option(svc, "flavor"), scenario=command_option(svc, "scenario"),
