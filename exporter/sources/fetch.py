@@ -16,7 +16,7 @@ import os
 import ssl
 import zlib
 from dataclasses import dataclass
-from urllib.parse import SplitResult, urljoin, urlsplit
+from urllib.parse import urljoin, urlsplit
 
 # Text 0.0.4 only: prometheus_client ignores q-values and answers OpenMetrics to any Accept that
 # names it, and its recent versions then rewrite `vllm:` to `vllm_` on sample lines.
@@ -81,11 +81,7 @@ class Fetcher:
         self._tls = _tls_context(settings) if parts.scheme == "https" else None
         self._token = SecretFile(settings.bearer_token_file) if settings.bearer_token_file else None
         self._password = SecretFile(settings.basic_auth_password_file) if settings.basic_auth_password_file else None
-        # Every poll sends the same head but for a credential read from its file: built once.
-        self._fixed_headers = "".join(f"{name}: {value}\r\n" for name, value in (
-            ("Host", self._host_header), ("Accept", ACCEPT), ("Accept-Encoding", "gzip"), ("User-Agent", USER_AGENT)))
         self._stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        self._target = _request_target(parts)
 
     def close(self) -> None:
         if self._stream is not None:
@@ -103,19 +99,19 @@ class Fetcher:
             raise FetchError("timeout", f"no complete response within {timeout:g}s") from None
 
     def _headers(self) -> str:
+        headers = {"Host": self._host_header, "Accept": ACCEPT, "Accept-Encoding": "gzip",
+                   "User-Agent": USER_AGENT}
         try:
             if self._token is not None:
-                authorization = "Bearer " + self._token.read()
+                headers["Authorization"] = "Bearer " + self._token.read()
             elif self._password is not None:
                 pair = f"{self.settings.basic_auth_username}:{self._password.read()}".encode()
-                authorization = "Basic " + base64.b64encode(pair).decode()
-            else:
-                return self._fixed_headers
+                headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
         except (OSError, UnicodeDecodeError) as err:
             path = self._token.path if self._token is not None else self._password.path
             problem = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
             raise FetchError("credentials", f"cannot read {path}: {problem}") from None
-        return f"{self._fixed_headers}Authorization: {authorization}\r\n"
+        return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
 
     async def _follow(self, headers: str) -> bytes:
         url = self.url
@@ -137,9 +133,9 @@ class Fetcher:
 
     async def _exchange(self, url: str, headers: str) -> tuple[int, dict[str, str]]:
         """Send the GET and read the response's head, on the kept-alive connection if there is one."""
-        # Worked out once for the configured URL (every poll asks for it), each time for a redirect's.
-        target = self._target if url == self.url else _request_target(urlsplit(url))
-        request = f"GET {target} HTTP/1.1\r\n{headers}\r\n".encode("latin-1")
+        parts = urlsplit(url)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        request = f"GET {path} HTTP/1.1\r\n{headers}\r\n".encode("latin-1")
         for attempt in (1, 2):
             reused = self._stream is not None
             try:
@@ -234,11 +230,6 @@ class Fetcher:
         if headers.get("connection") == "close":
             self.close()
         return body.bytes()
-
-
-def _request_target(parts: SplitResult) -> str:
-    """The path and query of a URL, as the request line names them."""
-    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
 class _Body:
