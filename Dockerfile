@@ -10,8 +10,11 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# The folders the one import package (kvcache_exporter) is laid out over, as the wheel is built from them.
 COPY exporter ./exporter
 COPY simulator ./simulator
+COPY dashboards ./dashboards
+COPY alerts ./alerts
 RUN python -m venv /opt/kvcache \
     && /opt/kvcache/bin/pip install --no-cache-dir /src
 

@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 .PHONY: demo test install deps docs dashboards dashboards-preview alerts kubernetes bench bench-paths fuzz
 
 demo: install
-	$(PY) -m exporter --demo
+	$(PY) -m kvcache_exporter --demo
 
 test: deps
 	$(PY) -m pytest -q
@@ -37,20 +37,20 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 	@touch $@ $(VENV)/.installed
 
 docs: install
-	$(PY) -m exporter.contract_doc
+	$(PY) -m devtools.contract_doc
 
 dashboards: install
 	$(PY) -m pip install -q -e '.[dashboards]'
-	$(PY) -m dashboards.build
+	$(PY) -m devtools.build_dashboards
 
 alerts: install
-	$(PY) -m alerts.generate
+	$(PY) -m kvcache_exporter.alerts.generate
 
 # Every panel of both dashboards as PNGs, one per row, from a running Prometheus (no Grafana needed).
 PROMETHEUS ?= http://127.0.0.1:9090
 PREVIEW_DIR ?= dashboard-preview
 dashboards-preview: deps
-	$(PY) -m dashboards.preview --prometheus $(PROMETHEUS) --out $(PREVIEW_DIR)
+	$(PY) -m devtools.preview_dashboards --prometheus $(PROMETHEUS) --out $(PREVIEW_DIR)
 
 # After `make alerts` and `make dashboards`: the manifests embed both.
 kubernetes: install

@@ -31,7 +31,7 @@ import yaml
 
 from bench.fleet import Fleet
 from bench.procstat import memory_bytes
-from tests import harness
+from devtools import harness
 
 
 def timed_get(host: str, port: int, path: str, gzipped: bool = False) -> float:

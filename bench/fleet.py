@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests import harness
+from devtools import harness
 
 _REQUESTS = re.compile(r"\bdata_segs_in:(\d+)")
 

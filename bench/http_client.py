@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import requests
 import urllib3
 
-from exporter.sources.fetch import ACCEPT, Fetcher, FetchSettings
+from kvcache_exporter.sources.fetch import ACCEPT, Fetcher, FetchSettings
 
 from . import pages
 from .fleet import Fleet

@@ -19,11 +19,11 @@ import tracemalloc
 
 import msgpack
 
-from exporter.blocks import GHOST_FACTOR, PoolState
-from exporter.sources.kvevents import decode_payload
-from simulator import kvevents as sim_events
-from simulator.exposition import FLAVORS
-from simulator.scenarios import ScenarioRun, load_scenario, override_engine
+from kvcache_exporter.blocks import GHOST_FACTOR, PoolState
+from kvcache_exporter.sources.kvevents import decode_payload
+from kvcache_exporter.simulator import kvevents as sim_events
+from kvcache_exporter.simulator.exposition import FLAVORS
+from kvcache_exporter.simulator.scenarios import ScenarioRun, load_scenario, override_engine
 
 BLOCK_SIZE = 16
 CAPACITY = 1024

@@ -21,8 +21,8 @@ from statistics import median
 
 import yaml
 
-from exporter.sources import parser
-from tests import harness
+from kvcache_exporter.sources import parser
+from devtools import harness
 
 from . import procstat
 from .fleet import Fleet

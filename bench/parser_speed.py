@@ -13,8 +13,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import adapters
-from exporter.sources import parser
+from kvcache_exporter import adapters
+from kvcache_exporter.sources import parser
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 DEFAULT_PAGES = ("vllm-v1.txt", "vllm-dp-multiproc.txt", "sglang-0.5.txt")

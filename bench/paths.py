@@ -37,8 +37,8 @@ from pathlib import Path
 
 import yaml
 
-from exporter.sources import parser
-from tests import harness
+from kvcache_exporter.sources import parser
+from devtools import harness
 
 from . import pages, paths_report, procstat
 from .fleet import Fleet
@@ -188,7 +188,7 @@ def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path
     if path != "direct":
         config_path = work_dir / "exporter.yml"
         config_path.write_text(yaml.safe_dump(_exporter_config(fleet, plan, path), sort_keys=False))
-        module = "bench.replay_exporter" if path == "replay" else "exporter"
+        module = "bench.replay_exporter" if path == "replay" else "kvcache_exporter"
         exporter = stack.enter_context(harness.exporter(work_dir, "--config", str(config_path), module=module))
         exporter_address = exporter.url.removeprefix("http://")
     config = _prometheus_config(fleet, plan, path, exporter_address)

@@ -15,11 +15,11 @@ import argparse
 import sys
 import time
 
-from exporter import adapters, derive, exposition
-from exporter.contract import FAILURE_REASONS
-from exporter.runtime.target import PollOutcome
-from exporter.sources import parser
-from exporter.thresholds import DEFAULT
+from kvcache_exporter import adapters, derive, exposition
+from kvcache_exporter.contract import FAILURE_REASONS
+from kvcache_exporter.runtime.target import PollOutcome
+from kvcache_exporter.sources import parser
+from kvcache_exporter.thresholds import DEFAULT
 
 from . import page_server, pages
 from .parser_speed import best_of

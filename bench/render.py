@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import exposition
-from exporter.runtime import server
+from kvcache_exporter import exposition
+from kvcache_exporter.runtime import server
 
 from . import page_server, pages
 from .reading import Reader

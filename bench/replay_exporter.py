@@ -13,9 +13,9 @@ import sys
 import time
 from dataclasses import replace
 
-from exporter import cli, exposition
-from exporter.runtime.target import PollOutcome, Target
-from exporter.sources.fetch import FetchError
+from kvcache_exporter import cli, exposition
+from kvcache_exporter.runtime.target import PollOutcome, Target
+from kvcache_exporter.sources.fetch import FetchError
 
 _poll = Target.poll
 

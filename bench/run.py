@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from exporter import adapters
-from exporter.sources import parser
-from tests import harness
+from kvcache_exporter import adapters
+from kvcache_exporter.sources import parser
+from devtools import harness
 
 from . import measure, pages, parser_speed, procstat, report
 from .fleet import Fleet

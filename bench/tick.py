@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests import harness
+from devtools import harness
 
 from . import pages, procstat
 from .fleet import Fleet

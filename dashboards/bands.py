@@ -11,7 +11,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as builders
 from grafana_foundation_sdk.models import dashboard as models
 
-from exporter.thresholds import Thresholds
+from kvcache_exporter.thresholds import Thresholds
 
 Steps = tuple[tuple[float | None, str], ...]
 """(lower bound, colour) pairs; the first bound is None (everything below the next step)."""

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as models
 
-from exporter.thresholds import Thresholds
+from kvcache_exporter.thresholds import Thresholds
 
-from dashboards import target, variables
-from dashboards.layout import Row, assemble
-from dashboards.promql import Scope
-from dashboards.rows import cache_rows
-from dashboards.signals import exporter_health, kv, latency, prefix_cache, pressure, triage
-from dashboards.view import View
+from kvcache_exporter.dashboards import target, variables
+from kvcache_exporter.dashboards.layout import Row, assemble
+from kvcache_exporter.dashboards.promql import Scope
+from kvcache_exporter.dashboards.rows import cache_rows
+from kvcache_exporter.dashboards.signals import exporter_health, kv, latency, prefix_cache, pressure, triage
+from kvcache_exporter.dashboards.view import View
 
 UID = "kvcache-fleet"
 TITLE = "KV cache / fleet"

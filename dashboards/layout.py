@@ -9,8 +9,8 @@ from grafana_foundation_sdk.builders import dashboard as builders
 from grafana_foundation_sdk.builders import prometheus
 from grafana_foundation_sdk.models import dashboard as models
 
-from dashboards import variables
-from dashboards.panels import DATASOURCE
+from kvcache_exporter.dashboards import variables
+from kvcache_exporter.dashboards.panels import DATASOURCE
 
 GRID_WIDTH = 24
 TAG = "kvcache"

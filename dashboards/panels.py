@@ -21,7 +21,7 @@ from grafana_foundation_sdk.models import dashboard as models
 from grafana_foundation_sdk.models import heatmap as heatmap_models
 from grafana_foundation_sdk.models import prometheus as prometheus_models
 
-from dashboards import bands
+from kvcache_exporter.dashboards import bands
 
 DATASOURCE_VARIABLE = "datasource"
 DATASOURCE = common.DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VARIABLE}}}")
@@ -42,7 +42,7 @@ def describe(shows: str, when_red: str) -> str:
 def without_source(family: str) -> str:
     """The sentence naming the engines that have no source for a contract family (the adapters'
     `not_reported`): their targets have no line in the panel, which is not a reading of 0."""
-    from exporter.adapters import ADAPTERS
+    from kvcache_exporter.adapters import ADAPTERS
 
     titles = [adapter.title for adapter in ADAPTERS.values() if family in adapter.not_reported]
     if not titles:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dashboards.layout import Row
-from dashboards.signals import offload, prefix_cache, what_if
-from dashboards.view import View
+from kvcache_exporter.dashboards.layout import Row
+from kvcache_exporter.dashboards.signals import offload, prefix_cache, what_if
+from kvcache_exporter.dashboards.view import View
 
 
 def cache_rows(v: View) -> list[Row]:

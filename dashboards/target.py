@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as models
 
-from exporter.thresholds import Thresholds
+from kvcache_exporter.thresholds import Thresholds
 
-from dashboards import variables
-from dashboards.layout import Row, assemble
-from dashboards.panels import DATASOURCE_VARIABLE, Link
-from dashboards.promql import Scope
-from dashboards.rows import cache_rows
-from dashboards.signals import exporter_health, kv, latency, memory, prefix_cache, pressure
-from dashboards.view import View
+from kvcache_exporter.dashboards import variables
+from kvcache_exporter.dashboards.layout import Row, assemble
+from kvcache_exporter.dashboards.panels import DATASOURCE_VARIABLE, Link
+from kvcache_exporter.dashboards.promql import Scope
+from kvcache_exporter.dashboards.rows import cache_rows
+from kvcache_exporter.dashboards.signals import exporter_health, kv, latency, memory, prefix_cache, pressure
+from kvcache_exporter.dashboards.view import View
 
 UID = "kvcache-target"
 TITLE = "KV cache / target"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as builders
 from grafana_foundation_sdk.models import dashboard as models
 
-from dashboards.panels import DATASOURCE, DATASOURCE_VARIABLE
-from dashboards.promql import Scope
+from kvcache_exporter.dashboards.panels import DATASOURCE, DATASOURCE_VARIABLE
+from kvcache_exporter.dashboards.promql import Scope
 
 # The Prometheus datasource that the project's Grafana provisioning creates.
 PROVISIONED_DATASOURCE_UID = "kvcache-prometheus"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.thresholds import Thresholds
+from kvcache_exporter.thresholds import Thresholds
 
-from dashboards.panels import Link
-from dashboards.promql import Scope
+from kvcache_exporter.dashboards.panels import Link
+from kvcache_exporter.dashboards.promql import Scope
 
 # Units. Grafana's `count:<what>` prints a scaled count followed by <what>.
 RATIO = "percentunit"

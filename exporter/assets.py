@@ -5,7 +5,7 @@ The package carries the files the repository commits (dashboards/generated/*.jso
 alerts/kvcache-rules.yml, alerts/alertmanager.yml, alerts/runbook.md), the same files the compose
 stack mounts and the Kubernetes manifests embed. Without --config they are copied byte for byte.
 With --config the rules and dashboards are rebuilt for that configuration's `pressure:` thresholds
-and static `labels:`, as `python -m alerts.generate --config` and `python -m dashboards.build
+and static `labels:`, as `python -m kvcache_exporter.alerts.generate --config` and `python -m devtools.build_dashboards
 --config` build them; the dashboards need the grafana-foundation-sdk extra for that.
 """
 
@@ -21,8 +21,8 @@ from . import config as cfg
 DASHBOARDS_EXTRA = "pip install 'kvcache-exporter[dashboards]'"
 # Output path -> (package, resource) of the files that never depend on a configuration.
 FIXED = {
-    "alerts/alertmanager.yml": ("alerts", "alertmanager.yml"),
-    "alerts/runbook.md": ("alerts", "runbook.md"),
+    "alerts/alertmanager.yml": ("kvcache_exporter.alerts", "alertmanager.yml"),
+    "alerts/runbook.md": ("kvcache_exporter.alerts", "runbook.md"),
 }
 RULES = "alerts/kvcache-rules.yml"
 
@@ -37,20 +37,20 @@ def _unconfigured() -> dict[str, bytes]:
 
 def committed() -> dict[str, bytes]:
     """Output path -> the file as the package carries it."""
-    dashboards = resources.files("dashboards") / "generated"
+    dashboards = resources.files("kvcache_exporter.dashboards") / "generated"
     files = {f"dashboards/{item.name}": item.read_bytes()
              for item in sorted(dashboards.iterdir(), key=lambda item: item.name) if item.name.endswith(".json")}
-    files[RULES] = (resources.files("alerts") / "kvcache-rules.yml").read_bytes()
+    files[RULES] = (resources.files("kvcache_exporter.alerts") / "kvcache-rules.yml").read_bytes()
     return files | _unconfigured()
 
 
 def for_config(path: str) -> dict[str, bytes]:
     """Output path -> the file rebuilt for an exporter configuration. Raises ConfigError or AssetsError."""
     cfg.load_file(path)  # a broken file is reported first, as the exporter reports it
-    from alerts import generate as alerts
+    from kvcache_exporter.alerts import generate as alerts
 
     try:
-        from dashboards import build as dashboards
+        from kvcache_exporter.dashboards import build as dashboards
     except ImportError as err:
         if not (err.name or "").startswith("grafana_foundation_sdk"):
             raise
@@ -70,14 +70,7 @@ def main(argv: list[str]) -> int:
                         help="exporter configuration whose pressure: thresholds and labels: to follow")
     args = parser.parse_args(argv)
     try:
-        try:
-            files = for_config(args.config) if args.config else committed()
-        except ModuleNotFoundError as err:
-            if err.name not in ("dashboards", "alerts"):
-                raise
-            # The container image installs the exporter alone; the compose stack mounts the repository's files.
-            raise AssetsError(f"this installation has no {err.name} package: install the kvcache-exporter "
-                              "package with pip, or take the files from its repository") from None
+        files = for_config(args.config) if args.config else committed()
         out = Path(args.out)
         for relative, content in files.items():
             (out / relative).parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """The kvcache_* families the exporter exposes with their HELP texts; docs/metrics.md is generated from them
-(`make docs`, exporter/contract_doc.py)."""
+(`make docs`, devtools/contract_doc.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from simulator.server import start_engine
+from kvcache_exporter.simulator.server import start_engine
 
 from .runtime import app
 from . import config as cfg

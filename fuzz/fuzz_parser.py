@@ -28,9 +28,9 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))  # the exporter of this checkout, whatever else is installed
 
 with atheris.instrument_imports(include=["exporter"]):
-    from exporter import adapters, derive
-    from exporter.sources import parser
-    from exporter.thresholds import DEFAULT
+    from kvcache_exporter import adapters, derive
+    from kvcache_exporter.sources import parser
+    from kvcache_exporter.thresholds import DEFAULT
 
 SEEDS = REPO / "tests" / "fixtures"
 CORPUS = HERE / "corpus"

@@ -7,7 +7,7 @@ import math
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.sources import parser
+from kvcache_exporter.sources import parser
 
 
 def is_openmetrics(text: str) -> bool:

@@ -17,8 +17,8 @@ from typing import Iterator
 
 import yaml
 
-from dashboards import lint
-from exporter import units
+from devtools import lint_dashboards as lint
+from kvcache_exporter import units
 
 REPO = Path(__file__).resolve().parent.parent
 GRAMMAR_DIR = Path(__file__).resolve().parent / "promql3"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import adapters
-from exporter.sources import parser
+from kvcache_exporter import adapters
+from kvcache_exporter.sources import parser
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -76,8 +76,8 @@ def test_lmcache_series_read_alike_on_vllms_page_and_on_lmcaches_own():
 def test_a_page_without_a_gpu_pool_has_no_pressure_state_and_no_pool_gauges():
     """LMCache's own page: no usage, queue or capacity, so no pressure state (not `ok` from missing inputs),
     no derived pool gauges and no queue split; the tier readings pass through."""
-    from exporter import derive
-    from exporter.thresholds import DEFAULT
+    from kvcache_exporter import derive
+    from kvcache_exporter.thresholds import DEFAULT
 
     _, snapshot = adapt((FIXTURES / "lmcache-0.5.6.txt").read_text())
     ranks, histories = derive.derive(snapshot, {}, 100.0, DEFAULT)
@@ -118,7 +118,7 @@ def test_re_exported_spelling_reads_the_same(page, colon, underscore):
 
 
 def test_every_adapter_concept_is_a_contract_family_of_its_kind():
-    from exporter import contract
+    from kvcache_exporter import contract
 
     kinds = {"gauge": contract.RANK_GAUGES, "counter": contract.COUNTERS, "histogram": contract.HISTOGRAMS}
     for adapter in adapters.ADAPTERS.values():
@@ -137,7 +137,7 @@ CRASHES = sorted((Path(__file__).resolve().parents[1] / "fuzz" / "crashes").glob
 @pytest.mark.parametrize("page", CRASHES, ids=lambda p: p.name)
 def test_inputs_the_fuzzer_found_are_read_or_rejected_cleanly(page):
     """Each once crashed the page path; now it yields a snapshot with only finite values, or a ParseError."""
-    from exporter import derive
+    from kvcache_exporter import derive
 
     text = page.read_text(encoding="utf-8", errors="replace")
     adapter = adapters.detect(text)
@@ -225,13 +225,13 @@ def test_adding_an_engine_is_one_adapter_module(tmp_path):
     detected, accepted as `engine:` in the configuration, named in the engine label, derived."""
     import shutil
 
-    from tests import harness
+    from devtools import harness
     from tests.pageserver import PageServer, page
 
     root = tmp_path / "checkout"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "exporter", root / "exporter",
+    shutil.copytree(Path(__file__).resolve().parents[1] / "exporter", root / "kvcache_exporter",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "exporter" / "adapters" / "toy.py").write_text(TOY_ADAPTER)
+    (root / "kvcache_exporter" / "adapters" / "toy.py").write_text(TOY_ADAPTER)
     with PageServer({"/metrics": page(TOY_PAGE)}) as engine:
         config = tmp_path / "exporter.yml"
         config.write_text(f"targets:\n  - {{name: toy-a, url: '{engine.url('/metrics')}', engine: toy}}\n"

@@ -10,9 +10,9 @@ import subprocess
 import pytest
 import yaml
 
-from alerts import generate
-from exporter.thresholds import DEFAULT, Thresholds
-from tests.harness import REPO, require_binary
+from kvcache_exporter.alerts import generate
+from kvcache_exporter.thresholds import DEFAULT, Thresholds
+from devtools.harness import REPO, require_binary
 
 ALERTS = REPO / "alerts"
 UNIT_TESTS = sorted((ALERTS / "tests").glob("*.test.yml"))
@@ -39,7 +39,7 @@ def shipped_alerts() -> list[dict]:
 
 def test_committed_rule_file_is_what_the_generator_builds():
     committed = (ALERTS / "kvcache-rules.yml").read_text()
-    assert committed == generate.render(generate.build()), "run `python -m alerts.generate` and commit the result"
+    assert committed == generate.render(generate.build()), "run `python -m kvcache_exporter.alerts.generate` and commit the result"
 
 
 def test_generator_cli_writes_the_same_file(tmp_path):
@@ -80,7 +80,7 @@ def test_rule_file_has_every_alert_with_severity_and_annotations():
 
 
 def contract_families() -> set[str]:
-    from exporter import contract
+    from kvcache_exporter import contract
 
     names = [*contract.RANK_GAUGES, *contract.COUNTERS, *contract.HISTOGRAMS, *contract.TARGET_FAMILIES,
              *contract.EVENT_FAMILIES, *contract.TIER_FAMILIES, contract.PRESSURE_STATE[0], contract.BUILD_INFO[0]]

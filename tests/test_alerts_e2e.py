@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import generate
-from exporter import units
-from exporter.thresholds import DEFAULT
-from simulator import scenarios
-from simulator.server import start_engine
-from tests import harness
+from kvcache_exporter.alerts import generate
+from kvcache_exporter import units
+from kvcache_exporter.thresholds import DEFAULT
+from kvcache_exporter.simulator import scenarios
+from kvcache_exporter.simulator.server import start_engine
+from devtools import harness
 
 TIME_SCALE = 20
 COMPRESSED = generate.compress(DEFAULT, TIME_SCALE)

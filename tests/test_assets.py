@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from exporter import assets
+from kvcache_exporter import assets
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,9 +24,9 @@ def test_for_a_configuration_the_files_are_what_the_generators_build(tmp_path):
     config.write_text("labels: {region: eu}\npressure: {high_water_ratio: 0.8}\n")
     assert assets.main(["--out", str(tmp_path / "out"), "--config", str(config)]) == 0
     rules = (tmp_path / "out" / "alerts" / "kvcache-rules.yml").read_text()
-    assert rules == generator("alerts.generate", "--config", config, "--output", "-").stdout
+    assert rules == generator("kvcache_exporter.alerts.generate", "--config", config, "--output", "-").stdout
     assert rules != (REPO / "alerts" / "kvcache-rules.yml").read_text()  # the override took effect
-    generator("dashboards.build", "--config", config, "--out", tmp_path / "built")
+    generator("devtools.build_dashboards", "--config", config, "--out", tmp_path / "built")
     for built in sorted((tmp_path / "built").glob("*.json")):
         written = (tmp_path / "out" / "dashboards" / built.name).read_text()
         assert written == built.read_text(), built.name
@@ -38,16 +38,10 @@ def test_for_a_configuration_the_files_are_what_the_generators_build(tmp_path):
 def test_a_broken_configuration_is_one_line_and_exit_2(tmp_path):
     config = tmp_path / "exporter.yml"
     config.write_text("pressure: {high_water: 0.8}\n")
-    result = subprocess.run([sys.executable, "-m", "exporter", "assets", "--out", str(tmp_path / "out"),
+    result = subprocess.run([sys.executable, "-m", "kvcache_exporter", "assets", "--out", str(tmp_path / "out"),
                              "--config", str(config)], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.startswith(f"kvcache-exporter assets: {config}: pressure.high_water: unknown key (known: ")
     assert result.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists()
 
-
-def test_an_installation_without_the_asset_packages_says_so(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "dashboards", None)  # as in the container image, which installs the exporter alone
-    assert assets.main(["--out", str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().err == ("kvcache-exporter assets: this installation has no dashboards package: install "
-                                       "the kvcache-exporter package with pip, or take the files from its repository\n")

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter import config as exporter_config
-from tests.harness import REPO
+from kvcache_exporter import config as exporter_config
+from devtools.harness import REPO
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"

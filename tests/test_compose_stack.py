@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from simulator.server import start_engine
-from tests import harness
+from kvcache_exporter.simulator.server import start_engine
+from devtools import harness
 from tests.test_compose import (DATASOURCE_UID, DEMO_SERVICES, command_option, container_ports, healthcheck_command,
                                 host_path, load_launcher, provisioned, resolved, service_address_pattern)
 

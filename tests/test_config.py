@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from exporter import cli, config as cfg
+from kvcache_exporter import cli, config as cfg
 
 
 def write(tmp_path, text: str):
@@ -199,7 +199,7 @@ def test_bad_environment_value_names_the_variable():
 def test_the_process_prints_one_line_and_exits_2(tmp_path, argv, expected):
     write(tmp_path, "targets: [{name: x}]\n")
     argv = [a.format(tmp=tmp_path) for a in argv]
-    result = subprocess.run([sys.executable, "-m", "exporter", *argv], capture_output=True, text=True, timeout=30,
+    result = subprocess.run([sys.executable, "-m", "kvcache_exporter", *argv], capture_output=True, text=True, timeout=30,
                             env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 2
     assert result.stderr == expected.format(tmp=tmp_path)

@@ -1,4 +1,4 @@
-"""docs/metrics.md, the public contract, is the text exporter/contract_doc.py generates from the code."""
+"""docs/metrics.md, the public contract, is the text devtools/contract_doc.py generates from the code."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import contract_doc, exposition
+from devtools import contract_doc
+from kvcache_exporter import exposition
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
@@ -25,7 +26,7 @@ def test_every_exposed_family_has_a_row():
 def test_check_mode_finds_drift(tmp_path):
     stale = tmp_path / "metrics.md"
     stale.write_text(DOC.read_text().replace("kvcache_usage_ratio", "kvcache_usage_percent"))
-    command = [sys.executable, "-m", "exporter.contract_doc", "--check", "--output"]
+    command = [sys.executable, "-m", "devtools.contract_doc", "--check", "--output"]
     fresh = subprocess.run(command + [str(DOC)], capture_output=True, text=True, timeout=60)
     drifted = subprocess.run(command + [str(stale)], capture_output=True, text=True, timeout=60)
     assert (fresh.returncode, fresh.stderr) == (0, "")

@@ -12,10 +12,11 @@ import pytest
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as models
 
-from dashboards import bands, build, fleet, lint, target
-from exporter.contract import PRESSURE_STATES
-from exporter.thresholds import DEFAULT, Thresholds
-from tests.harness import REPO
+from kvcache_exporter.dashboards import bands, build, fleet, target
+from devtools import build_dashboards, lint_dashboards as lint
+from kvcache_exporter.contract import PRESSURE_STATES
+from kvcache_exporter.thresholds import DEFAULT, Thresholds
+from devtools.harness import REPO
 
 FILES = (fleet.FILENAME, target.FILENAME)
 
@@ -43,7 +44,7 @@ def steps(panel_json: dict, ref_id: str | None = None) -> list[tuple[float | Non
 def test_committed_json_is_what_the_source_builds():
     for name, dashboard in build.build_all().items():
         assert (build.GENERATED / name).read_text() == build.render(dashboard), f"{name}: run `make dashboards`"
-    result = subprocess.run([sys.executable, "-m", "dashboards.build", "--check"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "devtools.build_dashboards", "--check"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 
@@ -51,17 +52,17 @@ def test_committed_json_is_what_the_source_builds():
 def test_check_fails_on_drift_and_a_build_repairs_it(tmp_path):
     for name in FILES:
         shutil.copy(build.GENERATED / name, tmp_path / name)
-    assert build.main(["--check", "--out", str(tmp_path)]) == 0
+    assert build_dashboards.main(["--check", "--out", str(tmp_path)]) == 0
 
     edited = committed(fleet.FILENAME)
     edited["title"] = "edited by hand"
     (tmp_path / fleet.FILENAME).write_text(json.dumps(edited, indent=2) + "\n")
     (tmp_path / target.FILENAME).unlink()
-    assert build.drifted({n: (build.GENERATED / n).read_text() for n in FILES}, tmp_path) == list(FILES)
-    assert build.main(["--check", "--out", str(tmp_path)]) == 1
+    assert build_dashboards.drifted({n: (build.GENERATED / n).read_text() for n in FILES}, tmp_path) == list(FILES)
+    assert build_dashboards.main(["--check", "--out", str(tmp_path)]) == 1
 
-    assert build.main(["--out", str(tmp_path)]) == 0
-    assert build.main(["--check", "--out", str(tmp_path)]) == 0
+    assert build_dashboards.main(["--out", str(tmp_path)]) == 0
+    assert build_dashboards.main(["--check", "--out", str(tmp_path)]) == 0
     assert (tmp_path / fleet.FILENAME).read_text() == (build.GENERATED / fleet.FILENAME).read_text()
 
 
@@ -186,14 +187,14 @@ def test_configuration_moves_bands_and_names_the_label_variables(tmp_path, capsy
     thresholds, labels = build.settings_from(config)
     assert thresholds.high_water_ratio == 0.85 and thresholds.low_water_ratio == DEFAULT.low_water_ratio
     assert labels == ("region", "pool", "tier")
-    assert build.main(["--config", str(config), "--out", str(tmp_path)]) == 0
+    assert build_dashboards.main(["--config", str(config), "--out", str(tmp_path)]) == 0
     built = json.loads((tmp_path / fleet.FILENAME).read_text())
     assert list(variables(built)) == ["datasource", "region", "pool", "tier", "engine", "model", "target"]
     assert steps(panel(built, "Fullest pool's KV usage"))[-1] == (0.85, "red")
     assert 'tier=~"$tier"' in panel(built, "Fullest pool's KV usage")["targets"][0]["expr"]
 
     config.write_text("pressure: {no_such_threshold: 1}\n")
-    assert build.main(["--config", str(config), "--out", str(tmp_path / "not-written")]) == 2
+    assert build_dashboards.main(["--config", str(config), "--out", str(tmp_path / "not-written")]) == 2
     assert "pressure.no_such_threshold: unknown key" in capsys.readouterr().err
     assert not (tmp_path / "not-written").exists()
     config.write_text("pressure: {}\n")

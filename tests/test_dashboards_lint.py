@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from dashboards import build, fleet, lint, target
+from kvcache_exporter.dashboards import build, fleet, target
+from devtools import build_dashboards, lint_dashboards as lint
 
 FILES = (fleet.FILENAME, target.FILENAME)
 
@@ -120,7 +121,7 @@ def test_build_refuses_to_write_a_dashboard_that_fails_the_lint(tmp_path, monkey
         built[fleet.FILENAME].panels[1].targets[0].expr = "sum(vllm:num_requests_waiting)"
         return built
 
-    monkeypatch.setattr(build, "build_all", with_a_raw_engine_query)
-    assert build.main(["--out", str(tmp_path)]) == 2
+    monkeypatch.setattr(build_dashboards, "build_all", with_a_raw_engine_query)
+    assert build_dashboards.main(["--out", str(tmp_path)]) == 2
     assert "raw engine series (vllm:)" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []

@@ -19,10 +19,11 @@ import urllib.parse
 import pytest
 import yaml
 
-from dashboards import build, fleet, lint, target
-from exporter.contract import PRESSURE_STATES
-from simulator.server import start_engine
-from tests import harness
+from kvcache_exporter.dashboards import build, fleet, target
+from devtools import lint_dashboards as lint
+from kvcache_exporter.contract import PRESSURE_STATES
+from kvcache_exporter.simulator.server import start_engine
+from devtools import harness
 
 RUN_SECONDS = 60  # at speed 20, kv-saturation queues for KV within ~20 s and preempts within ~40 s
 RATE_INTERVAL = "15s"

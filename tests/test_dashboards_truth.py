@@ -29,14 +29,15 @@ from dataclasses import dataclass, field
 import pytest
 import yaml
 
-from alerts import generate
-from dashboards import build, fleet, lint, preview, target
-from exporter.adapters import ADAPTERS
-from exporter.contract import PRESSURE_STATES
-from exporter import units
-from exporter.thresholds import DEFAULT
-from simulator.server import start_engine
-from tests import harness
+from kvcache_exporter.alerts import generate
+from kvcache_exporter.dashboards import build, fleet, target
+from devtools import lint_dashboards as lint, preview_dashboards as preview
+from kvcache_exporter.adapters import ADAPTERS
+from kvcache_exporter.contract import PRESSURE_STATES
+from kvcache_exporter import units
+from kvcache_exporter.thresholds import DEFAULT
+from kvcache_exporter.simulator.server import start_engine
+from devtools import harness
 
 TIME_SCALE = 20
 INTERVAL_S = 1.0  # exporter poll, Prometheus scrape, rule evaluation (wall seconds)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from exporter import derive
-from exporter.snapshot import RankValues, Snapshot
-from exporter.thresholds import Thresholds
+from kvcache_exporter import derive
+from kvcache_exporter.snapshot import RankValues, Snapshot
+from kvcache_exporter.thresholds import Thresholds
 
 T = Thresholds()
 

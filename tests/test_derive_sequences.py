@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter import adapters, derive
-from exporter.sources import parser
-from exporter.thresholds import Thresholds
+from kvcache_exporter import adapters, derive
+from kvcache_exporter.sources import parser
+from kvcache_exporter.thresholds import Thresholds
 
 SEQUENCES = sorted((Path(__file__).parent / "fixtures" / "sequences").iterdir())
 

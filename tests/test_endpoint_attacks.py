@@ -26,7 +26,7 @@ import bcrypt
 import pytest
 import yaml
 
-from tests import harness
+from devtools import harness
 from tests.pageserver import PageServer, page
 from tests.test_exporter_faults import GOOD_PAGE
 from tests.test_probe import LOOPBACK_PROBES
@@ -311,7 +311,7 @@ def test_credentials_in_a_url_are_refused_and_never_shown(tmp_path, engine):
     config = tmp_path / "exporter.yml"
     config.write_text(yaml.safe_dump({"targets": [{"url": leaky}]}))
     for argv in (["--config", str(config)], ["--target", leaky]):
-        result = subprocess.run([sys.executable, "-m", "exporter", *argv], capture_output=True, text=True, timeout=30)
+        result = subprocess.run([sys.executable, "-m", "kvcache_exporter", *argv], capture_output=True, text=True, timeout=30)
         assert result.returncode == 2
         assert result.stderr.count("\n") == 1 and "basic_auth.password_file" in result.stderr
         assert SECRET not in result.stdout + result.stderr

@@ -6,8 +6,8 @@ import time
 
 import yaml
 
-from tests import harness
-from tests.harness import scrape, value
+from devtools import harness
+from devtools.harness import scrape, value
 from tests.pageserver import (PageServer, alternating, dynamic, endless, gzip_bomb, hang_after_headers,
                               hang_before_headers, page, redirect, reset_connection, trickle)
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from exporter import contract
-from tests import harness
+from devtools import harness
 from tests import kvevents_wire as wire
 from tests.kvevents_publisher import Publisher
 from tests.pageserver import PageServer, page

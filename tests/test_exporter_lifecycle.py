@@ -10,8 +10,8 @@ import urllib.request
 
 import yaml
 
-from tests import harness
-from tests.harness import scrape, value
+from devtools import harness
+from devtools.harness import scrape, value
 from tests.pageserver import PageServer, hang_before_headers, page
 from tests.test_exporter_faults import GOOD_PAGE
 
@@ -112,7 +112,7 @@ def test_a_port_in_use_or_a_host_that_does_not_resolve_is_one_line_and_exit_2(tm
                 (["--listen", listen], "command line: --listen", "Address already in use"),
                 (["--demo", "--listen", listen], "command line: --listen", "Address already in use"),
                 (["--listen", "no-such-host.invalid:10490"], "command line: --listen", "")):
-            result = subprocess.run([sys.executable, "-m", "exporter", *argv], capture_output=True, text=True,
+            result = subprocess.run([sys.executable, "-m", "kvcache_exporter", *argv], capture_output=True, text=True,
                                     timeout=30)
             assert result.returncode == 2, result.stderr
             assert result.stdout == ""  # --demo: no banner before the error

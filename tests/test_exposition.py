@@ -6,11 +6,11 @@ import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import exposition
-from exporter.contract import FAILURE_REASONS
-from exporter.derive import DerivedRank
-from exporter.snapshot import Histogram, RankValues
-from exporter.runtime.target import PollOutcome
+from kvcache_exporter import exposition
+from kvcache_exporter.contract import FAILURE_REASONS
+from kvcache_exporter.derive import DerivedRank
+from kvcache_exporter.snapshot import Histogram, RankValues
+from kvcache_exporter.runtime.target import PollOutcome
 
 
 def read_back(text: exposition.TargetText) -> dict[tuple, float]:

@@ -7,7 +7,7 @@ import gzip
 
 import pytest
 
-from exporter.sources.fetch import Fetcher, FetchError, FetchSettings
+from kvcache_exporter.sources.fetch import Fetcher, FetchError, FetchSettings
 
 PAGE = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n"
 

@@ -29,8 +29,8 @@ import yaml
 
 from deploy.kubernetes import generate, probe
 from deploy.kubernetes.deployment import NAME, PORT, Deployment
-from exporter import config as exporter_config
-from tests.harness import REPO, require_binary
+from kvcache_exporter import config as exporter_config
+from devtools.harness import REPO, require_binary
 
 KUBERNETES = REPO / "deploy" / "kubernetes"
 BASE = KUBERNETES / "base"

@@ -27,8 +27,8 @@ import yaml
 
 from deploy.kubernetes import probe
 from deploy.kubernetes.deployment import METRICS_PATH_ANNOTATION, Deployment, meta_label
-from tests import harness
-from tests.harness import REPO
+from devtools import harness
+from devtools.harness import REPO
 from tests.pageserver import PageServer, hang_before_headers, page
 
 KUBERNETES = REPO / "deploy" / "kubernetes"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from exporter.blocks import DISTANCE_BUCKETS, GHOST_FACTOR, PoolState
-from exporter.sources.kvevents import (CLEARED, REMOVED, STORED, BlockEvent, DecodeError, decode_message,
+from kvcache_exporter.blocks import DISTANCE_BUCKETS, GHOST_FACTOR, PoolState
+from kvcache_exporter.sources.kvevents import (CLEARED, REMOVED, STORED, BlockEvent, DecodeError, decode_message,
                                        decode_payload)
 from tests import kvevents_wire as wire
 

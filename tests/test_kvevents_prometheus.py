@@ -19,10 +19,10 @@ import time
 
 import yaml
 
-from alerts import generate
-from dashboards import build, fleet
-from exporter.thresholds import DEFAULT
-from tests import harness
+from kvcache_exporter.alerts import generate
+from kvcache_exporter.dashboards import build, fleet
+from kvcache_exporter.thresholds import DEFAULT
+from devtools import harness
 from tests import kvevents_wire as wire
 from tests.kvevents_publisher import Publisher
 from tests.pageserver import PageServer, dynamic

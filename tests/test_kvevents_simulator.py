@@ -9,12 +9,12 @@ import pytest
 import yaml
 import zmq
 
-from exporter.blocks import PoolState
-from exporter.sources.kvevents import CLEARED, decode_message
+from kvcache_exporter.blocks import PoolState
+from kvcache_exporter.sources.kvevents import CLEARED, decode_message
 
-from simulator.server import start_engine
-from tests import harness
-from tests.harness import scrape, value
+from kvcache_exporter.simulator.server import start_engine
+from devtools import harness
+from devtools.harness import scrape, value
 
 SPEED = 40.0
 

@@ -10,9 +10,9 @@ import time
 import msgpack
 import yaml
 
-from tests import harness
+from devtools import harness
 from tests import kvevents_wire as wire
-from tests.harness import scrape, series, value
+from devtools.harness import scrape, series, value
 from tests.kvevents_publisher import Publisher
 from tests.pageserver import PageServer, page
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.blocks import PoolState
-from exporter.sources.kvevents import decode_payload
-from simulator import kvevents as sim_events
-from simulator.exposition import FLAVORS
-from simulator.scenarios import ScenarioRun, load_scenario, override_engine
+from kvcache_exporter.blocks import PoolState
+from kvcache_exporter.sources.kvevents import decode_payload
+from kvcache_exporter.simulator import kvevents as sim_events
+from kvcache_exporter.simulator.exposition import FLAVORS
+from kvcache_exporter.simulator.scenarios import ScenarioRun, load_scenario, override_engine
 
 CAPACITY = 1024
 BLOCK_SIZE = 16

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.kvmath import ArchitectureError, KVLayout, layout_from_config_json, layout_from_mapping
-from exporter.kvmath.cli import main
-from exporter.units import format_bytes
+from kvcache_exporter.kvmath import ArchitectureError, KVLayout, layout_from_config_json, layout_from_mapping
+from kvcache_exporter.kvmath.cli import main
+from kvcache_exporter.units import format_bytes
 
 MODELS = Path(__file__).parent / "fixtures" / "models"
 KiB, MiB, GiB = 2**10, 2**20, 2**30
@@ -565,7 +565,7 @@ def test_cli_reads_a_live_targets_capacity():
 
     fixture = Path(__file__).parent / "fixtures" / "vllm-v1.txt"
     with PageServer({"/metrics": page(fixture.read_text())}) as server:
-        args = [sys.executable, "-m", "exporter", "kv-math", "--layers", "32", "--kv-heads", "8", "--head-dim",
+        args = [sys.executable, "-m", "kvcache_exporter", "kv-math", "--layers", "32", "--kv-heads", "8", "--head-dim",
                 "128", "--seq-len", "8192", "--json"]
         result = subprocess.run(args + ["--target", server.url("/metrics")], capture_output=True, text=True,
                                 timeout=60)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from exporter.sources import parser
+from kvcache_exporter.sources import parser
 from tests.parser_oracle import oracle_samples, our_samples
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests import harness
+from devtools import harness
 from tests.pageserver import PageServer, dynamic, page
 from tests.test_exporter_faults import GOOD_PAGE
 
@@ -188,7 +188,7 @@ def test_a_reload_that_narrows_probe_allow_refuses_and_forgets_engines_probed_be
 
 
 def test_a_probe_page_goes_uncompressed_even_when_gzip_is_asked_for(tmp_path):
-    from exporter.runtime.server import GZIP_MIN_BYTES
+    from kvcache_exporter.runtime.server import GZIP_MIN_BYTES
 
     with PageServer({"/metrics": page(GOOD_PAGE)}) as server, exporter_with(tmp_path, probe=LOOPBACK_PROBES) as exporter:
         query = urllib.parse.urlencode({"target": server.url("/metrics"), "engine": "vllm"})

@@ -19,8 +19,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.runtime.server import GZIP_MIN_BYTES
-from tests import harness, promql_compat
+from kvcache_exporter.runtime.server import GZIP_MIN_BYTES
+from devtools import harness
+from tests import promql_compat
 from tests.pageserver import PageServer, page
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -8,8 +8,8 @@ from typing import NamedTuple
 import pytest
 import yaml
 
-from simulator.server import start_engine
-from tests import harness
+from kvcache_exporter.simulator.server import start_engine
+from devtools import harness
 from tests.parser_oracle import oracle_samples, our_samples
 
 SPEED = 20.0

@@ -7,7 +7,7 @@ import random
 import time
 from collections import Counter
 
-from exporter.runtime.scheduler import Phases, Scheduler, phase_of
+from kvcache_exporter.runtime.scheduler import Phases, Scheduler, phase_of
 
 
 class FakeTarget:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import yaml
 
-from simulator.scenarios import load_scenario
-from simulator.server import start_engine
-from tests import harness
+from kvcache_exporter.simulator.scenarios import load_scenario
+from kvcache_exporter.simulator.server import start_engine
+from devtools import harness
 from tests.test_probe import probe
 
 SCALING_DOC = harness.REPO / "docs" / "scaling.md"

@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator.exposition import (
+from kvcache_exporter.simulator.exposition import (
     FLAVORS, SGLANG_BUCKETS, VLLM_REQUEST_LATENCY_BUCKETS, VLLM_TTFT_BUCKETS, EngineState,
 )
-from simulator.scenarios import ScenarioRun, load_scenario
+from kvcache_exporter.simulator.scenarios import ScenarioRun, load_scenario
 
 CREATED = 1_750_000_000.0
 MODEL = "org/model-7b"
@@ -325,8 +325,8 @@ def test_every_flavor_renders_an_idle_engine(flavor):
 def test_the_adapter_reads_what_the_model_holds(flavor):
     """Each simulated page parses like prometheus_client's parser reads it (Page) and the exporter's adapter,
     detected from the page, reads the model's reported pool and queue."""
-    from exporter import adapters
-    from exporter.sources import parser
+    from kvcache_exporter import adapters
+    from kvcache_exporter.sources import parser
 
     run = simulate(flavor, 300)
     page = Page(flavor, run)
@@ -342,8 +342,8 @@ def test_the_adapter_reads_what_the_model_holds(flavor):
 
 @pytest.mark.parametrize("flavor", ["vllm-v1", "sglang"])
 def test_an_offload_tier_shows_in_the_engines_names_and_the_adapter_reads_the_models_counters(flavor):
-    from exporter import adapters, derive
-    from exporter.sources import parser
+    from kvcache_exporter import adapters, derive
+    from kvcache_exporter.sources import parser
 
     run = simulate(flavor, 300, scenario="offload-tier")
     page = Page(flavor, run)
@@ -382,8 +382,8 @@ def test_an_offload_tier_shows_in_the_engines_names_and_the_adapter_reads_the_mo
 def test_a_full_tier_refusing_stores_shows_as_vllms_allocation_failures():
     """offload-tier-full at 300 s: the page counts the model's refused allocations under vLLM's name, the tier's
     usage is its pinned share, and the adapter reads both."""
-    from exporter import adapters, derive
-    from exporter.sources import parser
+    from kvcache_exporter import adapters, derive
+    from kvcache_exporter.sources import parser
 
     run = simulate("vllm-v1", 300, scenario="offload-tier-full")
     page = Page("vllm-v1", run)

@@ -8,10 +8,10 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from simulator.exposition import FLAVORS
-from simulator.model import BlockPool, EngineConfig, EngineModel, Request, StepEvents
-from simulator.scenarios import BUILTIN_SCENARIOS, ScenarioRun, load_scenario
-from simulator.workload import ArrivalProcess, LengthDist, Workload
+from kvcache_exporter.simulator.exposition import FLAVORS
+from kvcache_exporter.simulator.model import BlockPool, EngineConfig, EngineModel, Request, StepEvents
+from kvcache_exporter.simulator.scenarios import BUILTIN_SCENARIOS, ScenarioRun, load_scenario
+from kvcache_exporter.simulator.workload import ArrivalProcess, LengthDist, Workload
 
 # Full block-ownership reconciliation is O(pool); do it on every Nth step.
 RECONCILE_EVERY = 50
@@ -284,7 +284,7 @@ def test_an_evicted_block_goes_to_the_offload_tier_and_a_later_hit_loads_it_back
 
 
 def test_the_offload_tier_evicts_least_recently_used_first():
-    from simulator.model import OffloadTier
+    from kvcache_exporter.simulator.model import OffloadTier
 
     tier = OffloadTier(2, store_seconds_per_block=0.0)
     assert (tier.store(["a"], 0.0), tier.store(["b"], 0.0)) == ((1, 0), (1, 0))
@@ -295,7 +295,7 @@ def test_the_offload_tier_evicts_least_recently_used_first():
 def test_a_store_in_flight_pins_its_blocks_and_an_allocation_without_room_stores_nothing():
     """As vLLM's LRU offloading manager: a block is evictable (and loadable) once its store completed;
     an allocation that cannot evict enough stores none of its blocks and evicts nothing."""
-    from simulator.model import OffloadTier
+    from kvcache_exporter.simulator.model import OffloadTier
 
     tier = OffloadTier(3, store_seconds_per_block=1.0)  # one link, 1 s a block
     assert tier.store(["a"], 0.0) == (1, 0)  # done at 1
@@ -311,7 +311,7 @@ def test_a_store_in_flight_pins_its_blocks_and_an_allocation_without_room_stores
 
 def test_the_offload_tier_scenario_serves_most_cached_tokens_from_the_cpu():
     """The offload-tier scenario: the same seed with and without the tier, numbers from the models' counters."""
-    from simulator.scenarios import override_engine
+    from kvcache_exporter.simulator.scenarios import override_engine
 
     scenario = load_scenario("offload-tier")
     with_tier = ScenarioRun(scenario, FLAVORS["vllm-v1"].reporting, seed=0)

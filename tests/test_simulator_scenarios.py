@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from simulator.exposition import FLAVORS
-from simulator.workload import LengthDist
-from simulator.scenarios import ScenarioError, ScenarioRun, load_scenario, override_engine
+from kvcache_exporter.simulator.exposition import FLAVORS
+from kvcache_exporter.simulator.workload import LengthDist
+from kvcache_exporter.simulator.scenarios import ScenarioError, ScenarioRun, load_scenario, override_engine
 
 # The lead's end-to-end tests run kv-saturation at --speed 20 and poll every 0.5-1 s.
 SPEED = 20

@@ -15,9 +15,9 @@ import requests
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator import start_engine
-from simulator.workload import Workload
-from simulator.scenarios import Phase, Scenario, ScenarioError
+from kvcache_exporter.simulator import start_engine
+from kvcache_exporter.simulator.workload import Workload
+from kvcache_exporter.simulator.scenarios import Phase, Scenario, ScenarioError
 
 TIMEOUT_S = 30  # generous: the machine is shared; nothing here asserts speed
 
@@ -128,7 +128,7 @@ def test_start_engine_rejects_bad_arguments():
 # -- CLI ----------------------------------------------------------------------------------------
 
 def run_cli(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "simulator.cli", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "kvcache_exporter.simulator.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 

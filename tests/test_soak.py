@@ -20,8 +20,8 @@ from typing import Callable
 import pytest
 import yaml
 
-from exporter.thresholds import DEFAULT
-from tests import harness
+from kvcache_exporter.thresholds import DEFAULT
+from devtools import harness
 from tests.pageserver import (PageServer, Route, alternating, dynamic, endless, gzip_bomb, hang_after_headers,
                               hang_before_headers, page, redirect, reset_connection, trickle)
 from tests.test_exporter_faults import GOOD_PAGE, vllm_page

@@ -9,9 +9,9 @@ import time
 
 import yaml
 
-from tests import harness
+from devtools import harness
 from tests.certs import make_certs
-from tests.harness import scrape, value
+from devtools.harness import scrape, value
 from tests.pageserver import PageServer, page
 from tests.test_exporter_faults import GOOD_PAGE
 

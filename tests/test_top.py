@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter import contract
-from exporter.top import rows as top_rows, source
-from exporter.top.rates import Rates, RateWindow, histogram_quantile
-from exporter.top.source import Frame, Pool
-from tests import harness
+from kvcache_exporter import contract
+from kvcache_exporter.top import rows as top_rows, source
+from kvcache_exporter.top.rates import Rates, RateWindow, histogram_quantile
+from kvcache_exporter.top.source import Frame, Pool
+from devtools import harness
 from tests.pageserver import PageServer, alternating, page
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -25,7 +25,7 @@ PAGES = [(FIXTURES / "top" / f"exporter-{n}.txt").read_text() for n in (1, 2)]
 
 
 def top(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "exporter", "top", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kvcache_exporter", "top", *args], capture_output=True, text=True,
                           cwd=harness.REPO, timeout=60)
 
 

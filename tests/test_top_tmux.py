@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator.server import start_engine
-from tests import harness
+from kvcache_exporter.simulator.server import start_engine
+from devtools import harness
 
 SPEED = 10.0
 TARGETS = {"sat-pool": ("vllm-v1", "kv-saturation"), "cap-pool": ("vllm-v1", "concurrency-cap")}
@@ -96,7 +96,7 @@ def terminal(tmp_path):
         config.write_text(yaml.safe_dump({"poll_interval": "0.25s", "targets": [
             {"name": name, "url": engine.url} for name, engine in engines.items()]}))
         with harness.exporter(tmp_path, "--config", str(config)) as exporter:
-            command = (f"cd {harness.REPO} && PYTHONPATH={harness.REPO} {sys.executable} -m exporter top "
+            command = (f"cd {harness.REPO} && PYTHONPATH={harness.REPO} {sys.executable} -m kvcache_exporter top "
                        f"--exporter {exporter.url} --interval 0.25s")
             terminal = Terminal(command, tmp_path)
             try:

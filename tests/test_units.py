@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.units import format_bytes, format_duration, parse_duration, parse_size
+from kvcache_exporter.units import format_bytes, format_duration, parse_duration, parse_size
 
 GiB, MiB = 2**30, 2**20
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 import yaml
 
-from tests import harness
+from devtools import harness
 from tests.certs import make_certs
 
 PASSWORD = "correct horse"
@@ -21,7 +21,7 @@ def start(tmp_path, web: dict):
     path = tmp_path / "web.yml"
     path.write_text(yaml.safe_dump(web))
     port = harness.free_port()
-    argv = [harness.sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{port}",
+    argv = [harness.sys.executable, "-m", "kvcache_exporter", "--listen", f"127.0.0.1:{port}",
             "--web.config.file", str(path)]
     proc = harness.Process("exporter", argv, tmp_path, ready_url=None)
     harness.wait_until(lambda: _listening(port), 15, what="exporter listening")
@@ -101,7 +101,7 @@ def test_bad_web_config_is_one_line_and_exit_2(tmp_path, web, key):
     path = tmp_path / "web.yml"
     path.write_text(yaml.safe_dump(web))
     result = harness.subprocess.run(
-        [harness.sys.executable, "-m", "exporter", "--web.config.file", str(path)],
+        [harness.sys.executable, "-m", "kvcache_exporter", "--web.config.file", str(path)],
         capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert result.stderr.startswith(f"kvcache-exporter: {path}: {key}: ")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests import harness
+from devtools import harness
 
 REPO = Path(__file__).resolve().parents[1]
 # Output path of `kvcache-exporter assets` -> the committed file it must equal byte for byte.

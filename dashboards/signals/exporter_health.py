@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dashboards import bands, promql
-from dashboards.panels import Query, describe, stat, state_timeline, timeseries, value_names
-from dashboards.view import FAILURES_PER_SECOND, PER_TARGET, SECONDS, TARGETS, View
+from kvcache_exporter.dashboards import bands, promql
+from kvcache_exporter.dashboards.panels import Query, describe, stat, state_timeline, timeseries, value_names
+from kvcache_exporter.dashboards.view import FAILURES_PER_SECOND, PER_TARGET, SECONDS, TARGETS, View
 
 
 def targets_up(v: View):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from exporter.thresholds import Thresholds
+from kvcache_exporter.thresholds import Thresholds
 
-from dashboards import bands, promql
-from dashboards.panels import Query, describe, stat, timeseries
-from dashboards.view import BLOCKS, HEADROOM_UNIT, PER_TARGET, POOL, RATIO, SECONDS, TARGETS, TOKENS, View, percent
+from kvcache_exporter.dashboards import bands, promql
+from kvcache_exporter.dashboards.panels import Query, describe, stat, timeseries
+from kvcache_exporter.dashboards.view import BLOCKS, HEADROOM_UNIT, PER_TARGET, POOL, RATIO, SECONDS, TARGETS, TOKENS, View, percent
 
 USAGE_SHOWS = (
     "KV pool fill as the engine reports it (evictable prefix-cache blocks count as free), of the fullest "

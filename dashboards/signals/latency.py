@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from exporter.thresholds import Thresholds
+from kvcache_exporter.thresholds import Thresholds
 
-from dashboards import bands, promql
-from dashboards.panels import Query, describe, heatmap, timeseries, without_source
-from dashboards.view import RATIO, SECONDS, View, legend_of, percent
+from kvcache_exporter.dashboards import bands, promql
+from kvcache_exporter.dashboards.panels import Query, describe, heatmap, timeseries, without_source
+from kvcache_exporter.dashboards.view import RATIO, SECONDS, View, legend_of, percent
 
 TTFT = "kvcache_time_to_first_token_seconds"
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dashboards import bands, promql
-from dashboards.panels import Query, describe, stat, timeseries
-from dashboards.view import BYTES, View
+from kvcache_exporter.dashboards import bands, promql
+from kvcache_exporter.dashboards.panels import Query, describe, stat, timeseries
+from kvcache_exporter.dashboards.view import BYTES, View
 
 MEMORY_ONLY_WHERE = "Present only where the target's model architecture is in the exporter's configuration."
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dashboards import bands, promql
-from dashboards.panels import Query, describe, timeseries, without_source
-from dashboards.signals.prefix_cache import QUERIED
-from dashboards.view import BYTES_PER_SECOND, FAILURES_PER_SECOND, RATIO, SECONDS, TOKENS, TOKENS_PER_SECOND, View
+from kvcache_exporter.dashboards import bands, promql
+from kvcache_exporter.dashboards.panels import Query, describe, timeseries, without_source
+from kvcache_exporter.dashboards.signals.prefix_cache import QUERIED
+from kvcache_exporter.dashboards.view import BYTES_PER_SECOND, FAILURES_PER_SECOND, RATIO, SECONDS, TOKENS, TOKENS_PER_SECOND, View
 
 CACHED = "kvcache_cached_prompt_tokens_total"
 CAPACITY = "kvcache_tier_capacity_tokens"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dashboards import bands, promql
-from dashboards.panels import Query, describe, stat, timeseries, without_source
-from dashboards.view import PER_TARGET, RATIO, TOKENS_PER_SECOND, View, percent
+from kvcache_exporter.dashboards import bands, promql
+from kvcache_exporter.dashboards.panels import Query, describe, stat, timeseries, without_source
+from kvcache_exporter.dashboards.view import PER_TARGET, RATIO, TOKENS_PER_SECOND, View, percent
 
 HIT = "kvcache_prefix_cache_hit_tokens_total"
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from exporter.contract import PRESSURE_STATES
+from kvcache_exporter.contract import PRESSURE_STATES
 
-from dashboards import bands, promql
-from dashboards.panels import Query, describe, stat, state_timeline, timeseries, value_names, without_source
-from dashboards.view import PER_TARGET, PREEMPTIONS_PER_MINUTE, PREEMPTIONS_PER_SECOND, REQUESTS, TARGETS, View, percent
+from kvcache_exporter.dashboards import bands, promql
+from kvcache_exporter.dashboards.panels import Query, describe, stat, state_timeline, timeseries, value_names, without_source
+from kvcache_exporter.dashboards.view import PER_TARGET, PREEMPTIONS_PER_MINUTE, PREEMPTIONS_PER_SECOND, REQUESTS, TARGETS, View, percent
 
 
 def state_names():

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from exporter.contract import PRESSURE_STATES
+from kvcache_exporter.contract import PRESSURE_STATES
 
-from dashboards import bands, promql
-from dashboards.panels import Column, describe, table
-from dashboards.signals import kv, latency, pressure
-from dashboards.view import HEADROOM_UNIT, PER_TARGET, PREEMPTIONS_PER_MINUTE, RATIO, REQUESTS, SECONDS, View
+from kvcache_exporter.dashboards import bands, promql
+from kvcache_exporter.dashboards.panels import Column, describe, table
+from kvcache_exporter.dashboards.signals import kv, latency, pressure
+from kvcache_exporter.dashboards.view import HEADROOM_UNIT, PER_TARGET, PREEMPTIONS_PER_MINUTE, RATIO, REQUESTS, SECONDS, View
 
 STATE = "State"
 TRIAGE_QUANTILE = 0.9

@@ -4,11 +4,11 @@ ratio a larger pool would have had, and how long blocks stay. From the targets' 
 
 from __future__ import annotations
 
-from exporter.blocks import WHAT_IF_FACTORS, kept_buckets, le_matcher
+from kvcache_exporter.blocks import WHAT_IF_FACTORS, kept_buckets, le_matcher
 
-from dashboards import bands, promql
-from dashboards.panels import Query, describe, timeseries
-from dashboards.view import RATIO, SECONDS, View, percent
+from kvcache_exporter.dashboards import bands, promql
+from kvcache_exporter.dashboards.panels import Query, describe, timeseries
+from kvcache_exporter.dashboards.view import RATIO, SECONDS, View, percent
 
 MISSES = "kvcache_capacity_miss_blocks_total"
 DISTANCE = "kvcache_capacity_miss_distance_ratio"

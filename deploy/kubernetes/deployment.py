@@ -8,8 +8,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.adapters import ADAPTERS
-from exporter.config import DEFAULT_LISTEN, DEFAULT_POLL_INTERVAL
+from kvcache_exporter.adapters import ADAPTERS
+from kvcache_exporter.config import DEFAULT_LISTEN, DEFAULT_POLL_INTERVAL
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "kvcache-exporter"

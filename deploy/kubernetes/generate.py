@@ -10,8 +10,8 @@ prometheus/ holds the same scrape configuration for a Prometheus without the ope
 
 The rules and dashboards are the files the compose stack mounts, alerts/kvcache-rules.yml and
 dashboards/generated/*.json. With `--config`, the exporter runs with that file, and the rules and
-dashboards are rebuilt from its `pressure:` and `labels:` as `python -m alerts.generate` and
-`python -m dashboards.build` would, so exporter, alerts and panels agree.
+dashboards are rebuilt from its `pressure:` and `labels:` as `python -m kvcache_exporter.alerts.generate` and
+`python -m devtools.build_dashboards` would, so exporter, alerts and panels agree.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from exporter import config as exporter_config
+from kvcache_exporter import config as exporter_config
 
 from . import grafana, operator, probe, workload
 from .deployment import DEFAULT_POD_SELECTOR, PROBE_INTERVAL_SECONDS, REPO, Deployment, seconds
@@ -79,8 +79,8 @@ def committed_sources() -> Sources:
 
 def sources_from_config(path: Path) -> Sources:
     """Rules and dashboards rebuilt for an exporter configuration. Raises ConfigError."""
-    from alerts import generate as alerts
-    from dashboards import build as dashboards
+    from kvcache_exporter.alerts import generate as alerts
+    from kvcache_exporter.dashboards import build as dashboards
 
     settings = exporter_config.load_file(str(path))
     if settings["targets"]:

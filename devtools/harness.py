@@ -117,8 +117,8 @@ class Process:
 
 @contextlib.contextmanager
 def exporter(log_dir: Path, *args: str, port: int | None = None, env: dict | None = None,
-             checkout: Path = REPO, module: str = "exporter") -> Iterator[Process]:
-    """`python -m exporter` (or a `module` that runs it) of `checkout` listening on loopback; `.url` is its base URL."""
+             checkout: Path = REPO, module: str = "kvcache_exporter") -> Iterator[Process]:
+    """`python -m kvcache_exporter` (or a `module` that runs it) of `checkout` listening on loopback; `.url` is its base URL."""
     port = port or free_port()
     argv = [sys.executable, "-m", module, "--listen", f"127.0.0.1:{port}", *args]
     with Process("exporter", argv, log_dir, f"http://127.0.0.1:{port}/healthz", env=env, cwd=checkout) as proc:

@@ -1,6 +1,6 @@
 """Draw every panel of both dashboards from a Prometheus URL, one PNG per row, as on-call would see them.
 
-    python -m dashboards.preview --prometheus http://127.0.0.1:9090 --out preview/ [--range 30m]
+    python -m devtools.preview_dashboards --prometheus http://127.0.0.1:9090 --out preview/ [--range 30m]
                                  [--scrape-interval 15s] [--var target=NAME]
 
 No Grafana server: the queries are the generated JSON's, with the variables substituted the way
@@ -24,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from dashboards import build
+from kvcache_exporter.dashboards import build
 
 # Grafana's default width-derived number of points of a graph; the step is range / this, at least the scrape interval.
 MAX_DATA_POINTS = 300
@@ -382,7 +382,7 @@ def render_all(prometheus_url: str, out: Path, range_seconds: float, scrape_seco
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards.preview", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.preview_dashboards", description=__doc__.splitlines()[0])
     parser.add_argument("--prometheus", required=True, help="Prometheus base URL")
     parser.add_argument("--out", type=Path, default=Path("dashboard-preview"), help="directory of the PNGs")
     parser.add_argument("--range", type=duration, default=duration("30m"), help="time range drawn (%(default)ss)")

@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from exporter import contract
+from kvcache_exporter import contract
 
-from dashboards.panels import DATASOURCE, RED_ADVICE
+from kvcache_exporter.dashboards.panels import DATASOURCE, RED_ADVICE
 
 DATASOURCE_UID = DATASOURCE.uid
 RAW_ENGINE_PREFIXES = ("vllm:", "sglang:")
