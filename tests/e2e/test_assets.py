@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
+from devtools import harness
 from kvcache_exporter import assets
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = harness.REPO
 
 
 def generator(*argv) -> subprocess.CompletedProcess:

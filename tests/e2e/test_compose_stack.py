@@ -19,8 +19,9 @@ import yaml
 
 from kvcache_exporter.simulator.server import start_engine
 from devtools import harness
-from tests.test_compose import (DATASOURCE_UID, DEMO_SERVICES, command_option, container_ports, healthcheck_command,
-                                host_path, load_launcher, provisioned, resolved, service_address_pattern)
+from devtools.compose_model import (DATASOURCE_UID, DEMO_SERVICES, command_option, container_ports,
+                                    healthcheck_command, host_path, load_launcher, provisioned, resolved,
+                                    service_address_pattern)
 
 
 class Loopback:

@@ -27,10 +27,7 @@ import pytest
 import yaml
 
 from devtools import harness
-from tests.pageserver import PageServer, page
-from tests.test_exporter_faults import GOOD_PAGE
-from tests.test_probe import LOOPBACK_PROBES
-from tests.test_web_config import start
+from devtools.harness import GOOD_PAGE, LOOPBACK_PROBES, PageServer, page
 
 SECRET = "s3cret-pw-4711"
 METRICS_DEADLINE = 1.0  # seconds: /metrics must answer within this, whatever the attack
@@ -283,7 +280,7 @@ def test_kept_alive_replies_come_as_fast_as_fresh_ones(tmp_path, engine):
 
 
 def test_basic_auth_takes_as_long_for_an_unknown_user(tmp_path):
-    process, port = start(tmp_path, {"basic_auth_users": {
+    process, port = harness.exporter_with_web_config(tmp_path, {"basic_auth_users": {
         "prometheus": bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=8)).decode()}})
     with process:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)

@@ -7,17 +7,9 @@ import time
 import yaml
 
 from devtools import harness
-from devtools.harness import scrape, value
-from tests.pageserver import (PageServer, alternating, dynamic, endless, gzip_bomb, hang_after_headers,
-                              hang_before_headers, page, redirect, reset_connection, trickle)
+from devtools.harness import (GOOD_PAGE, PageServer, alternating, dynamic, endless, gzip_bomb, hang_after_headers,
+                              hang_before_headers, page, redirect, reset_connection, scrape, trickle, value, vllm_page)
 
-GOOD_PAGE = """# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="m"} 4.0
-# TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1001"} 1.0
-"""
 INTERVAL = 0.5
 # target name -> (route, the failure reason it must show)
 FAULTS = {
@@ -72,18 +64,6 @@ def test_faulty_targets_do_not_delay_or_break_the_healthy_one(tmp_path):
             assert harness.series(samples, "kvcache_usage_ratio", target="killed") == {}
             assert value(samples, "kvcache_target_info", target="killed") == 1.0
             assert exporter.proc.poll() is None
-
-
-def vllm_page(usage: float, preemptions: int, old_names: bool = False, with_config: bool = True) -> str:
-    usage_name = "vllm:gpu_cache_usage_perc" if old_names else "vllm:kv_cache_usage_perc"
-    text = (f'# TYPE {usage_name} gauge\n{usage_name}{{engine="0",model_name="m"}} {usage}\n'
-            '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 4.0\n'
-            '# TYPE vllm:num_preemptions counter\n'
-            f'vllm:num_preemptions_total{{engine="0",model_name="m"}} {preemptions}\n')
-    if with_config:
-        text += ('# TYPE vllm:cache_config_info gauge\n'
-                 'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1001"} 1.0\n')
-    return text
 
 
 def test_engines_that_change_under_the_exporter(tmp_path):

@@ -5,21 +5,20 @@ from __future__ import annotations
 import math
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
 from exporter import contract
 from devtools import harness
-from tests import kvevents_wire as wire
-from tests.kvevents_publisher import Publisher
-from tests.pageserver import PageServer, page
+from devtools import kvevents_wire as wire
+from devtools.harness import Publisher
+from devtools.harness import PageServer, page
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = harness.FIXTURES
 EXPECTED = {p.name.removesuffix(".expected.yml"): yaml.safe_load(p.read_text())
             for p in sorted(FIXTURES.glob("*.txt.expected.yml"))}
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = harness.REPO
 CONTRACT = ROOT / "docs" / "metrics.md"
 README = ROOT / "README.md"
 HISTOGRAM_PARTS = ("_count", "_sum")

@@ -12,8 +12,8 @@ import yaml
 
 from devtools import harness
 from devtools.harness import scrape, value
-from tests.pageserver import PageServer, hang_before_headers, page
-from tests.test_exporter_faults import GOOD_PAGE
+from devtools.harness import PageServer, hang_before_headers, page
+from devtools.harness import GOOD_PAGE
 
 
 def post(url: str) -> int:

@@ -29,12 +29,12 @@ from deploy.kubernetes import probe
 from deploy.kubernetes.deployment import METRICS_PATH_ANNOTATION, Deployment, meta_label
 from devtools import harness
 from devtools.harness import REPO
-from tests.pageserver import PageServer, hang_before_headers, page
+from devtools.harness import PageServer, hang_before_headers, page
 
 KUBERNETES = REPO / "deploy" / "kubernetes"
 PLAIN_CONFIG = KUBERNETES / "prometheus" / "kvcache-scrape-configs.yml"
 EXPORTER_CONFIG = KUBERNETES / "base" / "exporter.yml"
-FIXTURES = REPO / "tests" / "fixtures"
+FIXTURES = harness.FIXTURES
 GIE_LABEL, LLMD_LABEL = "inference.networking.k8s.io/engine-type", "llm-d.ai/engine-type"
 MAX_ENGINE_PODS = 24  # bounded: pods are added until both replicas have an engine to probe
 

@@ -23,9 +23,9 @@ from kvcache_exporter.alerts import generate
 from kvcache_exporter.dashboards import build, fleet
 from kvcache_exporter.thresholds import DEFAULT
 from devtools import harness
-from tests import kvevents_wire as wire
-from tests.kvevents_publisher import Publisher
-from tests.pageserver import PageServer, dynamic
+from devtools import kvevents_wire as wire
+from devtools.harness import Publisher
+from devtools.harness import PageServer, dynamic
 
 TIME_SCALE = 20
 CYCLE, RESIDENT, STEPS_PER_BATCH, BATCH_EVERY = 851, 100, 5, 0.1

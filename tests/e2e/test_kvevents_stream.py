@@ -11,10 +11,10 @@ import msgpack
 import yaml
 
 from devtools import harness
-from tests import kvevents_wire as wire
+from devtools import kvevents_wire as wire
 from devtools.harness import scrape, series, value
-from tests.kvevents_publisher import Publisher
-from tests.pageserver import PageServer, page
+from devtools.harness import Publisher
+from devtools.harness import PageServer, page
 
 CAPACITY = 1000  # num_gpu_blocks 1001 minus vLLM's null block
 PAGE = f"""# TYPE vllm:kv_cache_usage_perc gauge

@@ -8,26 +8,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from devtools import harness
-from tests.pageserver import PageServer, dynamic, page
-from tests.test_exporter_faults import GOOD_PAGE
-
-
-# Probe mode as these tests run it: on, for the loopback page servers.
-LOOPBACK_PROBES = {"enabled": True, "allow": ["127.0.0.0/8"]}
-
-
-def probe(exporter, url: str, engine: str | None = None) -> tuple[int, dict]:
-    query = {"target": url, **({"engine": engine} if engine else {})}
-    status, body = harness.http_get(f"{exporter.url}/probe?{urllib.parse.urlencode(query)}")
-    return status, parse(body) if status == 200 else {}
-
-
-def parse(body: str) -> dict:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(body) for s in family.samples}
+from devtools.harness import GOOD_PAGE, LOOPBACK_PROBES, PageServer, dynamic, page, probe
 
 
 def test_probe_keeps_history_and_forgets_idle_targets(tmp_path):
@@ -163,7 +146,7 @@ def test_probe_honours_the_scrape_timeout_header(tmp_path):
         request = urllib.request.Request(f"{exporter.url}/probe?target={urllib.parse.quote(server.url('/slow'))}",
                                          headers={"X-Prometheus-Scrape-Timeout-Seconds": "1"})
         with urllib.request.urlopen(request, timeout=5) as response:
-            samples = parse(response.read().decode())
+            samples = harness.samples_of(response.read().decode())
         assert harness.value(samples, "kvcache_target_up") == 0.0
         assert harness.value(samples, "kvcache_target_scrape_failures_total", reason="timeout") == 1.0
         assert 0.85 <= harness.value(samples, "kvcache_target_scrape_duration_seconds") < 1.0
@@ -197,4 +180,4 @@ def test_a_probe_page_goes_uncompressed_even_when_gzip_is_asked_for(tmp_path):
             assert response.headers.get("Content-Encoding") is None
             body = response.read()
         assert len(body) < GZIP_MIN_BYTES
-        assert harness.value(parse(body.decode()), "kvcache_usage_ratio") == 0.5
+        assert harness.value(harness.samples_of(body.decode()), "kvcache_usage_ratio") == 0.5

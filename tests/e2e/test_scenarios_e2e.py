@@ -10,7 +10,7 @@ import yaml
 
 from kvcache_exporter.simulator.server import start_engine
 from devtools import harness
-from tests.parser_oracle import oracle_samples, our_samples
+from devtools.harness import oracle_samples, our_samples
 
 SPEED = 20.0
 # At 20x a poll every 0.25 s reads the engine every 5 simulated seconds: the saturated phase before

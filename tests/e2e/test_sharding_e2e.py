@@ -24,7 +24,7 @@ import yaml
 from kvcache_exporter.simulator.scenarios import load_scenario
 from kvcache_exporter.simulator.server import start_engine
 from devtools import harness
-from tests.test_probe import probe
+from devtools.harness import probe
 
 SCALING_DOC = harness.REPO / "docs" / "scaling.md"
 FLEET_DASHBOARD = harness.REPO / "dashboards" / "generated" / "kvcache-fleet.json"

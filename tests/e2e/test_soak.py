@@ -22,9 +22,9 @@ import yaml
 
 from kvcache_exporter.thresholds import DEFAULT
 from devtools import harness
-from tests.pageserver import (PageServer, Route, alternating, dynamic, endless, gzip_bomb, hang_after_headers,
+from devtools.harness import (PageServer, Route, alternating, dynamic, endless, gzip_bomb, hang_after_headers,
                               hang_before_headers, page, redirect, reset_connection, trickle)
-from tests.test_exporter_faults import GOOD_PAGE, vllm_page
+from devtools.harness import GOOD_PAGE, vllm_page
 
 SOAK_SECONDS = float(os.environ.get("KVCACHE_SOAK_SECONDS", "60"))
 # Until every rank's preemption history spans the rate window, the heap still grows with it; by

@@ -10,10 +10,10 @@ import time
 import yaml
 
 from devtools import harness
-from tests.certs import make_certs
+from devtools.harness import make_certs
 from devtools.harness import scrape, value
-from tests.pageserver import PageServer, page
-from tests.test_exporter_faults import GOOD_PAGE
+from devtools.harness import PageServer, page
+from devtools.harness import GOOD_PAGE
 
 
 def guarded(expected: dict[str, str]):

@@ -8,7 +8,6 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -18,9 +17,9 @@ from kvcache_exporter.top import rows as top_rows, source
 from kvcache_exporter.top.rates import Rates, RateWindow, histogram_quantile
 from kvcache_exporter.top.source import Frame, Pool
 from devtools import harness
-from tests.pageserver import PageServer, alternating, page
+from devtools.harness import PageServer, alternating, page
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = harness.FIXTURES
 PAGES = [(FIXTURES / "top" / f"exporter-{n}.txt").read_text() for n in (1, 2)]
 
 

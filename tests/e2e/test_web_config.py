@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ssl
-import urllib.error
-import urllib.request
+import sys
 
 import bcrypt
 import pytest
@@ -12,27 +10,9 @@ import requests
 import yaml
 
 from devtools import harness
-from tests.certs import make_certs
+from devtools.harness import make_certs
 
 PASSWORD = "correct horse"
-
-
-def start(tmp_path, web: dict):
-    path = tmp_path / "web.yml"
-    path.write_text(yaml.safe_dump(web))
-    port = harness.free_port()
-    argv = [harness.sys.executable, "-m", "kvcache_exporter", "--listen", f"127.0.0.1:{port}",
-            "--web.config.file", str(path)]
-    proc = harness.Process("exporter", argv, tmp_path, ready_url=None)
-    harness.wait_until(lambda: _listening(port), 15, what="exporter listening")
-    return proc, port
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def users() -> dict:
@@ -40,7 +20,7 @@ def users() -> dict:
 
 
 def test_basic_auth(tmp_path):
-    proc, port = start(tmp_path, {"basic_auth_users": users()})
+    proc, port = harness.exporter_with_web_config(tmp_path, {"basic_auth_users": users()})
     with proc:
         url = f"http://127.0.0.1:{port}/metrics"
         assert requests.get(url, timeout=5).status_code == 401
@@ -53,7 +33,7 @@ def test_basic_auth(tmp_path):
 
 def test_tls_refuses_plain_http_and_checks_client_certificates(tmp_path):
     certs = make_certs(tmp_path)
-    proc, port = start(tmp_path, {"tls_server_config": {
+    proc, port = harness.exporter_with_web_config(tmp_path, {"tls_server_config": {
         "cert_file": str(certs.server_cert), "key_file": str(certs.server_key),
         "client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": str(certs.ca)}})
     with proc:
@@ -73,7 +53,7 @@ def test_tls_refuses_plain_http_and_checks_client_certificates(tmp_path):
 
 def test_tls_with_basic_auth_and_no_client_certificate(tmp_path):
     certs = make_certs(tmp_path)
-    proc, port = start(tmp_path, {"tls_server_config": {"cert_file": str(certs.server_cert),
+    proc, port = harness.exporter_with_web_config(tmp_path, {"tls_server_config": {"cert_file": str(certs.server_cert),
                                                         "key_file": str(certs.server_key)},
                                   "basic_auth_users": users()})
     with proc:
@@ -101,7 +81,7 @@ def test_bad_web_config_is_one_line_and_exit_2(tmp_path, web, key):
     path = tmp_path / "web.yml"
     path.write_text(yaml.safe_dump(web))
     result = harness.subprocess.run(
-        [harness.sys.executable, "-m", "kvcache_exporter", "--web.config.file", str(path)],
+        [sys.executable, "-m", "kvcache_exporter", "--web.config.file", str(path)],
         capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert result.stderr.startswith(f"kvcache-exporter: {path}: {key}: ")
@@ -109,7 +89,7 @@ def test_bad_web_config_is_one_line_and_exit_2(tmp_path, web, key):
 
 
 def test_http_server_config_headers_are_sent(tmp_path):
-    proc, port = start(tmp_path, {"http_server_config": {"http2": False,
+    proc, port = harness.exporter_with_web_config(tmp_path, {"http_server_config": {"http2": False,
                                                          "headers": {"X-Content-Type-Options": "nosniff"}}})
     with proc:
         answer = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from devtools import harness
 from kvcache_exporter import adapters
 from kvcache_exporter.sources import parser
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = harness.FIXTURES
 
 
 def adapt(text: str):
@@ -131,7 +130,7 @@ def test_every_adapter_concept_is_a_contract_family_of_its_kind():
             assert series.concept in kinds[series.kind], (adapter.engine, series.concept)
 
 
-CRASHES = sorted((Path(__file__).resolve().parents[1] / "fuzz" / "crashes").glob("*.txt"))
+CRASHES = sorted((harness.REPO / "fuzz" / "crashes").glob("*.txt"))
 
 
 @pytest.mark.parametrize("page", CRASHES, ids=lambda p: p.name)
@@ -226,10 +225,10 @@ def test_adding_an_engine_is_one_adapter_module(tmp_path):
     import shutil
 
     from devtools import harness
-    from tests.pageserver import PageServer, page
+    from devtools.harness import PageServer, page
 
     root = tmp_path / "checkout"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "exporter", root / "kvcache_exporter",
+    shutil.copytree(harness.REPO / "exporter", root / "kvcache_exporter",
                     ignore=shutil.ignore_patterns("__pycache__"))
     (root / "kvcache_exporter" / "adapters" / "toy.py").write_text(TOY_ADAPTER)
     with PageServer({"/metrics": page(TOY_PAGE)}) as engine:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from devtools import contract_doc
+from devtools import contract_doc, harness
 from kvcache_exporter import exposition
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+DOC = harness.REPO / "docs" / "metrics.md"
 
 
 def test_the_committed_contract_is_the_generated_one():

@@ -4,16 +4,16 @@ sequence's sequence.yml says (with its reasoning)."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import yaml
 
+from devtools import harness
 from kvcache_exporter import adapters, derive
 from kvcache_exporter.sources import parser
 from kvcache_exporter.thresholds import Thresholds
 
-SEQUENCES = sorted((Path(__file__).parent / "fixtures" / "sequences").iterdir())
+SEQUENCES = sorted((harness.FIXTURES / "sequences").iterdir())
 
 
 @pytest.mark.parametrize("directory", SEQUENCES, ids=lambda p: p.name)

@@ -9,7 +9,7 @@ import pytest
 from kvcache_exporter.blocks import DISTANCE_BUCKETS, GHOST_FACTOR, PoolState
 from kvcache_exporter.sources.kvevents import (CLEARED, REMOVED, STORED, BlockEvent, DecodeError, decode_message,
                                        decode_payload)
-from tests import kvevents_wire as wire
+from devtools import kvevents_wire as wire
 
 LIMIT = 1 << 20
 KEYS = [1, 2**63 - 1, 2**63, 2**64 - 1]  # both sides of the sign bit

@@ -9,17 +9,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devtools import harness
 from kvcache_exporter.kvmath import ArchitectureError, KVLayout, layout_from_config_json, layout_from_mapping
 from kvcache_exporter.kvmath.cli import main
 from kvcache_exporter.units import format_bytes
 
-MODELS = Path(__file__).parent / "fixtures" / "models"
+MODELS = harness.FIXTURES / "models"
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
 
@@ -561,9 +561,9 @@ def test_cli_help_exits_0(capsys):
 
 def test_cli_reads_a_live_targets_capacity():
     """`--target`: the capacity a running engine reports (vllm-v1 fixture: 29126 blocks x 16 tokens)."""
-    from tests.pageserver import PageServer, page
+    from devtools.harness import PageServer, page
 
-    fixture = Path(__file__).parent / "fixtures" / "vllm-v1.txt"
+    fixture = harness.FIXTURES / "vllm-v1.txt"
     with PageServer({"/metrics": page(fixture.read_text())}) as server:
         args = [sys.executable, "-m", "kvcache_exporter", "kv-math", "--layers", "32", "--kv-heads", "8", "--head-dim",
                 "128", "--seq-len", "8192", "--json"]

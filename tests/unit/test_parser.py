@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from devtools import harness
 from kvcache_exporter.sources import parser
-from tests.parser_oracle import oracle_samples, our_samples
+from devtools.harness import oracle_samples, our_samples
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = harness.FIXTURES
 PAGES = sorted(FIXTURES.glob("*.txt")) + sorted(FIXTURES.glob("sequences/*/*.txt"))
 
 

@@ -13,7 +13,6 @@ import re
 import subprocess
 import urllib.request
 from email.message import Message
-from pathlib import Path
 
 import pytest
 import yaml
@@ -21,10 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvcache_exporter.runtime.server import GZIP_MIN_BYTES
 from devtools import harness
-from tests import promql_compat
-from tests.pageserver import PageServer, page
+from devtools import promql_compat
+from devtools.harness import PageServer, page
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = harness.FIXTURES
 EXPRESSIONS = promql_compat.all_expressions()
 MIN_WINDOW = promql_compat.shortest_scrape_window_seconds()
 

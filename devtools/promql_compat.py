@@ -18,10 +18,10 @@ from typing import Iterator
 import yaml
 
 from devtools import lint_dashboards as lint
+from devtools.harness import REPO, require_binary
 from kvcache_exporter import units
 
-REPO = Path(__file__).resolve().parent.parent
-GRAMMAR_DIR = Path(__file__).resolve().parent / "promql3"
+GRAMMAR_DIR = REPO / "tests" / "promql3"  # a node project: scripts/install-test-deps installs its packages
 
 RULE_FILES = (REPO / "alerts" / "kvcache-rules.yml",)
 PROMETHEUS_RULE = REPO / "deploy" / "kubernetes" / "base" / "prometheusrule.yaml"
@@ -142,6 +142,6 @@ def problems(expr: str, min_window_seconds: float, dashboard: bool = False) -> l
 
 def prometheus3_syntax_errors(exprs: list[str]) -> list[list[int]]:
     """For each expression, the offsets where Prometheus 3's grammar finds an error (none: it parses)."""
-    result = subprocess.run(["node", str(GRAMMAR_DIR / "parse.mjs")], input=json.dumps(exprs), capture_output=True,
+    result = subprocess.run([require_binary("node"), str(GRAMMAR_DIR / "parse.mjs")], input=json.dumps(exprs), capture_output=True,
                             text=True, cwd=GRAMMAR_DIR, check=True, timeout=120)
     return json.loads(result.stdout)
