@@ -1,29 +1,21 @@
 """What we ship holds on Prometheus 2.42 and 3.x and on Alertmanager 0.25 and 0.33 alike.
 
 Only Debian's Prometheus 2.42 and Alertmanager 0.25 can run here, so Prometheus 3 is represented by
-its own PromQL grammar (tests/promql3/, the package its web UI parses with), by a lint for the
-constructs whose meaning changed, and by its scrape negotiation replayed against the exporter;
-Alertmanager 0.33 by the keys of its configuration structs.
+its own PromQL grammar (tests/promql3/, the package its web UI parses with: run with promtool in
+tests/integration/test_promql_parsers.py), by a lint for the constructs whose meaning changed (here),
+and by its scrape negotiation replayed against the exporter (tests/e2e/test_prometheus3_scrape.py);
+Alertmanager 0.33 by the keys of its configuration structs (here).
 """
 
 from __future__ import annotations
 
-import gzip
 import re
-import subprocess
-import urllib.request
-from email.message import Message
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from kvcache_exporter.runtime.server import GZIP_MIN_BYTES
-from devtools import harness
-from devtools import promql_compat
-from devtools.harness import PageServer, page
+from devtools import harness, promql_compat
 
-FIXTURES = harness.FIXTURES
 EXPRESSIONS = promql_compat.all_expressions()
 MIN_WINDOW = promql_compat.shortest_scrape_window_seconds()
 
@@ -35,30 +27,6 @@ def test_every_shipped_expression_is_found():
     assert len(EXPRESSIONS) >= 100
     # Four times the 5 s scrape interval of the shipped configurations.
     assert MIN_WINDOW == 20
-
-
-def test_prometheus3_grammar_parses_every_expression():
-    exprs = [promql_compat.substitute(expr) for _, expr in EXPRESSIONS]
-    failures = [(where, expr, offsets) for (where, expr), offsets
-                in zip(EXPRESSIONS, promql_compat.prometheus3_syntax_errors(exprs)) if offsets]
-    assert failures == []
-
-
-@pytest.mark.parametrize("expr", ["holt_winters(kvcache_usage_ratio[10m], 0.5, 0.5)", "sum(rate(x[1m]) by (le)",
-                                  "kvcache_usage_ratio{target=\"a\""])
-def test_prometheus3_grammar_refuses_what_it_does_not_know(expr):
-    assert promql_compat.prometheus3_syntax_errors([expr])[0]
-
-
-def test_promtool_2_42_parses_every_expression(tmp_path):
-    rules = [{"record": f"compat:expression_{i}", "expr": promql_compat.substitute(expr)}
-             for i, (_, expr) in enumerate(EXPRESSIONS)]
-    path = tmp_path / "all.yml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "compat", "rules": rules}]}))
-    result = subprocess.run([harness.require_binary("promtool"), "check", "rules", str(path)],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"{len(rules)} rules found" in result.stdout
 
 
 def test_no_shipped_expression_changes_meaning_on_prometheus3():
@@ -95,66 +63,11 @@ def test_duration_seconds(text, seconds):
     assert promql_compat.duration_seconds(text) == seconds
 
 
-# --- Scrape negotiation -------------------------------------------------------------------------------
-
-# Accept headers Prometheus 3.13 sends (scrape/scrape.go acceptHeader() over config.ScrapeProtocolsHeaders:
-# weights from 0.6 down, escaping=allow-utf-8 on the 1.0.0 text formats), by the scrape_protocols setting.
-PROMETHEUS3_ACCEPT = {
-    "default": "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,"
-               "application/openmetrics-text;version=0.0.1;q=0.5,"
-               "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
-    "protobuf first": "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;"
-                      "q=0.6,application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"
-                      "application/openmetrics-text;version=0.0.1;q=0.4,"
-                      "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1",
-    "prometheus 2.42": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
-                       "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.25",
-    "none": None,
-}
-
-
-@pytest.fixture(scope="module")
-def exporter_with_a_target(tmp_path_factory):
-    body = (FIXTURES / "vllm-v1.txt").read_text()
-    log_dir = tmp_path_factory.mktemp("negotiation")
-    # Four engines: a /metrics body above the size from which the exporter compresses.
-    paths = [f"/engine-{i}/metrics" for i in range(4)]
-    with PageServer({path: page(body) for path in paths}) as engine, \
-            harness.exporter(log_dir, *(arg for path in paths for arg in ("--target", engine.url(path))),
-                             "--poll-interval", "1s") as proc:
-        harness.wait_until(lambda: sum(v for k, v in harness.scrape(proc.url).items()
-                                       if k[0] == "kvcache_target_up") == len(paths),
-                           timeout=20, what="a first good poll of every engine")
-        yield proc
-
-
-@pytest.mark.parametrize("accept", list(PROMETHEUS3_ACCEPT), ids=list(PROMETHEUS3_ACCEPT))
-@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
-def test_metrics_answer_in_a_format_prometheus3_takes(exporter_with_a_target, accept, compressed):
-    headers = {"Accept-Encoding": "gzip"} if compressed else {}
-    if PROMETHEUS3_ACCEPT[accept]:
-        headers["Accept"] = PROMETHEUS3_ACCEPT[accept]
-    request = urllib.request.Request(exporter_with_a_target.url + "/metrics", headers=headers)
-    with urllib.request.urlopen(request, timeout=5) as response:
-        content_type = response.headers["Content-Type"]
-        raw = response.read()
-        encoding = response.headers.get("Content-Encoding")
-    # Prometheus 3 reads the media type with Go's mime.ParseMediaType and takes text/plain as the
-    # classic text format; a blank or unknown type fails the scrape unless fallback_scrape_protocol is set.
-    parsed = Message()
-    parsed["Content-Type"] = content_type
-    assert parsed.get_content_type() == "text/plain"
-    assert parsed.get_param("version") == "0.0.4"
-    assert encoding == ("gzip" if compressed else None)
-    text = (gzip.decompress(raw) if compressed else raw).decode()
-    assert len(text) >= GZIP_MIN_BYTES
-    families = {family.name: family for family in text_string_to_metric_families(text)}
-    assert families["kvcache_target_up"].samples[0].value == 1
-    assert families["kvcache_usage_ratio"].type == "gauge"
+# --- Scrape configuration -------------------------------------------------------------------------------
 
 
 def test_shipped_scrape_configurations_need_no_fallback_protocol():
-    # The exporter always names its format (above), so no scrape job needs fallback_scrape_protocol,
+    # The exporter always names its format (tests/e2e/test_prometheus3_scrape.py), so no scrape job needs fallback_scrape_protocol,
     # a key Prometheus 2.42 would refuse; a job that sets one must be one that scrapes something else.
     for path in promql_compat.SCRAPE_CONFIGS:
         document = yaml.safe_load(path.read_text())
