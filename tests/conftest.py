@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "integration", "e2e")
+TIERS = ("unit", "integration", "e2e", "real")
 TESTS = Path(__file__).resolve().parent
 
 
