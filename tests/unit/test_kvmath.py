@@ -7,8 +7,6 @@ tests/fixtures/models/ carry the published configs' numbers (only the keys that 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings
@@ -559,22 +557,19 @@ def test_cli_help_exits_0(capsys):
     assert "--capacity-tokens" in out and "--config-json" in out
 
 
-def test_cli_reads_a_live_targets_capacity():
+def test_cli_reads_a_live_targets_capacity(capsys):
     """`--target`: the capacity a running engine reports (vllm-v1 fixture: 29126 blocks x 16 tokens)."""
     from devtools.harness import PageServer, page
 
     fixture = harness.FIXTURES / "vllm-v1.txt"
     with PageServer({"/metrics": page(fixture.read_text())}) as server:
-        args = [sys.executable, "-m", "kvcache_exporter", "kv-math", "--layers", "32", "--kv-heads", "8", "--head-dim",
-                "128", "--seq-len", "8192", "--json"]
-        result = subprocess.run(args + ["--target", server.url("/metrics")], capture_output=True, text=True,
-                                timeout=60)
-        assert result.returncode == 0, result.stderr
-        answer = json.loads(result.stdout)
+        args = ["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--seq-len", "8192", "--json"]
+        assert main(args + ["--target", server.url("/metrics")]) == 0
+        answer = json.loads(capsys.readouterr().out)
         assert answer["capacity_tokens"] == 466016
         assert answer["sequences_in_capacity"] == 466016 // 8192 == 56
-        failed = subprocess.run(args + ["--target", server.url("/missing")], capture_output=True, text=True,
-                                timeout=60)
-        assert failed.returncode == 1
-        assert failed.stderr.strip().endswith("poll failed (http_status)")
-        assert failed.stderr.count("\n") == 1
+        assert main(args + ["--target", server.url("/missing")]) == 1
+        failed = capsys.readouterr()
+        assert failed.out == ""
+        assert failed.err.strip().endswith("poll failed (http_status)")
+        assert failed.err.count("\n") == 1
