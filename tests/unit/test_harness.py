@@ -22,9 +22,11 @@ def test_a_tool_in_the_venv_is_found_first_and_without_the_venv_on_path(tmp_path
     elsewhere.mkdir(parents=True)
     monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
     monkeypatch.setenv("PATH", str(elsewhere))
-    assert harness.require_binary("hadolint") == str(_tool(elsewhere, "hadolint"))  # on PATH only
+    on_path = _tool(elsewhere, "hadolint")
+    assert harness.require_binary("hadolint") == str(on_path)
     # Once in the venv too, the venv's copy (the version the test extras pin) wins over the one on PATH.
-    assert harness.require_binary("hadolint") == str(_tool(venv_bin, "hadolint"))
+    in_venv = _tool(venv_bin, "hadolint")
+    assert harness.require_binary("hadolint") == str(in_venv)
 
 
 def test_a_missing_tool_fails_with_the_command_that_installs_it(tmp_path, monkeypatch):
