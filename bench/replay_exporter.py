@@ -13,7 +13,8 @@ import sys
 import time
 from dataclasses import replace
 
-from kvcache_exporter import cli, exposition
+from kvcache_exporter import exposition
+from kvcache_exporter.commands import main
 from kvcache_exporter.runtime.target import PollOutcome, Target
 from kvcache_exporter.sources.fetch import FetchError
 
@@ -42,4 +43,4 @@ async def _replayed_poll(self: Target, timeout: float | None = None) -> PollOutc
 
 if __name__ == "__main__":
     Target.poll = _replayed_poll
-    sys.exit(cli.main())
+    sys.exit(main())

@@ -29,7 +29,8 @@ WINDOW = 15.0  # seconds: three intervals
 def cpu_per_poll(fleet: Fleet, config: Path, tick: float) -> tuple[float, int]:
     """(µs of CPU per poll, polls) of an exporter whose scheduler ticks every `tick` seconds."""
     port = harness.free_port()
-    code = ("import sys; import exporter.runtime.scheduler as scheduler; from exporter.cli import main; "
+    code = ("import sys; import kvcache_exporter.runtime.scheduler as scheduler; "
+            "from kvcache_exporter.commands import main; "
             f"scheduler.TICK = {tick!r}; "
             f"sys.exit(main(['--config', {str(config)!r}, '--listen', '127.0.0.1:{port}']))")
     process = subprocess.Popen([sys.executable, "-c", code], cwd=harness.REPO, stderr=subprocess.DEVNULL)

@@ -1,7 +1,9 @@
 """Exporter configuration: YAML file, command-line flags and environment, validated into one Config.
 
-Every problem becomes a ConfigError that names where it came from (the file, or the flag or
-environment variable), the key and what is wrong, printed as one line with exit code 2.
+Defaults < file < environment < flags: `resolve` merges them from plain values (the commands parse
+their flags; this module knows their names, to name them in errors). Every problem becomes a
+ConfigError that names where it came from (the file, or the flag or environment variable), the key
+and what is wrong, printed as one line with exit code 2.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import ipaddress
 import os
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 import yaml
@@ -31,6 +33,17 @@ DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 # Labels the exporter sets itself; a static label must not collide with them.
 RESERVED_LABELS = frozenset({"target", "engine", "model", "dp_rank", "state", "reason", "url", "version", "le"})
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+# Setting -> environment variable that gives it when its flag is not given.
+ENVIRONMENT = {
+    "config": "KVCACHE_EXPORTER_CONFIG",
+    "target": "KVCACHE_EXPORTER_TARGETS",
+    "listen": "KVCACHE_EXPORTER_LISTEN",
+    "poll_interval": "KVCACHE_EXPORTER_POLL_INTERVAL",
+    "log_level": "KVCACHE_EXPORTER_LOG_LEVEL",
+    "web_config_file": "KVCACHE_EXPORTER_WEB_CONFIG",
+}
 
 
 class ConfigError(Exception):
@@ -481,3 +494,69 @@ def build(source: str, settings: dict[str, Any]) -> Config:
         log_level=settings.get("log_level", "info"),
         probe=settings.get("probe", ProbeConfig()),
     )
+
+
+def flag_name(setting: str) -> str:
+    """The command-line flag of a setting (`poll_interval` -> `--poll-interval`)."""
+    return "--web.config.file" if setting == "web_config_file" else "--" + setting.replace("_", "-")
+
+
+def given(flags: Mapping[str, object], environ: Mapping[str, str], setting: str) -> tuple[str, str, object] | None:
+    """(where, flag or variable, value) of a setting given as a flag (None: not given) or in the environment."""
+    value = flags.get(setting)
+    if value is not None:
+        return "command line", flag_name(setting), value
+    if environ.get(ENVIRONMENT[setting]):
+        return "environment", ENVIRONMENT[setting], environ[ENVIRONMENT[setting]]
+    return None
+
+
+def resolve(flags: Mapping[str, object], environ: Mapping[str, str]) -> Config:
+    """Defaults < config file < environment < flags. `flags` maps a setting to its flag's value (None
+    or absent: not given; `target` a list of URLs). Raises ConfigError."""
+    settings: dict = {}
+    source = "command line"
+    config_path = given(flags, environ, "config")
+    if config_path:
+        source = str(config_path[2])
+        settings = load_file(source)
+    targets = given(flags, environ, "target")
+    if targets:
+        origin, key, value = targets
+        urls = value if isinstance(value, list) else [u.strip() for u in str(value).split(",") if u.strip()]
+        named = {t.name: f"target {t.name!r} of {source}" for t in settings.get("targets", [])}
+        extra = []
+        for url in urls:
+            try:
+                target = target_from_url(url)
+            except ValueError as err:
+                raise ConfigError(origin, key, str(err)) from None
+            if named.get(target.name) == url:
+                raise ConfigError(origin, key, f"{url} is given twice")
+            if target.name in named:  # the command line has no way to name a target
+                raise ConfigError(origin, key, f"{url} would be named {target.name!r} like "
+                                  f"{named[target.name]}: to poll both, list them in a --config file, each "
+                                  "with its own `name`")
+            named[target.name] = url
+            extra.append(target)
+        settings["targets"] = list(settings.get("targets", [])) + extra
+    for name, convert in (("listen", parse_listen), ("poll_interval", parse_poll_interval),
+                          ("log_level", _log_level)):
+        found = given(flags, environ, name)
+        if found:
+            try:
+                settings[name] = convert(found[2])
+            except ValueError as err:
+                raise ConfigError(found[0], found[1], str(err)) from None
+    return build(source, settings)
+
+
+def listen_origin(flags: Mapping[str, object], environ: Mapping[str, str]) -> tuple[str, str]:
+    """(where, key) of the listen address `resolve` chose, for an error that names it."""
+    found = given(flags, environ, "listen")
+    if found:
+        return found[0], found[1]
+    config_path = given(flags, environ, "config")
+    if config_path and "listen" in load_file(str(config_path[2])):
+        return str(config_path[2]), "listen"
+    return "default", "--listen"

@@ -14,22 +14,14 @@ from typing import Awaitable, Callable
 
 from .. import __version__, contract, exposition
 from ..config import Config, ConfigError, TargetConfig
-from ..sources.fetch import FetchSettings
 from .probe import Prober
 from .scheduler import Scheduler
 from .server import MetricsServer, Request, Response
 from .subscriber import Subscribers
-from .target import Target
+from .target import fetch_settings, new_target
 from .webconfig import WebConfig
 
 log = logging.getLogger(__name__)
-
-
-def fetch_settings(config: Config, target: TargetConfig) -> FetchSettings:
-    return FetchSettings(timeout=config.timeout, max_bytes=config.max_response_bytes,
-                         bearer_token_file=target.bearer_token_file, basic_auth_username=target.basic_auth_username,
-                         basic_auth_password_file=target.basic_auth_password_file, ca_file=target.ca_file,
-                         verify_tls=not target.tls_insecure_skip_verify)
 
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -67,7 +59,7 @@ class Exporter:
         self._reload_config = reload_config
         self._reload_lock = threading.Lock()
         self.state = ExporterState()
-        self.targets = [self._new_target(t, config) for t in config.targets]
+        self.targets = [new_target(t, config) for t in config.targets]
         self.scheduler = Scheduler(self.targets, config.poll_interval)
         self.subscribers = Subscribers()  # the targets' KV event streams, in the scheduler's loop
         self.server = MetricsServer(config.listen, {
@@ -78,10 +70,7 @@ class Exporter:
             ("POST", "/-/reload"): self._reload_route,
             ("GET", "/"): _static(b"kvcache-exporter: /metrics, /probe?target=URL, /healthz, /ready\n"),
         }, web)
-        self.prober = Prober(lambda: self.config, self._new_target, lambda: self.server.port)
-
-    def _new_target(self, target: TargetConfig, config: Config) -> Target:
-        return Target(target, fetch_settings(config, target), config.thresholds, config.labels)
+        self.prober = Prober(lambda: self.config, lambda: self.server.port)
 
     def start(self) -> None:
         """Raises OSError if the listen address cannot be bound (before anything else has started)."""
@@ -162,7 +151,7 @@ class Exporter:
         for target_config in config.targets:
             target = kept.pop(_identity(config, target_config), None)
             if target is None:
-                target = self._new_target(target_config, config)
+                target = new_target(target_config, config)
             else:  # the same engine polled the same way: keep its series, history and failure counts
                 target.update(target_config, config.thresholds, config.labels)
             targets.append(target)

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from ..config import Config, TargetConfig, engines, target_from_url
 from ..sources.fetch import USER_AGENT
-from .target import Target
+from .target import Target, new_target
 
 SCRAPE_TIMEOUT_HEADER = "x-prometheus-scrape-timeout-seconds"
 # A probe's poll ends this much before Prometheus' scrape timeout (or a tenth of it, if less), so
@@ -45,10 +45,8 @@ class _Probed:
 
 
 class Prober:
-    def __init__(self, config: Callable[[], Config], make_target: Callable[[TargetConfig, Config], Target],
-                 own_port: Callable[[], int]):
+    def __init__(self, config: Callable[[], Config], own_port: Callable[[], int]):
         self._config = config
-        self._make_target = make_target
         self._own_port = own_port
         self._targets: OrderedDict[tuple[str, str], _Probed] = OrderedDict()  # least recently probed first
         self.evictions = 0
@@ -115,7 +113,7 @@ class Prober:
                 self.evictions += 1
             url, engine = key
             target_config = TargetConfig(name=target_from_url(url).name, url=url, engine=engine)
-            probed = self._targets[key] = _Probed(self._make_target(target_config, config), config)
+            probed = self._targets[key] = _Probed(new_target(target_config, config), config)
         self._targets.move_to_end(key)
         probed.last_probe = now
         return probed

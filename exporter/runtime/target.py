@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import adapters, contract, derive, exposition
-from ..config import TargetConfig
+from ..config import Config, TargetConfig
 from ..sources import parser
 from ..sources.fetch import FetchError, Fetcher, FetchSettings
 from ..thresholds import Thresholds
@@ -120,3 +120,16 @@ class Target:
     def close(self) -> None:
         """In the event loop thread that polls the target (its connection belongs to that loop)."""
         self.fetcher.close()
+
+
+def fetch_settings(config: Config, target: TargetConfig) -> FetchSettings:
+    return FetchSettings(timeout=config.timeout, max_bytes=config.max_response_bytes,
+                         bearer_token_file=target.bearer_token_file, basic_auth_username=target.basic_auth_username,
+                         basic_auth_password_file=target.basic_auth_password_file, ca_file=target.ca_file,
+                         verify_tls=not target.tls_insecure_skip_verify)
+
+
+def new_target(target: TargetConfig, config: Config) -> Target:
+    """A configured engine as a Target, fetched, judged and labelled as `config` says: the one way the
+    exporter, /probe, `top` and `kv-math` make one."""
+    return Target(target, fetch_settings(config, target), config.thresholds, config.labels)

@@ -7,7 +7,6 @@ renders its exposition, so the two paths can never disagree on a derived value o
 
 from __future__ import annotations
 
-import asyncio
 import time
 import urllib.error
 import urllib.request
@@ -15,8 +14,9 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from .. import contract, exposition
-from ..sources import parser
 from ..config import Config
+from ..runtime.direct import DirectPolls
+from ..sources import parser
 
 P = contract.PREFIX
 TTFT = "time_to_first_token_seconds"
@@ -137,28 +137,18 @@ class DirectSource:
     """
 
     def __init__(self, config: Config):
-        from ..runtime.app import fetch_settings
-        from ..runtime.target import Target
-
-        self.config = config
-        self.loop = asyncio.new_event_loop()
-        self.targets = [Target(t, fetch_settings(config, t), config.thresholds, config.labels)
-                        for t in config.targets]
+        self.polls = DirectPolls(config)
 
     @property
     def description(self) -> str:
-        return f"{len(self.targets)} target{'s' if len(self.targets) != 1 else ''} polled directly"
+        count = len(self.polls.targets)
+        return f"{count} target{'s' if count != 1 else ''} polled directly"
 
     def read(self) -> str:
         # A failed poll is counted by its target and shows as target_up 0: the read itself never fails.
-        self.loop.run_until_complete(self._poll_all())
-        parts = exposition.render((t.text for t in self.targets), time.time(), self.config.staleness)
+        self.polls.poll_once()
+        parts = exposition.render((t.text for t in self.polls.targets), time.time(), self.polls.config.staleness)
         return b"".join(parts).decode("utf-8")
 
-    async def _poll_all(self) -> None:
-        await asyncio.gather(*(target.poll() for target in self.targets))
-
     def close(self) -> None:
-        for target in self.targets:
-            target.close()
-        self.loop.close()
+        self.polls.close()

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from devtools import harness
-from kvcache_exporter import assets
+from kvcache_exporter.commands import assets
 
 REPO = harness.REPO
 

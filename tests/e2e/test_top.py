@@ -136,7 +136,8 @@ def test_an_exporter_that_does_not_answer_is_one_line_and_exit_code_1():
 
 
 def test_without_rich_the_table_names_the_install_command_and_json_still_works():
-    blocked = "import sys; sys.modules['rich'] = None; from exporter.cli import main; sys.exit(main(sys.argv[1:]))"
+    blocked = ("import sys; sys.modules['rich'] = None; from kvcache_exporter.commands import main; "
+               "sys.exit(main(sys.argv[1:]))")
     with PageServer({"/metrics": alternating(page(PAGES[0]), page(PAGES[1]))}) as server:
         common = ["top", "--exporter", server.url(""), "--interval", "0.1s"]
         table = subprocess.run([sys.executable, "-c", blocked, *common, "--once"], capture_output=True, text=True,

@@ -6,7 +6,8 @@ import textwrap
 
 import pytest
 
-from kvcache_exporter import cli, config as cfg
+from kvcache_exporter import config as cfg
+from kvcache_exporter.commands import serve
 
 
 def write(tmp_path, text: str):
@@ -16,7 +17,7 @@ def write(tmp_path, text: str):
 
 
 def load(argv: list[str], environ: dict | None = None) -> cfg.Config:
-    return cli.load(cli.parser().parse_args(argv), environ or {})
+    return cfg.resolve(vars(serve.parser().parse_args(argv)), environ or {})
 
 
 def test_full_file(tmp_path):
@@ -102,6 +103,23 @@ def test_flags_beat_environment_which_beats_the_file(tmp_path):
     assert config.poll_interval == 3.0
     assert config.listen == "127.0.0.1:3"
     assert [t.name for t in config.targets] == ["f:1", "e1:1", "e2:1"]
+
+
+def test_resolve_takes_plain_values_and_absent_settings_keep_the_file_or_the_default(tmp_path):
+    """As `top` calls it: only --config and --target, no environment."""
+    path = write(tmp_path, "poll_interval: 10s\ntargets: [{url: 'http://f:1/metrics'}]\n")
+    config = cfg.resolve({"config": str(path), "target": ["http://t:1/metrics"]}, {})
+    assert [t.name for t in config.targets] == ["f:1", "t:1"]
+    assert (config.poll_interval, config.timeout, config.listen) == (10.0, 8.0, "0.0.0.0:10490")
+
+
+def test_listen_origin_names_where_the_address_came_from(tmp_path):
+    path = str(write(tmp_path, "listen: 127.0.0.1:1\n"))
+    environ = {"KVCACHE_EXPORTER_LISTEN": "127.0.0.1:2"}
+    assert cfg.listen_origin({}, {}) == ("default", "--listen")
+    assert cfg.listen_origin({"config": path}, {}) == (path, "listen")
+    assert cfg.listen_origin({"config": path}, environ) == ("environment", "KVCACHE_EXPORTER_LISTEN")
+    assert cfg.listen_origin({"config": path, "listen": "127.0.0.1:3"}, environ) == ("command line", "--listen")
 
 
 @pytest.mark.parametrize("text, key, problem", [

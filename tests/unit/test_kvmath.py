@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from devtools import harness
 from kvcache_exporter.kvmath import ArchitectureError, KVLayout, layout_from_config_json, layout_from_mapping
-from kvcache_exporter.kvmath.cli import main
+from kvcache_exporter.commands.kv_math import main
 from kvcache_exporter.units import format_bytes
 
 MODELS = harness.FIXTURES / "models"

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import socket
 
-from kvcache_exporter.simulator.server import start_engine
-
-from .runtime import app
-from . import config as cfg
+from .. import config as cfg
+from ..runtime import app
+from ..simulator.server import start_engine
 
 DEMO_ENGINES = (
     # (flavor, scenario, target name): vLLM runs into a KV shortage and recovers; SGLang serves steadily;

@@ -1,4 +1,5 @@
-"""`kvcache-exporter kv-math`: the arithmetic on the command line, and a live target's capacity."""
+"""`kvcache-exporter kv-math`: the KV memory arithmetic (kvcache_exporter.kvmath) on the command line,
+and a live target's capacity."""
 
 from __future__ import annotations
 
@@ -9,15 +10,35 @@ import re
 import sys
 from typing import Any
 
-from ..runtime import oneshot
+from ..config import Config, target_from_url
+from ..kvmath import AUTO, DTYPE_BYTES, ArchitectureError, KVLayout, layout_from_mapping
+from ..runtime.direct import DirectPolls
 from ..units import format_bytes, parse_size
-from .layout import AUTO, DTYPE_BYTES, ArchitectureError, KVLayout
-from .readers import layout_from_mapping
 
-# ---------------------------------------------------------------- kvcache-exporter kv-math
+# How long `--target` waits for the engine's page: one read by hand, not a poll on a cadence.
+TARGET_TIMEOUT = 10.0
+
 
 class _UsageError(Exception):
     pass
+
+
+class TargetUnavailable(Exception):
+    pass
+
+
+def read_capacity_tokens(url: str) -> int:
+    """The engine's KV capacity in tokens, summed over its data-parallel pools. Raises ValueError (a bad
+    URL) or TargetUnavailable."""
+    with DirectPolls(Config(targets=(target_from_url(url),), timeout=TARGET_TIMEOUT)) as polls:
+        (outcome,) = polls.poll_once()
+        if not outcome.up:
+            reason = next(reason for reason, count in polls.targets[0].failures.items() if count)
+            raise TargetUnavailable(f"{url}: poll failed ({reason})")
+    capacities = [rank.gauges.get("capacity_tokens") for rank in outcome.ranks.values()]
+    if not capacities or None in capacities:
+        raise TargetUnavailable(f"{url}: the engine does not report its KV capacity")
+    return int(sum(capacities))
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -208,7 +229,7 @@ def main(argv: list[str]) -> int:
         capacity = args.capacity_tokens
         if args.target is not None:
             try:
-                capacity = oneshot.capacity_tokens(args.target)
+                capacity = read_capacity_tokens(args.target)
             except Exception as err:  # whatever the poll raises (network, parse): one line, no traceback
                 print(f"{prog}: error: --target: {err}", file=sys.stderr)
                 return 1

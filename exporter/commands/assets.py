@@ -16,7 +16,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from . import config as cfg
+from .. import config as cfg
 
 DASHBOARDS_EXTRA = "pip install 'kvcache-exporter[dashboards]'"
 # Output path -> (package, resource) of the files that never depend on a configuration.
