@@ -1,6 +1,6 @@
 """Build the Prometheus rule file for the kvcache_* contract from exporter/thresholds.py.
 
-    python -m kvcache_exporter.alerts.generate [--config exporter.yml] [--time-scale N] [--runbook-url-base URL] [--output FILE]
+    python -m kvcache_exporter.alerts.generate [--config exporter.yml] [--time-scale N] [--runbook-url-base URL] [--output FILE] [--check]
 
 Every number in the rules comes from `Thresholds`, so a deployment's `pressure:` overrides (the
 exporter's own config file) flow into the rules exactly as they flow into the exporter.
@@ -12,6 +12,7 @@ than real time and evaluates these rules, not a hand-written variant, on that cl
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -19,7 +20,9 @@ from pathlib import Path
 import yaml
 
 from kvcache_exporter import config as exporter_config
-from kvcache_exporter.blocks import WHAT_IF_FACTORS, kept_buckets, le_matcher
+from kvcache_exporter import contract
+from kvcache_exporter.contract import WHAT_IF_FACTORS
+from kvcache_exporter.dashboards.promql import kept_misses
 from kvcache_exporter.thresholds import DEFAULT, Thresholds
 from kvcache_exporter.units import format_duration, parse_duration
 
@@ -72,11 +75,8 @@ def compress(thresholds: Thresholds, scale: float) -> Thresholds:
 
 def kept_tokens(factor: float, window: str) -> str:
     """Prompt tokens per second a pool `factor` times as large would have served from cache: the capacity
-    misses it keeps (exporter.blocks.kept_buckets) times the block size."""
-    within = "\n    + ignoring (le) ".join(
-        (f"{number(weight)} * " if weight != 1 else "")
-        + f"rate(kvcache_capacity_miss_distance_ratio_bucket{{{le_matcher(bound)}}}[{window}])"
-        for bound, weight in kept_buckets(factor))
+    misses it keeps (the dashboards' promql.kept_misses, as the panels count them) times the block size."""
+    within = kept_misses(factor, "kvcache_capacity_miss_distance_ratio_bucket", window, "\n    + ")
     return f"sum without (dp_rank, le) (\n  (\n    {within}\n  )\n  * ignoring (le) kvcache_block_size_tokens\n)"
 
 
@@ -313,6 +313,22 @@ def build(thresholds: Thresholds = DEFAULT, runbook_base: str = RUNBOOK_URL_BASE
     return {"groups": [{"name": "kvcache", "rules": rules}]}
 
 
+_SERIES_NAME = re.compile(r"\bkvcache_[a-z0-9_]+")
+
+
+def problems(rules: dict) -> list[str]:
+    """What breaks the rules' one house rule: every kvcache_* name they read or mention is a series of a
+    contract family (exporter/contract.py), so a renamed or misspelt family cannot leave a rule reading
+    nothing, silently."""
+    found = []
+    for rule in (rule for group in rules["groups"] for rule in group["rules"]):
+        text = " ".join([rule["expr"], *rule.get("annotations", {}).values()])
+        for name in sorted(set(_SERIES_NAME.findall(text))):
+            if contract.family_of(name) is None:
+                found.append(f"{rule.get('alert') or rule['record']}: {name} is not in the kvcache_* contract")
+    return found
+
+
 class _Dumper(yaml.SafeDumper):
     """Block style for multi-line strings so expressions read as written."""
 
@@ -336,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the rules on a clock this many times faster: durations shrink, per-second rates grow")
     parser.add_argument("--runbook-url-base", default=RUNBOOK_URL_BASE, help="runbook URL; alerts append #<alert name>")
     parser.add_argument("--output", default=str(RULES_PATH), help="rule file to write, `-` for stdout")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the rule file differs")
     args = parser.parse_args(argv)
     try:
         thresholds = exporter_config.thresholds_and_labels(str(args.config))[0] if args.config else DEFAULT
@@ -344,7 +361,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.time_scale != 1:
         thresholds = compress(thresholds, args.time_scale)
-    text = render(build(thresholds, args.runbook_url_base))
+    rules = build(thresholds, args.runbook_url_base)
+    broken = problems(rules)
+    if broken:
+        print("\n".join(broken), file=sys.stderr)
+        return 2
+    text = render(rules)
+    if args.check:
+        output = Path(args.output)
+        if not output.is_file() or output.read_text() != text:
+            print(f"{output} is out of date: run `make alerts`", file=sys.stderr)
+            return 1
+        return 0
     if args.output == "-":
         sys.stdout.write(text)
     else:

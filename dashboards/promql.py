@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RATE_INTERVAL = "$__rate_interval"
+from kvcache_exporter import contract
 
-# Series the exporter keeps about itself and its polls carry `target`, `engine` and the
-# static labels, but no `model` or `dp_rank` (see the contract's "The exporter itself").
-EXPORTER_SERIES_PREFIX = "kvcache_target_"
-PER_TARGET_ONLY_LABELS = frozenset({"model", "dp_rank"})
+RATE_INTERVAL = "$__rate_interval"
+# The identity labels of a pool's series (the widest a dashboard filters on).
+POOL_LABELS = frozenset(contract.GROUPS["pool"].identity)
 
 
 @dataclass(frozen=True)
@@ -27,10 +26,13 @@ class Scope:
     labels: tuple[str, ...]
 
     def selector(self, metric: str, **fixed: str) -> str:
-        """`metric{label=~"$label", ..., fixed="value"}` for the labels this metric carries."""
+        """`metric{label=~"$label", ..., fixed="value"}` for the labels this metric carries (a per-target
+        family has no `model` or `dp_rank`)."""
         labels = self.labels
-        if metric.startswith(EXPORTER_SERIES_PREFIX):
-            labels = tuple(label for label in labels if label not in PER_TARGET_ONLY_LABELS)
+        family = contract.family_of(metric)
+        if family is not None:
+            missing = POOL_LABELS - set(family.identity)
+            labels = tuple(label for label in labels if label not in missing)
         matchers = [f'{label}=~"${label}"' for label in labels]
         matchers += [f'{label}="{value}"' for label, value in fixed.items()]
         return f"{metric}{{{', '.join(matchers)}}}" if matchers else metric
@@ -165,3 +167,38 @@ def count_where(expr: str) -> str:
 def count_in_state(scope: Scope, metric: str, state: str, per: tuple[str, ...]) -> str:
     """How many `per` groups (e.g. targets) have at least one pool in `state`; 0 when none."""
     return f"sum (max{_by(per)} ({scope.selector(metric, state=state)}))"
+
+
+# What more KV would buy: the capacity misses a larger pool would have kept, from the distance histogram
+# the exporter fills from the KV event streams (exporter/blocks.py). Used by the rules and the panels alike.
+def kept_buckets(factor: float) -> list[tuple[float, float]]:
+    """(bucket bound, weight) whose weighted sum of cumulative counts is the capacity misses a pool `factor`
+    times as large keeps (distance ratio <= factor - 1): the bucket at factor - 1, or between two buckets
+    the linear interpolation histogram_quantile also assumes."""
+    x = factor - 1
+    if x in contract.DISTANCE_BUCKETS:
+        return [(x, 1.0)]
+    low = max(b for b in contract.DISTANCE_BUCKETS if b < x)
+    high = min(b for b in contract.DISTANCE_BUCKETS if b > x)
+    share = (x - low) / (high - low)
+    return [(low, 1 - share), (high, share)]
+
+
+def le_matcher(bound: float) -> str:
+    """PromQL matcher of the bucket at `bound`, a regex: Prometheus 2 keeps `le` as the exporter writes it
+    ("1.0"), a scrape in another format or Prometheus 3's normalisation may spell it "1"."""
+    if bound == int(bound):
+        return f'le=~"{int(bound)}|{int(bound)}.0"'
+    return f'le=~"{bound:g}"'
+
+
+def kept_misses(factor: float, buckets: str, window: str, plus: str = " + ") -> str:
+    """Capacity-miss blocks per second a pool `factor` times as large would have kept, per pool (with `le`
+    still on). `buckets` selects the distance histogram's buckets (`name` or `name{matchers}`); `plus`
+    joins the terms (the rules break the line before it)."""
+    terms = []
+    for bound, weight in kept_buckets(factor):
+        selector = f"{buckets[:-1]}, {le_matcher(bound)}}}" if buckets.endswith("}") else \
+            f"{buckets}{{{le_matcher(bound)}}}"
+        terms.append((f"{weight:g} * " if weight != 1 else "") + f"rate({selector}[{window}])")
+    return f"{plus}ignoring (le) ".join(terms)

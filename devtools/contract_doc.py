@@ -2,10 +2,10 @@
 
     python -m devtools.contract_doc [--output FILE] [--check]
 
-Names, types and meanings come from exporter/contract.py (through the exposition's family list,
-so a family added there appears here), per-engine sources from the adapters' series tables,
-pressure states from exporter/contract.py and their thresholds' defaults from exporter/thresholds.py,
-failure reasons from exporter/contract.py.
+Names, types, units, labels and meanings come from exporter/contract.py's table of families (in the
+order the exporter serves them, so a family added there appears here), per-engine sources from the
+adapters' series tables, pressure states from exporter/contract.py and their thresholds' defaults from
+exporter/thresholds.py, failure reasons from exporter/contract.py.
 What no table says (values read from info labels, values the exporter computes, the rule of each
 pressure state) is written below, and generation stops naming any family or state it cannot
 document, so the committed file and the code cannot drift apart (tests/test_contract_doc.py).
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvcache_exporter import contract, exposition
+from kvcache_exporter import contract
 from kvcache_exporter.adapters import ADAPTERS
 from kvcache_exporter.thresholds import DEFAULT as T
 
@@ -67,13 +67,6 @@ NOT_REPORTED = {engine: set(adapter.not_reported) for engine, adapter in ADAPTER
 # The source of the families folded from a KV event stream, for every engine.
 STREAM_SOURCE = ("the engine's KV event stream (`--kv-events-config`, ZMQ) with the target's `kv_events:` "
                  "([kv-events.md](kv-events.md)); absent without it")
-# Labels a per-pool family carries beyond the pool's.
-POOL_EXTRA_LABELS = {"events_dropped_total": ("reason",), "events_ignored_total": ("reason",),
-                     contract.PRESSURE_STATE[0]: ("state",),
-                     **{name: labels for name, (_, labels, _) in contract.TIER_FAMILIES.items()}}
-# Labels a target-level family carries beyond `target`, `engine` and the static labels.
-TARGET_EXTRA_LABELS = {"target_scrape_failures_total": ("reason",), "target_info": ("url", "version")}
-EXPORTER_LABELS = {contract.BUILD_INFO[0]: ("version",)}
 
 # Each state's rule, in the order the exporter tests them: the first that holds is the state.
 STATE_RULES = {
@@ -92,8 +85,9 @@ STATE_RULES = {
               f"({T.low_water_ratio:g}) and at least one typical request's worth of free tokens. The "
               f"running-request cap or the token budget binds, not KV; vLLM reports that queue under the "
               f"same `capacity` reason and SGLang gives no reason, so this state is what tells the two apart. "
-              f"No engine exposes its running-request cap as a series (vLLM has none for `max_num_seqs`; "
-              f"SGLang's `max_running_requests` gauge existed only before 0.3.6).",
+              f"Only TensorRT-LLM exposes its running-request cap as a series (`kvcache_requests_running_max`); "
+              f"vLLM has none for `max_num_seqs`, and SGLang's `max_running_requests` gauge existed only before "
+              f"0.3.6.",
     "tight": f"usage at `high_water_ratio` ({T.high_water_ratio:g}) or above, nothing queued for lack of KV.",
     "ok": "none of the above.",
 }
@@ -142,7 +136,7 @@ same pool's values: the exporter takes them once and never sums them.
 
 
 def _engine_source(engine: str, family: str) -> str:
-    if family in contract.EVENT_FAMILIES:
+    if contract.FAMILIES[family].fed_by == "events":
         return STREAM_SOURCE
     adapter = ADAPTERS[engine]
     parts = []
@@ -165,7 +159,7 @@ def _engine_source(engine: str, family: str) -> str:
 
 def _contract_labels(series, family: str) -> str:
     """` (tier=cpu, direction=load)` for a series that fills a labelled family; how a breakdown maps."""
-    names = POOL_EXTRA_LABELS.get(family, ())
+    names = contract.FAMILIES[family].labels
     fixed = [f"{label}={value}" for label, value in zip(names, series.labels)]
     if series.label_from:
         wire, values = series.label_from
@@ -174,47 +168,44 @@ def _contract_labels(series, family: str) -> str:
     return f" ({'; '.join(fixed)})" if fixed else ""
 
 
-def _per_pool(name: str) -> bool:
-    return name in contract.RANK_GAUGES or name in contract.COUNTERS or name in contract.HISTOGRAMS \
-        or name == contract.PRESSURE_STATE[0] or name in contract.EVENT_FAMILIES or name in contract.TIER_FAMILIES
+def _per_pool(family: contract.Family) -> bool:
+    return "dp_rank" in family.identity
 
 
-def _family_labels(name: str, kind: str) -> str:
-    if _per_pool(name):
-        extra = ["le"] if kind == "histogram" else POOL_EXTRA_LABELS.get(name, ())
-        return "per pool" + "".join(f", `{label}`" for label in extra)
-    if name in contract.TARGET_FAMILIES:
-        return "per target" + "".join(f", `{label}`" for label in TARGET_EXTRA_LABELS.get(name, ()))
-    return ", ".join(f"`{label}`" for label in EXPORTER_LABELS.get(name, ())) or "none"
+def _family_labels(family: contract.Family) -> str:
+    own = ("le",) if family.type == "histogram" else family.labels
+    scope = "per pool" if _per_pool(family) else "per target" if family.identity else ""
+    return ", ".join([scope] * bool(scope) + [f"`{label}`" for label in own]) or "none"
 
 
 def _families_section() -> str:
     engines = list(ADAPTERS)
-    head = "| family | type | labels | meaning | " + " | ".join(ADAPTERS[e].title for e in engines) + " |"
-    rows = [head, "|---|---|---|---|" + "---|" * len(engines)]
+    head = "| family | type | unit | labels | meaning | " + " | ".join(ADAPTERS[e].title for e in engines) + " |"
+    rows = [head, "|---|---|---|---|---|" + "---|" * len(engines)]
     undocumented = []
-    for name, family in exposition.FAMILIES.items():
+    for name, family in contract.FAMILIES.items():
         meaning = family.help.replace("|", "\\|")
-        if name.startswith("exporter_") and name != contract.BUILD_INFO[0]:  # how this process runs
+        if not family.stable:  # how this process runs
             meaning += " (Beyond the contract: may change without a migration note.)"
         sources = []
         for engine in engines:
-            if not _per_pool(name):
+            if not _per_pool(family):
                 sources.append("")  # the exporter's own
                 continue
             try:
                 sources.append(_engine_source(engine, name).replace("|", "\\|"))
             except LookupError as err:
                 undocumented.append(str(err))
-        rows.append(f"| `{family.name}` | {family.kind} | {_family_labels(name, family.kind)} | {meaning} | "
-                    + " | ".join(sources) + " |")
+        rows.append(f"| `{family.metric}` | {family.type} | {family.unit or '-'} | {_family_labels(family)} | "
+                    f"{meaning} | " + " | ".join(sources) + " |")
     if undocumented:
         raise LookupError("no source documented for " + ", ".join(undocumented)
                           + ": add it to an adapter's series, or to INFO_LABEL_SOURCES, DERIVED or NOT_REPORTED "
                             "in devtools/contract_doc.py")
     return ("## Families\n\nIn the order the exporter serves them. \"per pool\": the per-target labels plus "
-            "`model` and `dp_rank`; \"per target\": `target`, `engine` and the static labels. An engine column "
-            "names the engine's series, preferred first (`a` / `b`: the first one on the page wins).\n\n"
+            "`model` and `dp_rank`; \"per target\": `target`, `engine` and the static labels. Units are the "
+            "base units the names spell out (`-`: a count of something else, a flag or a state). An engine "
+            "column names the engine's series, preferred first (`a` / `b`: the first one on the page wins).\n\n"
             + "\n".join(rows) + "\n")
 
 
@@ -282,7 +273,11 @@ def _event_streams_section() -> str:
 
 With a target's `kv_events:`, the exporter subscribes to the engine's KV event stream and keeps each
 pool's resident blocks and its recent evictions ([kv-events.md](kv-events.md)). Every series of a
-stream but the last-message time exists from its start, at 0. `kvcache_events_dropped_total{{reason}}`:
+stream but the last-message time exists from its start, at 0. Its `dp_rank` is the rank its batches
+name (vLLM's `data_parallel_rank`, SGLang's `attn_dp_rank`), else the stream's place in the target's
+endpoints; `kvcache_events_rank_mismatches_total` counts the batches where the two differ (logged once
+per stream). Where two of a target's streams name the same rank, all its streams keep their places.
+`kvcache_events_dropped_total{{reason}}`:
 
 | reason | batches |
 |---|---|

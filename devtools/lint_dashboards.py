@@ -24,26 +24,11 @@ RAW_ENGINE_PREFIXES = ("vllm:", "sglang:")
 # Series a dashboard may read besides the contract: Prometheus' own alert state.
 NON_CONTRACT_SERIES = frozenset({"ALERTS"})
 COUNTER_SUFFIXES = ("_total", "_bucket", "_sum", "_count")
-HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 # Labels that keep a quantile's buckets within one engine's layout.
 ONE_LAYOUT_LABELS = frozenset({"target", "engine"})
 
 
-def contract_series() -> frozenset[str]:
-    """Every series name the exporter's contract defines (histograms by their _bucket/_sum/_count)."""
-    streamed = contract.EVENT_FAMILIES
-    families = [*contract.RANK_GAUGES, *contract.COUNTERS, *contract.TIER_FAMILIES,
-                *(name for name, _ in contract.TARGET_FAMILIES.items()),
-                *(name for name, (kind, _) in streamed.items() if kind != "histogram"),
-                contract.PRESSURE_STATE[0], contract.BUILD_INFO[0], contract.RELOAD_OK[0],
-                contract.PROBED_TARGETS[0], contract.RELOAD_TIME[0]]
-    histograms = [name + suffix for name in (*contract.HISTOGRAMS, *(n for n, (k, _) in streamed.items()
-                                                                     if k == "histogram"))
-                  for suffix in HISTOGRAM_SERIES]
-    return frozenset(contract.PREFIX + name for name in (*families, *histograms))
-
-
-CONTRACT_SERIES = contract_series()
+CONTRACT_SERIES = frozenset(series for family in contract.FAMILIES.values() for series in family.series)
 
 _PROMQL_WORDS = frozenset({
     "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset",

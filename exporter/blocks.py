@@ -14,43 +14,20 @@ where the approximation fails.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections import deque
 
+from .contract import DISTANCE_BUCKETS, RESIDENCY_BUCKETS
 from .sources.kvevents import CLEARED, REMOVED, STORED, BlockEvent
 
-DISTANCE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)  # distance / capacity; the contract's buckets
-# Pools 1.25x to 4x as large, the sizes the rules and panels answer for (fp8 KV: x2 tokens per byte).
-WHAT_IF_FACTORS = (1.25, 1.5, 2.0, 4.0)
-RESIDENCY_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)  # seconds
 # The ghost list keeps the last GHOST_FACTOR x capacity evictions: enough for every finite bucket of
-# the distance histogram (the largest is 4 x capacity).
-GHOST_FACTOR = 4
+# the distance histogram.
+GHOST_FACTOR = math.ceil(DISTANCE_BUCKETS[-1])
 # Until the pool's capacity is known (the first successful /metrics poll), the ghost list is bounded
 # as if the pool were this large.
 DEFAULT_CAPACITY = 65536
 GPU_MEDIA = (None, "GPU")
-
-
-def kept_buckets(factor: float) -> list[tuple[float, float]]:
-    """(bucket bound, weight) whose weighted sum of cumulative counts is the capacity misses a pool `factor`
-    times as large keeps (distance ratio <= factor - 1): the bucket at factor - 1, or between two buckets
-    the linear interpolation histogram_quantile also assumes."""
-    x = factor - 1
-    if x in DISTANCE_BUCKETS:
-        return [(x, 1.0)]
-    low = max(b for b in DISTANCE_BUCKETS if b < x)
-    high = min(b for b in DISTANCE_BUCKETS if b > x)
-    share = (x - low) / (high - low)
-    return [(low, 1 - share), (high, share)]
-
-
-def le_matcher(bound: float) -> str:
-    """PromQL matcher of the bucket at `bound`, a regex: Prometheus 2 keeps `le` as the exporter writes it
-    ("1.0"), a scrape in another format or Prometheus 3's normalisation may spell it "1"."""
-    if bound == int(bound):
-        return f'le=~"{int(bound)}|{int(bound)}.0"'
-    return f'le=~"{bound:g}"'
 
 
 class Histogram:

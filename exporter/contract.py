@@ -1,110 +1,82 @@
-"""The kvcache_* families the exporter exposes with their HELP texts; docs/metrics.md is generated from them
-(`make docs`, devtools/contract_doc.py)."""
+"""The kvcache_* contract: one record per family (`FAMILIES`), and the values its labels take.
+
+Everything that names a family derives from this table: the exposition's HELP and TYPE lines
+(exporter/exposition.py), docs/metrics.md (devtools/contract_doc.py, `make docs`), the dashboards' and
+the rules' lints, the families `top` reads, the adapters' lists of families they cannot fill;
+tests/unit/test_contract_table.py fails when any of them names a family the table lacks.
+"""
 
 from __future__ import annotations
 
-PREFIX = "kvcache_"
-_POLLED = "Polled from the engine's /metrics and cached until the next poll."
+from dataclasses import dataclass
 
-# Per-rank gauges, by the derived name (without the prefix).
-RANK_GAUGES = {
-    "usage_ratio": "Fraction (0..1) of the KV pool held by live requests, as the engine reports it; evictable "
-                   "prefix-cache blocks count as free. " + _POLLED,
-    "capacity_blocks": "Usable KV blocks (pages) in the pool (vLLM: num_gpu_blocks - 1, the null block excluded). "
-                       + _POLLED,
-    "block_size_tokens": "Tokens per KV block (vLLM block_size, SGLang page_size). " + _POLLED,
-    "capacity_tokens": "KV pool capacity in tokens. " + _POLLED,
-    "used_blocks": "KV blocks held by live requests; derived by the exporter from the polled usage and capacity.",
-    "free_blocks": "KV blocks a new request could get without preempting anyone (evictable prefix-cache blocks "
-                   "count as free); capacity minus used, derived by the exporter.",
-    "used_tokens": "KV tokens held by live requests; derived by the exporter from the polled values.",
-    "free_tokens": "KV tokens a new request could get without preempting anyone; derived by the exporter.",
-    "evictable_tokens": "Free KV tokens that still hold reusable prefix-cache content (SGLang kv_evictable_tokens). "
-                        + _POLLED,
-    "live_tokens_per_request": "Used KV tokens per running request, derived by the exporter; absent while "
-                               "nothing runs.",
-    "bytes_per_token": "KV bytes one token costs for the target's configured model architecture "
-                       "(2 x layers x KV heads x head dim x bytes per element for full attention).",
-    "capacity_bytes": "KV pool capacity in bytes: capacity tokens x bytes per token.",
-    "used_bytes": "KV bytes held by live requests: used tokens x bytes per token.",
-    "requests_running": "Requests in the running batch. " + _POLLED,
-    "requests_waiting": "Requests queued, not yet scheduled. " + _POLLED,
-    "requests_paused": "Requests the engine paused mid-generation for lack of KV, now (TensorRT-LLM's in-flight "
-                       "batcher): a gauge of how many wait to resume, not a count of preemptions, so it never makes "
-                       "the state thrashing. " + _POLLED,
-    "requests_waiting_for_capacity": "Queued requests waiting for KV or batch capacity (vLLM "
-                                     "num_requests_waiting_by_reason{reason=\"capacity\"}, which also counts "
-                                     "requests held back by the running-request cap). " + _POLLED,
-    "requests_waiting_for_kv": "Queued requests that wait because the KV pool is short (usage at the low-water "
-                               "mark or above, or less free than one typical live request): the queue the pressure state "
-                               "counts (vLLM's capacity reason, else the whole queue) while KV is short, else 0; "
-                               "derived by the exporter for every engine.",
-    "requests_waiting_with_kv_room": "Queued requests waiting while the KV pool has room (behind the running-request "
-                                     "cap, the token budget, or vLLM's deferred reasons): requests_waiting minus "
-                                     "requests_waiting_for_kv; derived by the exporter.",
-    "headroom_requests": "Requests of today's typical size that still fit in the free KV: free tokens / live tokens "
-                         "per request; derived by the exporter, absent while nothing runs.",
+PREFIX = "kvcache_"
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+# Units a family's name spells out (docs/metrics.md's conventions: base units in the name).
+UNITS = ("seconds", "bytes", "tokens", "blocks", "ratio", "requests")
+
+
+@dataclass(frozen=True)
+class Group:
+    """What a group of families describes: the labels that name a series' subject (besides the
+    configuration's static labels, which every per-target series carries too), and what feeds it."""
+
+    identity: tuple[str, ...]
+    # "exporter": the exporter itself (the process, its polls); "poll": the engine's /metrics page, read by
+    # its adapter and completed by exporter/derive.py; "events": the engine's KV event stream.
+    fed_by: str
+
+
+_POOL = ("target", "engine", "model", "dp_rank")
+GROUPS = {
+    "exporter": Group((), "exporter"),  # the process: no static labels either
+    "target": Group(("target", "engine"), "exporter"),  # the outcome of the target's polls
+    "pool": Group(_POOL, "poll"),  # one data-parallel replica's KV pool, queue and latencies
+    "pressure": Group(_POOL, "poll"),
+    "offload": Group(_POOL, "poll"),  # KV beyond the GPU pool
+    "events": Group(_POOL, "events"),
 }
-COUNTERS = {
-    "preemptions_total": "Requests preempted (vLLM) or retracted (SGLang) to free KV; mirrors the engine's counter. "
-                         + _POLLED,
-    "prefix_cache_queried_tokens_total": "Prompt tokens looked up in the prefix cache; mirrors the engine's counter. "
-                                         + _POLLED,
-    "prefix_cache_hit_tokens_total": "Prompt tokens served from the prefix cache; mirrors the engine's counter. "
-                                     + _POLLED,
-    "prompt_tokens_total": "Prompt tokens processed; mirrors the engine's counter. " + _POLLED,
-    "generation_tokens_total": "Tokens generated; mirrors the engine's counter. " + _POLLED,
-    "external_cache_queried_tokens_total": "Prompt tokens looked up in an external KV cache (a KV connector such as "
-                                           "LMCache or vLLM's offloading connector); mirrors the engine's counter. "
-                                           + _POLLED,
-    "external_cache_hit_tokens_total": "Prompt tokens the external KV cache had; mirrors the engine's counter. "
-                                       + _POLLED,
-}
-HISTOGRAMS = {
-    "time_to_first_token_seconds": "Time to first token, queueing included, in the engine's own buckets. " + _POLLED,
-    "inter_token_latency_seconds": "Time between output tokens, in the engine's own buckets. " + _POLLED,
-    "queue_time_seconds": "Time requests waited before first being scheduled, in the engine's own buckets. "
-                          + _POLLED,
-    "e2e_request_latency_seconds": "Request latency from arrival to finish, in the engine's own buckets. " + _POLLED,
-}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # without the prefix
+    type: str  # gauge, counter or histogram
+    group: str  # a key of GROUPS
+    unit: str  # one of UNITS, or "" for a count of something else, a flag or a state
+    help: str
+    labels: tuple[str, ...] = ()  # its own labels, beyond the group's identity (and a histogram's `le`)
+    # Part of the public contract: renamed or removed only with a migration note. The exporter's other
+    # series about itself say how the process runs and may change.
+    stable: bool = True
+
+    @property
+    def metric(self) -> str:
+        return PREFIX + self.name
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        return GROUPS[self.group].identity
+
+    @property
+    def fed_by(self) -> str:
+        return GROUPS[self.group].fed_by
+
+    @property
+    def series(self) -> tuple[str, ...]:
+        """The names its samples carry: a histogram's buckets, sum and count, else its own name."""
+        if self.type == "histogram":
+            return tuple(self.metric + suffix for suffix in HISTOGRAM_SUFFIXES)
+        return (self.metric,)
+
+
+# The values labels take.
+PRESSURE_STATES = ("ok", "tight", "capped", "saturated", "thrashing")  # mildest first; exporter.derive decides
 # KV kept beyond the GPU pool: offload tiers, and where cached prompt tokens came from.
 TIERS = ("cpu", "disk", "remote")
 HIT_SOURCES = ("gpu", "cpu", "disk", "remote", "other")
 TRANSFER_DIRECTIONS = {"load": "tier to GPU", "store": "GPU to tier"}
-_TIER = "`tier` is " + ", ".join(TIERS) + ". "
-_TRANSFER = _TIER + "`direction` is " + ", ".join(f"{d} ({what})" for d, what in TRANSFER_DIRECTIONS.items()) + ". "
-# Per-pool families with labels of their own: name -> (kind, label names, HELP).
-TIER_FAMILIES = {
-    "tier_capacity_tokens": ("gauge", ("tier",), "Offload tier capacity in tokens. " + _TIER + _POLLED),
-    "tier_used_tokens": ("gauge", ("tier",), "Offload tier tokens that cannot be evicted (vLLM) or that the tier "
-                                             "holds (SGLang, which reports no evictable split). " + _TIER + _POLLED),
-    "tier_usage_ratio": ("gauge", ("tier",), "Fraction (0..1) of the offload tier that used tokens take. " + _TIER
-                                             + _POLLED),
-    "tier_used_bytes": ("gauge", ("tier",), "Bytes an offload tier holds, where the engine reports bytes only "
-                                            "(LMCache; no capacity is exported). " + _TIER + _POLLED),
-    "cached_prompt_tokens_total": ("counter", ("source",), "Prompt tokens served from a cache, by where they came "
-                                   "from (`source` is " + ", ".join(HIT_SOURCES) + "); the sum over sources is the "
-                                   "engine's cached prompt tokens, GPU and offloaded. " + _POLLED),
-    "tier_transfer_bytes_total": ("counter", ("tier", "direction"), "Bytes moved between the GPU pool and an offload "
-                                  "tier. " + _TRANSFER + _POLLED),
-    "tier_transfer_tokens_total": ("counter", ("tier", "direction"), "Tokens moved between the GPU pool and an "
-                                   "offload tier, where the engine counts tokens (SGLang; its storage tier's load is "
-                                   "storage to host memory, its store host to storage). " + _TRANSFER
-                                   + _POLLED),
-    "tier_transfer_seconds_total": ("counter", ("tier", "direction"), "Time spent moving KV between the GPU pool and "
-                                    "an offload tier. " + _TRANSFER + _POLLED),
-    "tier_store_failures_total": ("counter", ("tier",), "Stores to an offload tier that found no room (vLLM "
-                                  "allocation failures): the tier is full of KV it cannot evict. " + _TIER + _POLLED),
-    "tier_evictions_total": ("counter", ("tier",), "Entries an offload tier evicted to make room for new KV "
-                             "(LMCache: keys, one per KV chunk; vLLM and SGLang export none). " + _TIER + _POLLED),
-}
-# The pressure states, mildest first (exporter.derive.pressure_state says which one applies).
-PRESSURE_STATES = ("ok", "tight", "capped", "saturated", "thrashing")
-PRESSURE_STATE = ("pressure_state", "KV pressure derived by the exporter, 1 for the current state: ok, tight "
-                  "(usage at the high-water mark, nothing queued), capped (requests queue while the KV pool has "
-                  "room: the running-request cap or token budget binds), saturated (requests queue because KV is "
-                  "short), thrashing (the engine preempts or retracts requests to free KV).")
-# The `reason` label values of kvcache_target_scrape_failures_total, and what each means.
+# kvcache_target_scrape_failures_total{reason}, and what each means.
 FAILURE_REASONS = {
     "timeout": "no complete response within the timeout",
     "connect": "no connection, a broken one, TLS refused, or an answer that is not HTTP",
@@ -114,25 +86,6 @@ FAILURE_REASONS = {
     "parse": "a page that is not Prometheus text, not UTF-8, or badly compressed",
     "unknown_engine": "a page with no series of a known engine (or of the configured one)",
 }
-TARGET_FAMILIES = {
-    "target_up": ("gauge", "1 if the last poll of the target succeeded and parsed, else 0."),
-    "target_scrape_duration_seconds": ("gauge", "Duration of the last poll of the target."),
-    "target_last_success_timestamp_seconds": ("gauge", "Unix time of the last successful poll of the target."),
-    "target_scrape_failures_total": ("counter", "Failed polls of the target by reason ("
-                                     + ", ".join(FAILURE_REASONS) + ")."),
-    "target_info": ("gauge", "1, with the target's URL, detected engine and engine version where known."),
-}
-BUILD_INFO = ("exporter_build_info", "1, with the exporter's version.")
-RELOAD_OK = ("exporter_config_last_reload_successful", "1 if the last configuration reload succeeded (or none was "
-             "tried), 0 if it failed and the previous configuration is still running.")
-PROBED_TARGETS = ("exporter_probed_targets", "Engines probed through /probe whose state this exporter keeps (forgotten "
-                  "after the staleness period without a probe).")
-PROBE_EVICTIONS = ("exporter_probe_evictions_total", "Probed engines forgotten before their staleness period "
-                   "because probe.max_targets others were probed more recently.")
-RELOAD_TIME = ("exporter_config_last_reload_success_timestamp_seconds", "Unix time of the last successful "
-               "configuration load.")
-# From the engines' KV event streams (a target's `kv_events:`), per pool, keyed by the name without the prefix.
-_STREAMED = "Folded from the engine's KV event stream (ZMQ), GPU pool only."
 EVENT_DROP_REASONS = {
     "gap": "messages the sequence numbers say were published but never arrived (nor came back by replay)",
     "decode": "messages that are not a KV event batch: wrong frames, not msgpack, wrong shape, too large",
@@ -144,26 +97,201 @@ EVENT_IGNORED_REASONS = {
     "other_medium": "blocks of another tier than the GPU pool (CPU offload, disk, ...)",
     "other_group": "blocks of a KV cache group other than 0 (sliding-window or Mamba groups of hybrid models)",
 }
-EVENT_FAMILIES = {
-    "events_blocks_stored_total": ("counter", "Blocks the pool cached (BlockStored). " + _STREAMED),
-    "events_blocks_evicted_total": ("counter", "Blocks the pool evicted (BlockRemoved; vLLM reports an eviction "
-                                               "when the block is reallocated, not when it is freed). " + _STREAMED),
-    "capacity_miss_blocks_total": ("counter", "Blocks stored again while their hash was in the list of recent "
-                                              "evictions: evicted for room, needed again, recomputed. " + _STREAMED),
-    "capacity_miss_distance_ratio": ("histogram", "Per capacity-miss block: blocks the pool evicted after it "
-                                                  "and not stored again before its re-store (how far below the "
-                                                  "pool it lay under LRU), divided by the pool's capacity in "
-                                                  "blocks. Under LRU, the misses at or below x are those a pool "
-                                                  "(1 + x) times as large would have kept. " + _STREAMED),
-    "block_residency_seconds": ("histogram", "Time from a block's store to its eviction, by the batches' "
-                                             "timestamps. " + _STREAMED),
-    "events_messages_total": ("counter", "Event batches received and decoded from the pool's stream."),
-    "events_dropped_total": ("counter", "Event batches lost or refused, by reason ("
-                                        + ", ".join(EVENT_DROP_REASONS) + ")."),
-    "events_ignored_total": ("counter", "Events or blocks the pool's state leaves out, by reason ("
-                                        + ", ".join(EVENT_IGNORED_REASONS) + ")."),
-    "events_publisher_restarts_total": ("counter", "Times the stream's sequence number went back (the publisher "
-                                                   "restarted): the pool's state was dropped and started anew."),
-    "events_last_message_timestamp_seconds": ("gauge", "Unix time the exporter received the pool's last event "
-                                                       "batch."),
-}
+# The buckets of the histograms the exporter fills itself, from the KV event streams.
+DISTANCE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)  # capacity-miss distance / the pool's capacity
+RESIDENCY_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)  # seconds
+# Pools 1.25x to 4x as large, the sizes the rules and panels answer for (fp8 KV: x2 tokens per byte); each
+# factor - 1 lies within DISTANCE_BUCKETS.
+WHAT_IF_FACTORS = (1.25, 1.5, 2.0, 4.0)
+
+_POLLED = "Polled from the engine's /metrics and cached until the next poll."
+_STREAMED = "Folded from the engine's KV event stream (ZMQ), GPU pool only."
+_TIER = "`tier` is " + ", ".join(TIERS) + ". "
+_TRANSFER = _TIER + "`direction` is " + ", ".join(f"{d} ({what})" for d, what in TRANSFER_DIRECTIONS.items()) + ". "
+
+# In the order the exporter serves them.
+_TABLE = (
+    # The exporter itself.
+    Family("exporter_build_info", "gauge", "exporter", "", "1, with the exporter's version.", ("version",)),
+    Family("exporter_config_last_reload_successful", "gauge", "exporter", "",
+           "1 if the last configuration reload succeeded (or none was tried), 0 if it failed and the previous "
+           "configuration is still running.", stable=False),
+    Family("exporter_config_last_reload_success_timestamp_seconds", "gauge", "exporter", "seconds",
+           "Unix time of the last successful configuration load.", stable=False),
+    Family("exporter_probed_targets", "gauge", "exporter", "",
+           "Engines probed through /probe whose state this exporter keeps (forgotten after the staleness period "
+           "without a probe).", stable=False),
+    Family("exporter_probe_evictions_total", "counter", "exporter", "",
+           "Probed engines forgotten before their staleness period because probe.max_targets others were probed "
+           "more recently.", stable=False),
+    # Its polls, per target.
+    Family("target_up", "gauge", "target", "", "1 if the last poll of the target succeeded and parsed, else 0."),
+    Family("target_scrape_duration_seconds", "gauge", "target", "seconds", "Duration of the last poll of the target."),
+    Family("target_last_success_timestamp_seconds", "gauge", "target", "seconds",
+           "Unix time of the last successful poll of the target."),
+    Family("target_scrape_failures_total", "counter", "target", "",
+           "Failed polls of the target by reason (" + ", ".join(FAILURE_REASONS) + ").", ("reason",)),
+    Family("target_info", "gauge", "target", "",
+           "1, with the target's URL, detected engine and engine version where known.", ("url", "version")),
+    # Per pool: the KV pool and the queue.
+    Family("usage_ratio", "gauge", "pool", "ratio",
+           "Fraction (0..1) of the KV pool held by live requests, as the engine reports it; evictable prefix-cache "
+           "blocks count as free. " + _POLLED),
+    Family("capacity_blocks", "gauge", "pool", "blocks",
+           "Usable KV blocks (pages) in the pool (vLLM: num_gpu_blocks - 1, the null block excluded). " + _POLLED),
+    Family("block_size_tokens", "gauge", "pool", "tokens",
+           "Tokens per KV block (vLLM block_size, SGLang page_size). " + _POLLED),
+    Family("capacity_tokens", "gauge", "pool", "tokens", "KV pool capacity in tokens. " + _POLLED),
+    Family("used_blocks", "gauge", "pool", "blocks",
+           "KV blocks held by live requests; derived by the exporter from the polled usage and capacity."),
+    Family("free_blocks", "gauge", "pool", "blocks",
+           "KV blocks a new request could get without preempting anyone (evictable prefix-cache blocks count as "
+           "free); capacity minus used, derived by the exporter."),
+    Family("used_tokens", "gauge", "pool", "tokens",
+           "KV tokens held by live requests; derived by the exporter from the polled values."),
+    Family("free_tokens", "gauge", "pool", "tokens",
+           "KV tokens a new request could get without preempting anyone; derived by the exporter."),
+    Family("evictable_tokens", "gauge", "pool", "tokens",
+           "Free KV tokens that still hold reusable prefix-cache content (SGLang kv_evictable_tokens). " + _POLLED),
+    Family("live_tokens_per_request", "gauge", "pool", "tokens",
+           "Used KV tokens per running request, derived by the exporter; absent while nothing runs."),
+    Family("bytes_per_token", "gauge", "pool", "bytes",
+           "KV bytes one token costs for the target's configured model architecture (2 x layers x KV heads x "
+           "head dim x bytes per element for full attention)."),
+    Family("capacity_bytes", "gauge", "pool", "bytes", "KV pool capacity in bytes: capacity tokens x bytes per token."),
+    Family("used_bytes", "gauge", "pool", "bytes", "KV bytes held by live requests: used tokens x bytes per token."),
+    Family("requests_running", "gauge", "pool", "requests", "Requests in the running batch. " + _POLLED),
+    Family("requests_running_max", "gauge", "pool", "requests",
+           "The most requests the engine keeps running at once, its running-request cap (TensorRT-LLM's "
+           "maxNumActiveRequests; vLLM's max_num_seqs and SGLang's max_running_requests are not exported). "
+           + _POLLED),
+    Family("requests_waiting", "gauge", "pool", "requests", "Requests queued, not yet scheduled. " + _POLLED),
+    Family("requests_paused", "gauge", "pool", "requests",
+           "Requests the engine paused mid-generation for lack of KV, now (TensorRT-LLM's in-flight batcher): a "
+           "gauge of how many wait to resume, not a count of preemptions, so it never makes the state thrashing. "
+           + _POLLED),
+    Family("requests_waiting_for_capacity", "gauge", "pool", "requests",
+           "Queued requests waiting for KV or batch capacity (vLLM num_requests_waiting_by_reason{reason="
+           "\"capacity\"}, which also counts requests held back by the running-request cap). " + _POLLED),
+    Family("requests_waiting_for_kv", "gauge", "pool", "requests",
+           "Queued requests that wait because the KV pool is short (usage at the low-water mark or above, or less "
+           "free than one typical live request): the queue the pressure state counts (vLLM's capacity reason, else "
+           "the whole queue) while KV is short, else 0; derived by the exporter for every engine."),
+    Family("requests_waiting_with_kv_room", "gauge", "pool", "requests",
+           "Queued requests waiting while the KV pool has room (behind the running-request cap, the token budget, "
+           "or vLLM's deferred reasons): requests_waiting minus requests_waiting_for_kv; derived by the exporter."),
+    Family("headroom_requests", "gauge", "pool", "requests",
+           "Requests of today's typical size that still fit in the free KV: free tokens / live tokens per request; "
+           "derived by the exporter, absent while nothing runs."),
+    Family("preemptions_total", "counter", "pool", "",
+           "Requests preempted (vLLM) or retracted (SGLang) to free KV; mirrors the engine's counter. " + _POLLED),
+    Family("prefix_cache_queried_tokens_total", "counter", "pool", "tokens",
+           "Prompt tokens looked up in the prefix cache; mirrors the engine's counter. " + _POLLED),
+    Family("prefix_cache_hit_tokens_total", "counter", "pool", "tokens",
+           "Prompt tokens served from the prefix cache; mirrors the engine's counter. " + _POLLED),
+    Family("prompt_tokens_total", "counter", "pool", "tokens", "Prompt tokens processed; mirrors the engine's counter. "
+           + _POLLED),
+    Family("generation_tokens_total", "counter", "pool", "tokens", "Tokens generated; mirrors the engine's counter. "
+           + _POLLED),
+    Family("external_cache_queried_tokens_total", "counter", "pool", "tokens",
+           "Prompt tokens looked up in an external KV cache (a KV connector such as LMCache or vLLM's offloading "
+           "connector); mirrors the engine's counter. " + _POLLED),
+    Family("external_cache_hit_tokens_total", "counter", "pool", "tokens",
+           "Prompt tokens the external KV cache had; mirrors the engine's counter. " + _POLLED),
+    Family("time_to_first_token_seconds", "histogram", "pool", "seconds",
+           "Time to first token, queueing included, in the engine's own buckets. " + _POLLED),
+    Family("inter_token_latency_seconds", "histogram", "pool", "seconds",
+           "Time between output tokens, in the engine's own buckets. " + _POLLED),
+    Family("queue_time_seconds", "histogram", "pool", "seconds",
+           "Time requests waited before first being scheduled, in the engine's own buckets. " + _POLLED),
+    Family("e2e_request_latency_seconds", "histogram", "pool", "seconds",
+           "Request latency from arrival to finish, in the engine's own buckets. " + _POLLED),
+    Family("pressure_state", "gauge", "pressure", "",
+           "KV pressure derived by the exporter, 1 for the current state: ok, tight (usage at the high-water mark, "
+           "nothing queued), capped (requests queue while the KV pool has room: the running-request cap or token "
+           "budget binds), saturated (requests queue because KV is short), thrashing (the engine preempts or "
+           "retracts requests to free KV).", ("state",)),
+    # Per pool: KV beyond the GPU pool.
+    Family("tier_capacity_tokens", "gauge", "offload", "tokens", "Offload tier capacity in tokens. " + _TIER + _POLLED,
+           ("tier",)),
+    Family("tier_used_tokens", "gauge", "offload", "tokens",
+           "Offload tier tokens that cannot be evicted (vLLM) or that the tier holds (SGLang, which reports no "
+           "evictable split). " + _TIER + _POLLED, ("tier",)),
+    Family("tier_usage_ratio", "gauge", "offload", "ratio",
+           "Fraction (0..1) of the offload tier that used tokens take. " + _TIER + _POLLED, ("tier",)),
+    Family("tier_used_bytes", "gauge", "offload", "bytes",
+           "Bytes an offload tier holds, where the engine reports bytes only (LMCache; no capacity is exported). "
+           + _TIER + _POLLED, ("tier",)),
+    Family("cached_prompt_tokens_total", "counter", "offload", "tokens",
+           "Prompt tokens served from a cache, by where they came from (`source` is " + ", ".join(HIT_SOURCES)
+           + "); the sum over sources is the engine's cached prompt tokens, GPU and offloaded. " + _POLLED,
+           ("source",)),
+    Family("tier_transfer_bytes_total", "counter", "offload", "bytes",
+           "Bytes moved between the GPU pool and an offload tier. " + _TRANSFER + _POLLED, ("tier", "direction")),
+    Family("tier_transfer_tokens_total", "counter", "offload", "tokens",
+           "Tokens moved between the GPU pool and an offload tier, where the engine counts tokens (SGLang; its "
+           "storage tier's load is storage to host memory, its store host to storage). " + _TRANSFER + _POLLED,
+           ("tier", "direction")),
+    Family("tier_transfer_seconds_total", "counter", "offload", "seconds",
+           "Time spent moving KV between the GPU pool and an offload tier. " + _TRANSFER + _POLLED,
+           ("tier", "direction")),
+    Family("tier_store_failures_total", "counter", "offload", "",
+           "Stores to an offload tier that found no room (vLLM allocation failures): the tier is full of KV it "
+           "cannot evict. " + _TIER + _POLLED, ("tier",)),
+    Family("tier_evictions_total", "counter", "offload", "",
+           "Entries an offload tier evicted to make room for new KV (LMCache: keys, one per KV chunk; vLLM and "
+           "SGLang export none). " + _TIER + _POLLED, ("tier",)),
+    # Per pool: from the engine's KV event stream (a target's `kv_events:`).
+    Family("events_blocks_stored_total", "counter", "events", "blocks",
+           "Blocks the pool cached (BlockStored). " + _STREAMED),
+    Family("events_blocks_evicted_total", "counter", "events", "blocks",
+           "Blocks the pool evicted (BlockRemoved; vLLM reports an eviction when the block is reallocated, not "
+           "when it is freed). " + _STREAMED),
+    Family("capacity_miss_blocks_total", "counter", "events", "blocks",
+           "Blocks stored again while their hash was in the list of recent evictions: evicted for room, needed "
+           "again, recomputed. " + _STREAMED),
+    Family("capacity_miss_distance_ratio", "histogram", "events", "ratio",
+           "Per capacity-miss block: blocks the pool evicted after it and not stored again before its re-store "
+           "(how far below the pool it lay under LRU), divided by the pool's capacity in blocks. Under LRU, the "
+           "misses at or below x are those a pool (1 + x) times as large would have kept. " + _STREAMED),
+    Family("block_residency_seconds", "histogram", "events", "seconds",
+           "Time from a block's store to its eviction, by the batches' timestamps. " + _STREAMED),
+    Family("events_messages_total", "counter", "events", "", "Event batches received and decoded from the pool's stream."),
+    Family("events_dropped_total", "counter", "events", "",
+           "Event batches lost or refused, by reason (" + ", ".join(EVENT_DROP_REASONS) + ").", ("reason",)),
+    Family("events_ignored_total", "counter", "events", "",
+           "Events or blocks the pool's state leaves out, by reason (" + ", ".join(EVENT_IGNORED_REASONS) + ").",
+           ("reason",)),
+    Family("events_publisher_restarts_total", "counter", "events", "",
+           "Times the stream's sequence number went back (the publisher restarted): the pool's state was dropped "
+           "and started anew."),
+    Family("events_rank_mismatches_total", "counter", "events", "",
+           "Event batches whose envelope names another DP rank than the stream's configured one (its place in "
+           "the target's `kv_events:` endpoints); the envelope's rank labels the pool's series."),
+    Family("events_last_message_timestamp_seconds", "gauge", "events", "seconds",
+           "Unix time the exporter received the pool's last event batch."),
+)
+FAMILIES: dict[str, Family] = {family.name: family for family in _TABLE}
+
+
+def names(group: str | None = None, type: str | None = None, fed_by: str | None = None) -> tuple[str, ...]:
+    """The names of the families of a group, type and source (any, where not given), in the table's order."""
+    return tuple(name for name, family in FAMILIES.items()
+                 if (group is None or family.group == group) and (type is None or family.type == type)
+                 and (fed_by is None or family.fed_by == fed_by))
+
+
+def family_of(series: str) -> Family | None:
+    """The family a series name belongs to (`kvcache_x`, or a histogram's `kvcache_x_bucket`); None if none."""
+    if not series.startswith(PREFIX):
+        return None
+    name = series[len(PREFIX):]
+    family = FAMILIES.get(name)
+    if family is not None and family.type != "histogram":
+        return family
+    for suffix in HISTOGRAM_SUFFIXES:
+        if name.endswith(suffix):
+            family = FAMILIES.get(name[:-len(suffix)])
+            if family is not None and family.type == "histogram":
+                return family
+    return None

@@ -10,45 +10,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Iterable
 
 from prometheus_client.utils import floatToGoString
 
 from . import contract
+from .snapshot import RankValues
 
 P = contract.PREFIX
 
 
-@dataclass(frozen=True)
-class Family:
-    name: str  # the name in HELP and TYPE lines
-    kind: str
-    help: str
-
-    @cached_property
-    def header(self) -> bytes:
-        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} {self.kind}\n".encode()
-
-
-def _families() -> dict[str, Family]:
-    """Every family in the order they are exposed, keyed by the name without the prefix."""
-    families = {name: Family(P + name, "gauge", help_text) for name, help_text in (
-        contract.BUILD_INFO, contract.RELOAD_OK, contract.RELOAD_TIME, contract.PROBED_TARGETS)}
-    families[contract.PROBE_EVICTIONS[0]] = Family(P + contract.PROBE_EVICTIONS[0], "counter",
-                                                   contract.PROBE_EVICTIONS[1])
-    for name, (kind, help_text) in contract.TARGET_FAMILIES.items():
-        families[name] = Family(P + name, kind, help_text)
-    families.update({name: Family(P + name, "gauge", text) for name, text in contract.RANK_GAUGES.items()})
-    families.update({name: Family(P + name, "counter", text) for name, text in contract.COUNTERS.items()})
-    families.update({name: Family(P + name, "histogram", text) for name, text in contract.HISTOGRAMS.items()})
-    families[contract.PRESSURE_STATE[0]] = Family(P + contract.PRESSURE_STATE[0], "gauge", contract.PRESSURE_STATE[1])
-    families.update({name: Family(P + name, kind, text) for name, (kind, _, text) in contract.TIER_FAMILIES.items()})
-    families.update({name: Family(P + name, kind, text) for name, (kind, text) in contract.EVENT_FAMILIES.items()})
-    return families
-
-
-FAMILIES = _families()
+# Each family's HELP and TYPE lines, in the order the families are exposed, by the name without the prefix.
+HEADERS = {name: f"# HELP {family.metric} {family.help}\n# TYPE {family.metric} {family.type}\n".encode()
+           for name, family in contract.FAMILIES.items()}
 
 
 def label_text(labels: dict[str, str]) -> str:
@@ -140,30 +114,45 @@ def render_target(name: str, labels: dict[str, str], url: str, outcome, failures
     for rank_name, rank in outcome.ranks.items():
         rank_labels = label_text({"target": name, "engine": outcome.engine, "model": outcome.model,
                                   "dp_rank": rank_name, **labels})
-        for gauge, value in rank.gauges.items():
-            series.setdefault(gauge, []).append(prefixes[P + gauge, rank_labels, ""] + number(value) + "\n")
-        for counter, value in rank.values.counters.items():
-            series.setdefault(counter, []).append(prefixes[P + counter, rank_labels, ""] + number(value) + "\n")
-        for histogram_name, histogram in rank.values.histograms.items():
-            bounds, counts = zip(*histogram.buckets)
-            values = (*counts, histogram.count, histogram.sum)
-            template = prefixes.histogram(histogram_name, rank_labels, bounds)
-            if math.isfinite(sum(values)):  # %r writes a finite float as number() does
-                series.setdefault(histogram_name, []).append(template % values)
-            else:
-                series.setdefault(histogram_name, []).append(template % tuple(_Spelled(v) for v in values))
-        for family, values in rank.labelled.items():
-            names = contract.TIER_FAMILIES[family][1]
-            for label_values, value in values.items():
-                extra = "".join(f',{label}="{_escape(v)}"' for label, v in zip(names, label_values))
-                series.setdefault(family, []).append(prefixes[P + family, rank_labels, extra] + number(value) + "\n")
+        _pool_lines(series, prefixes, rank_labels, rank.gauges, rank.values, rank.labelled)
         if rank.pressure is not None:
-            series.setdefault(contract.PRESSURE_STATE[0], []).extend(
+            series.setdefault("pressure_state", []).extend(
                 prefixes[P + "pressure_state", rank_labels, f',state="{state}"']
                 + ("1.0\n" if state == rank.pressure else "0.0\n")
                 for state in contract.PRESSURE_STATES)
     return TargetText({family: text.encode() for family, text in status.items()},
                       {family: "".join(lines).encode() for family, lines in series.items()}, outcome.last_success)
+
+
+def render_pool(labels: dict[str, str], values: RankValues, prefixes: Prefixes) -> TargetText:
+    """One pool's lines that show whatever their age (a KV event stream's: exporter.runtime.subscriber);
+    `labels` are the pool's identity and static labels, `prefixes` the pool's cache."""
+    series: dict[str, list[str]] = {}
+    _pool_lines(series, prefixes, label_text(labels), values.gauges, values, values.labelled)
+    return TargetText({family: "".join(lines).encode() for family, lines in series.items()})
+
+
+def _pool_lines(series: dict[str, list[str]], prefixes: Prefixes, labels: str, gauges: dict[str, float],
+                values: RankValues, labelled: dict[str, dict[tuple[str, ...], float]]) -> None:
+    """Appends one pool's samples to `series`, by family: its gauges, the counters and histograms of
+    `values`, and its families with labels of their own (their label values in the family's label order)."""
+    for gauge, value in gauges.items():
+        series.setdefault(gauge, []).append(prefixes[P + gauge, labels, ""] + number(value) + "\n")
+    for counter, value in values.counters.items():
+        series.setdefault(counter, []).append(prefixes[P + counter, labels, ""] + number(value) + "\n")
+    for histogram_name, histogram in values.histograms.items():
+        bounds, counts = zip(*histogram.buckets)
+        numbers = (*counts, histogram.count, histogram.sum)
+        template = prefixes.histogram(histogram_name, labels, bounds)
+        if math.isfinite(sum(numbers)):  # %r writes a finite float as number() does
+            series.setdefault(histogram_name, []).append(template % numbers)
+        else:
+            series.setdefault(histogram_name, []).append(template % tuple(_Spelled(v) for v in numbers))
+    for family, by_labels in labelled.items():
+        names = contract.FAMILIES[family].labels
+        for label_values, value in by_labels.items():
+            extra = "".join(f',{label}="{_escape(v)}"' for label, v in zip(names, label_values))
+            series.setdefault(family, []).append(prefixes[P + family, labels, extra] + number(value) + "\n")
 
 
 _LE: dict[float, str] = {}
@@ -184,13 +173,13 @@ def render(targets: Iterable[TargetText], now: float, staleness: float,
     out, never frozen."""
     shown = [(t, t.last_success is not None and now - t.last_success <= staleness) for t in targets]
     parts: list[bytes] = []
-    for key, family in FAMILIES.items():
+    for key, header in HEADERS.items():
         chunks = [exporter_lines[key].encode()] if exporter_lines and key in exporter_lines else []
         for target, fresh in shown:
             chunk = target.status.get(key) or (target.series.get(key) if fresh else None)
             if chunk:
                 chunks.append(chunk)
         if chunks:
-            parts.append(family.header)
+            parts.append(header)
             parts.extend(chunks)
     return parts

@@ -20,7 +20,7 @@ class RankValues:
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
-    # Families with labels of their own (contract.TIER_FAMILIES): name -> {label values, in the family's
+    # Families with labels of their own (the contract's offload group): name -> {label values, in the family's
     # label order -> value}.
     labelled: dict[str, dict[tuple[str, ...], float]] = field(default_factory=dict)
 

@@ -4,8 +4,7 @@ ratio a larger pool would have had, and how long blocks stay. From the targets' 
 
 from __future__ import annotations
 
-from kvcache_exporter.blocks import WHAT_IF_FACTORS, kept_buckets, le_matcher
-
+from kvcache_exporter.contract import WHAT_IF_FACTORS
 from kvcache_exporter.dashboards import bands, promql
 from kvcache_exporter.dashboards.panels import Query, describe, timeseries
 from kvcache_exporter.dashboards.view import RATIO, SECONDS, View, percent
@@ -30,13 +29,9 @@ def miss_tokens(v: View, by: tuple[str, ...]) -> str:
 
 def kept_tokens(v: View, factor: float, by: tuple[str, ...]) -> str:
     """Prompt tokens per second a pool `factor` times as large would have served: the capacity misses it
-    keeps (exporter.blocks.kept_buckets) times the block size."""
-    bucket = v.selector(DISTANCE + "_bucket")
-    within = " + ignoring (le) ".join(
-        (f"{weight:g} * " if weight != 1 else "")
-        + f"rate({bucket[:-1]}, {le_matcher(bound)}}}[{promql.RATE_INTERVAL}])"
-        for bound, weight in kept_buckets(factor))
-    return promql.summed(f"({within}) * ignoring (le) {v.selector(BLOCK_SIZE)}", by)
+    keeps (promql.kept_misses) times the block size."""
+    kept = promql.kept_misses(factor, v.selector(DISTANCE + "_bucket"), promql.RATE_INTERVAL)
+    return promql.summed(f"({kept}) * ignoring (le) {v.selector(BLOCK_SIZE)}", by)
 
 
 def capacity_miss_share(v: View):

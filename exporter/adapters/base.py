@@ -20,11 +20,14 @@ Kind = Literal["gauge", "counter", "histogram"]
 PREFIX_AND_TOKEN_COUNTERS = frozenset({"prefix_cache_queried_tokens_total", "prefix_cache_hit_tokens_total",
                                        "prompt_tokens_total", "generation_tokens_total"})
 # Families of KV beyond the GPU pool, for engines with no offload tier or external cache series.
-NO_OFFLOAD = frozenset(contract.TIER_FAMILIES) | {"external_cache_queried_tokens_total",
+NO_OFFLOAD = frozenset(contract.names(group="offload")) | {"external_cache_queried_tokens_total",
                                                   "external_cache_hit_tokens_total"}
 # Families most engines beyond vLLM and SGLang lack: the evictable split, the waiting reason, a preemption
 # counter, and KV beyond the GPU pool.
 NO_POOL_DETAIL = frozenset({"evictable_tokens", "requests_waiting_for_capacity", "preemptions_total"}) | NO_OFFLOAD
+# The running-request cap: only TensorRT-LLM's executor exports its own (vLLM's max_num_seqs and SGLang's
+# max_running_requests are no series).
+NO_RUNNING_CAP = frozenset({"requests_running_max"})
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
@@ -37,7 +40,7 @@ class Series:
     sum_over: tuple[str, ...] = ()
     # A family the engine creates on first use: read it as 0 while any of these names is on the page.
     zero_when_present: tuple[str, ...] = ()
-    # For a family with labels of its own (contract.TIER_FAMILIES): its label values, in order ...
+    # For a family with labels of its own (the contract's offload group): its label values, in order ...
     labels: tuple[str, ...] = ()
     # ... then the last one read from a label of the engine's: (its name, engine value -> contract value).
     # Engine values not listed are "other"; those mapped to None (a total, not a breakdown) are left out.

@@ -45,5 +45,4 @@ class LmcacheAdapter(Adapter):
     # Everything else: the GPU pool, the queue, the request latencies and their derivations, the pressure
     # state, and the tier families LMCache has no source for (capacity, transfers, store failures, hits by
     # source). Bytes per token comes from the target's configuration, not from the engine.
-    not_reported = frozenset({*contract.RANK_GAUGES, *contract.COUNTERS, *contract.HISTOGRAMS, *contract.TIER_FAMILIES,
-                              contract.PRESSURE_STATE[0]}) - {s.concept for s in _SERIES} - {"bytes_per_token"}
+    not_reported = frozenset(contract.names(fed_by="poll")) - {s.concept for s in _SERIES} - {"bytes_per_token"}

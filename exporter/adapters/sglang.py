@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Adapter, Samples, Series
+from .base import NO_RUNNING_CAP, Adapter, Samples, Series
 from ..snapshot import Snapshot
 
 # Tokenizer-side series split by `is_streaming` (0.5.19+); the slices add up to the total.
@@ -58,7 +58,7 @@ class SglangAdapter(Adapter):
     rank_label = "dp_rank"
     not_reported = frozenset({"requests_waiting_for_capacity", "requests_paused", "tier_used_bytes",
                               "tier_store_failures_total", "tier_evictions_total",
-                              "external_cache_queried_tokens_total", "external_cache_hit_tokens_total"})
+                              "external_cache_queried_tokens_total", "external_cache_hit_tokens_total"}) | NO_RUNNING_CAP
     # With priority scheduling, priority="" is the total and other values are slices of it.
     base_match = {"priority": ""}
     extra_names = ("sglang:cache_config_info",) + _STORAGE_NAMES

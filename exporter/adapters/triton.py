@@ -42,6 +42,7 @@ class TritonAdapter(Adapter):
         Series("block_size_tokens", KV, match=_kv("tokens_per")),
         # Scheduled this iteration; `active` also counts admitted requests that were not.
         Series("requests_running", REQUESTS, match=_requests("scheduled")),
+        Series("requests_running_max", REQUESTS, match=_requests("max")),
         # active - scheduled: admitted but not scheduled (e.g. short of KV); the executor's own queue
         # is not exported.
         Series("requests_waiting", REQUESTS, match=_requests("waiting")),

@@ -38,6 +38,7 @@ class TrtllmAdapter(Adapter):
         Series("used_blocks", ("trtllm_kv_cache_used_blocks",)),
         Series("block_size_tokens", ("trtllm_kv_cache_tokens_per_block",)),
         Series("requests_running", ("trtllm_num_requests_running",)),
+        Series("requests_running_max", ("trtllm_max_num_active_requests",)),
         Series("requests_waiting", ("trtllm_num_requests_waiting",)),
         Series("requests_paused", ("trtllm_num_paused_requests",)),
         Series("prefix_cache_queried_tokens_total", ("trtllm_prompt_tokens_total",), "counter"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from . import lmcache
-from .base import Adapter, Samples, Series
+from .base import NO_RUNNING_CAP, Adapter, Samples, Series
 from ..snapshot import RankValues, Snapshot
 
 # Bucketed `priority` slices (with --scheduling-policy priority) partition the requests: sum them.
@@ -29,7 +29,7 @@ class VllmAdapter(Adapter):
     marker = r"vllm[:_]"
     prefix_aliases = ("vllm_",)
     rank_label = "engine"  # V1's data-parallel engine index; V0 has none
-    not_reported = frozenset({"evictable_tokens", "requests_paused", "tier_transfer_tokens_total"})
+    not_reported = frozenset({"evictable_tokens", "requests_paused", "tier_transfer_tokens_total"}) | NO_RUNNING_CAP
     extra_names = ("vllm:cache_config_info", "vllm:kv_offload_config_info")
     series = (
         Series("usage_ratio", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),

@@ -41,15 +41,16 @@ class ExporterState:
         self.reload_ok = False
 
     def lines(self, probed_targets: int, probe_evictions: int) -> dict[str, str]:
+        """Its series by family: one line each, for every family of the contract's `exporter` group."""
         values = {
-            contract.BUILD_INFO: (f'version="{__version__}"', 1.0),
-            contract.RELOAD_OK: ("", float(self.reload_ok)),
-            contract.RELOAD_TIME: ("", self.reload_time),
-            contract.PROBED_TARGETS: ("", float(probed_targets)),
-            contract.PROBE_EVICTIONS: ("", float(probe_evictions)),
+            "exporter_build_info": (exposition.label_text({"version": __version__}), 1.0),
+            "exporter_config_last_reload_successful": ("", float(self.reload_ok)),
+            "exporter_config_last_reload_success_timestamp_seconds": ("", self.reload_time),
+            "exporter_probed_targets": ("", float(probed_targets)),
+            "exporter_probe_evictions_total": ("", float(probe_evictions)),
         }
-        return {name: exposition.line(contract.PREFIX + name, labels, value)
-                for (name, _), (labels, value) in values.items()}
+        return {name: exposition.line(contract.FAMILIES[name].metric, labels, value)
+                for name, (labels, value) in values.items()}
 
 
 class Exporter:

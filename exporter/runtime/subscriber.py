@@ -9,6 +9,11 @@ messages (counted), never delays the polls of /metrics or a scrape.
 Sequence numbers: a jump forward is a gap, asked back from the replay endpoint when there is one
 (what does not come back is counted, reason `gap`); a step back is a publisher restart: the pool's
 state is dropped, as the new process's blocks share nothing with the old one's.
+
+A stream's pool is the DP rank its batches name (`[ts, events, dp_rank]`): an engine served by an API
+server of its own (vLLM's external data parallelism) publishes rank 1 on an endpoint the configuration
+may list first. Until a batch names one, and for engines that name none, it is the stream's place in
+the target's endpoints; a batch naming another rank than that place is counted and logged once.
 """
 
 from __future__ import annotations
@@ -21,10 +26,10 @@ from collections import deque
 import zmq
 import zmq.asyncio
 
-from .. import contract
-from ..blocks import PoolState
+from .. import contract, exposition
+from ..blocks import Histogram, PoolState
 from ..config import KVEventsConfig
-from ..exposition import P, Prefixes, TargetText, label_text, line
+from ..snapshot import Histogram as Buckets, RankValues
 from ..sources.kvevents import END_SEQ, DecodeError, decode_payload, parse_seq
 
 log = logging.getLogger(__name__)
@@ -45,7 +50,9 @@ class EventStream:
 
     def __init__(self, target, rank: int, endpoint: str, replay_endpoint: str | None, config: KVEventsConfig):
         self.target = target  # exporter Target: its labels, engine, model and polled capacity
-        self.rank = rank
+        self.rank = rank  # configured: the endpoint's place in the target's `kv_events:` endpoints
+        self.published_rank: int | None = None  # the rank the last batch that named one named
+        self.rank_mismatches = 0
         self.endpoint, self.replay_endpoint, self.config = endpoint, replay_endpoint, config
         self.pool = PoolState()
         self.messages = 0
@@ -61,7 +68,7 @@ class EventStream:
         self._tasks: list[asyncio.Task] = []
         self._socket: zmq.asyncio.Socket | None = None
         self._context: zmq.asyncio.Context | None = None
-        self._prefixes = Prefixes()
+        self._prefixes = exposition.Prefixes()
 
     def start(self, context: zmq.asyncio.Context) -> None:
         self._context = context
@@ -137,7 +144,6 @@ class EventStream:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            self.pool.set_capacity(self._capacity())
             handled = 0
             while queue:
                 frames = queue.popleft()
@@ -177,8 +183,17 @@ class EventStream:
             return
         self.messages += 1
         self.last_message = time.time()
+        if batch.dp_rank is not None:
+            if batch.dp_rank != self.rank:
+                if not self.rank_mismatches:
+                    log.warning("kv events of %s rank %d: %s publishes as DP rank %d; its series take that rank",
+                                self.target.name, self.rank, self.endpoint, batch.dp_rank)
+                self.rank_mismatches += 1
+            self.published_rank = batch.dp_rank
         self.ignored["unknown_type"] += batch.unknown_types
         self.ignored["unknown_field"] += batch.unknown_fields
+        # The pool's size as the target's last poll saw it, taken here where the pool changes (a scrape only reads).
+        self.pool.set_capacity(self._capacity())
         self.pool.apply(batch.ts, batch.events)
 
     async def _fill_gap(self, first: int, stop: int) -> None:
@@ -231,33 +246,36 @@ class EventStream:
                      self.rank, handled, stop - first)
         return handled
 
+    @property
+    def pool_rank(self) -> int:
+        """The DP rank of the pool this stream describes: the one its batches name, else the configured one."""
+        return self.rank if self.published_rank is None else self.published_rank
+
     def _capacity(self) -> float | None:
-        rank = self.target.outcome.ranks.get(str(self.rank))
+        rank = self.target.outcome.ranks.get(str(self.pool_rank))
         return rank.gauges.get("capacity_blocks") if rank is not None else None
 
-    def render(self) -> TargetText:
-        target, outcome = self.target, self.target.outcome
-        self.pool.set_capacity(self._capacity())
-        labels = label_text({"target": target.name, "engine": outcome.engine, "model": outcome.model,
-                             "dp_rank": str(self.rank), **target.labels})
-        pool = self.pool
-        values = {"events_blocks_stored_total": pool.stored, "events_blocks_evicted_total": pool.evicted,
-                  "capacity_miss_blocks_total": pool.capacity_misses, "events_messages_total": self.messages,
-                  "events_publisher_restarts_total": self.restarts}
-        if self.last_message is not None:
-            values["events_last_message_timestamp_seconds"] = self.last_message
-        text = {name: line(P + name, labels, float(value)) for name, value in values.items()}
-        ignored = {**self.ignored, **pool.ignored}
-        for name, counts in (("events_dropped_total", self.dropped), ("events_ignored_total", ignored)):
-            text[name] = "".join(line(P + name, f'{labels},reason="{reason}"', float(count))
-                                 for reason, count in counts.items())
-        for name, histogram in (("capacity_miss_distance_ratio", pool.distance),
-                                ("block_residency_seconds", pool.residency)):
-            buckets = histogram.cumulative()
-            bounds = tuple(bound for bound, _ in buckets)
-            text[name] = self._prefixes.histogram(name, labels, bounds) % (
-                *(float(count) for _, count in buckets), float(buckets[-1][1]), float(histogram.sum))
-        return TargetText({name: chunk.encode() for name, chunk in text.items()})
+    def render(self, rank: int) -> exposition.TargetText:
+        """The stream's series, labelled as the pool of DP rank `rank`."""
+        target, outcome, pool = self.target, self.target.outcome, self.pool
+        labels = {"target": target.name, "engine": outcome.engine, "model": outcome.model, "dp_rank": str(rank),
+                  **target.labels}
+        counters = {"events_blocks_stored_total": pool.stored, "events_blocks_evicted_total": pool.evicted,
+                    "capacity_miss_blocks_total": pool.capacity_misses, "events_messages_total": self.messages,
+                    "events_publisher_restarts_total": self.restarts,
+                    "events_rank_mismatches_total": self.rank_mismatches}
+        gauges = {} if self.last_message is None else {"events_last_message_timestamp_seconds": self.last_message}
+        labelled = {"events_dropped_total": self.dropped, "events_ignored_total": {**self.ignored, **pool.ignored}}
+        values = RankValues(
+            gauges, {name: float(count) for name, count in counters.items()},
+            {"capacity_miss_distance_ratio": _buckets(pool.distance), "block_residency_seconds": _buckets(pool.residency)},
+            {name: {(reason,): float(count) for reason, count in counts.items()} for name, counts in labelled.items()})
+        return exposition.render_pool(labels, values, self._prefixes)
+
+
+def _buckets(histogram: Histogram) -> Buckets:
+    return Buckets([(bound, float(count)) for bound, count in histogram.cumulative()], float(histogram.sum),
+                   float(histogram.count))
 
 
 class Subscribers:
@@ -293,5 +311,16 @@ class Subscribers:
             self._context.destroy(linger=0)
             self._context = None
 
-    def render(self) -> list[TargetText]:
-        return [stream.render() for stream in self.streams.values()]
+    def render(self) -> list[exposition.TargetText]:
+        """Every stream's series. Where two streams of a target name the same DP rank, the target's
+        streams keep their configured ranks: one pool's series twice would make the scrape fail."""
+        by_target: dict[str, list[EventStream]] = {}
+        for stream in self.streams.values():
+            by_target.setdefault(stream.target.name, []).append(stream)
+        texts = []
+        for streams in by_target.values():
+            ranks = [stream.pool_rank for stream in streams]
+            if len(set(ranks)) < len(ranks):
+                ranks = [stream.rank for stream in streams]
+            texts.extend(stream.render(rank) for stream, rank in zip(streams, ranks))
+        return texts

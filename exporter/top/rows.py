@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from .. import contract
 from .rates import RateWindow
-from .source import CAPACITY_MISSES, RUNNING_MAX, Frame
+from .source import CAPACITY_MISSES, Frame
 
 STATES = contract.PRESSURE_STATES  # mildest first
 TARGET_MIN_WIDTH = 8
@@ -33,7 +33,7 @@ def build_rows(frame: Frame, window: RateWindow) -> list[dict[str, Any]]:
             "free_tokens": gauges.get("free_tokens"),
             "headroom_requests": gauges.get("headroom_requests"),
             "requests_running": gauges.get("requests_running"),
-            "requests_running_max": gauges.get(RUNNING_MAX),
+            "requests_running_max": gauges.get("requests_running_max"),
             "requests_waiting": gauges.get("requests_waiting"),
             "requests_waiting_for_kv": gauges.get("requests_waiting_for_kv"),
             "requests_waiting_with_kv_room": gauges.get("requests_waiting_with_kv_room"),

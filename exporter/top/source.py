@@ -18,18 +18,18 @@ from ..config import Config
 from ..runtime.direct import DirectPolls
 from ..sources import parser
 
+# The families `top` reads, all in the contract (tests/unit/test_contract_table.py): a pool's polled gauges
+# and counters, its state and TTFT buckets, the capacity misses where a KV event stream is read (their
+# column shows only there), and whether each target answered.
 P = contract.PREFIX
 TTFT = "time_to_first_token_seconds"
-# Families that exporters of other versions may not have yet; read when present, shown as "-" when not.
-RUNNING_MAX = "requests_running_max"
-CAPACITY_MISSES = "capacity_miss_blocks_total"  # issue 16 (KV events); the column shows only where it exists
-_GAUGES = tuple(contract.RANK_GAUGES) + (RUNNING_MAX,)
-_COUNTERS = tuple(contract.COUNTERS) + (CAPACITY_MISSES,)
+STATE = "pressure_state"
+CAPACITY_MISSES = "capacity_miss_blocks_total"
+_GAUGES = contract.names(group="pool", type="gauge")
+_COUNTERS = contract.names(group="pool", type="counter") + (CAPACITY_MISSES,)
 _LAST_SUCCESS = "target_last_success_timestamp_seconds"
-WANTED = frozenset(
-    [P + name for name in (*_GAUGES, *_COUNTERS, contract.PRESSURE_STATE[0], "target_up", _LAST_SUCCESS)]
-    + [P + TTFT + "_bucket"])
-_IDENTITY = ("target", "engine", "model", "dp_rank")
+WANTED = frozenset(P + name for name in (*_GAUGES, *_COUNTERS, STATE, "target_up", _LAST_SUCCESS, TTFT + "_bucket"))
+_IDENTITY = contract.GROUPS["pool"].identity
 
 
 class SourceError(Exception):
@@ -84,7 +84,7 @@ def read_frame(text: str, read_at: float) -> Frame:
         for name in names:
             for sample in samples.get(P + name, ()):
                 getattr(pool_of(sample.labels), into)[name] = sample.value
-    for sample in samples.get(P + contract.PRESSURE_STATE[0], ()):
+    for sample in samples.get(P + STATE, ()):
         if sample.value == 1.0:
             pool_of(sample.labels).state = sample.labels.get("state")
     for sample in samples.get(P + TTFT + "_bucket", ()):

@@ -12,7 +12,6 @@ import sys
 import pytest
 import yaml
 
-from kvcache_exporter import contract
 from kvcache_exporter.top import rows as top_rows, source
 from kvcache_exporter.top.rates import Rates, RateWindow, histogram_quantile
 from kvcache_exporter.top.source import Frame, Pool
@@ -205,11 +204,3 @@ def test_the_columns_fit_the_width_and_the_state_stays(width):
     everything = top_rows.fit(recorded_rows(), None, bar=True)
     if sum(w for _, w in everything) + len(everything) - 1 <= width:
         assert len(layout) == len(everything)
-
-
-def test_every_family_top_reads_is_in_the_contract_or_announced():
-    announced = {source.RUNNING_MAX, source.CAPACITY_MISSES}  # families other issues add; shown as "-" until then
-    known = set(contract.RANK_GAUGES) | set(contract.COUNTERS) | set(contract.HISTOGRAMS) | {
-        contract.PRESSURE_STATE[0], *contract.TARGET_FAMILIES}
-    read = {name.removeprefix(contract.PREFIX).removesuffix("_bucket") for name in source.WANTED}
-    assert read - known == announced

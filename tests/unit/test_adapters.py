@@ -119,15 +119,12 @@ def test_re_exported_spelling_reads_the_same(page, colon, underscore):
 def test_every_adapter_concept_is_a_contract_family_of_its_kind():
     from kvcache_exporter import contract
 
-    kinds = {"gauge": contract.RANK_GAUGES, "counter": contract.COUNTERS, "histogram": contract.HISTOGRAMS}
     for adapter in adapters.ADAPTERS.values():
         for series in adapter.series:
-            if series.labels or series.label_from:  # a labelled family: its kind and its number of labels
-                kind, labels, _ = contract.TIER_FAMILIES[series.concept]
-                assert (series.kind, len(series.labels) + bool(series.label_from)) == (kind, len(labels)), \
-                    (adapter.engine, series.concept)
-                continue
-            assert series.concept in kinds[series.kind], (adapter.engine, series.concept)
+            family = contract.FAMILIES[series.concept]
+            # A polled family of the series' kind; a labelled one with all its labels filled.
+            assert (family.fed_by, family.type, len(family.labels)) == (
+                "poll", series.kind, len(series.labels) + bool(series.label_from)), (adapter.engine, series.concept)
 
 
 CRASHES = sorted((harness.REPO / "fuzz" / "crashes").glob("*.txt"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from devtools import contract_doc, harness
-from kvcache_exporter import exposition
+from kvcache_exporter import contract
 
 DOC = harness.REPO / "docs" / "metrics.md"
 
@@ -16,7 +16,7 @@ def test_the_committed_contract_is_the_generated_one():
 
 def test_every_exposed_family_has_a_row():
     rows = [line.split("|")[1].strip() for line in DOC.read_text().splitlines() if line.startswith("| `kvcache_")]
-    assert rows == [f"`{family.name}`" for family in exposition.FAMILIES.values()]
+    assert rows == [f"`{family.metric}`" for family in contract.FAMILIES.values()]
 
 
 def test_check_mode_finds_drift(tmp_path, capsys):

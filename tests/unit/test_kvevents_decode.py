@@ -6,7 +6,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from kvcache_exporter.blocks import DISTANCE_BUCKETS, GHOST_FACTOR, PoolState
+from kvcache_exporter.blocks import GHOST_FACTOR, PoolState
+from kvcache_exporter.contract import DISTANCE_BUCKETS
 from kvcache_exporter.sources.kvevents import (CLEARED, REMOVED, STORED, BlockEvent, DecodeError, decode_message,
                                        decode_payload)
 from devtools import kvevents_wire as wire
