@@ -1,6 +1,7 @@
 """Build the Prometheus rule file for the kvcache_* contract from exporter/thresholds.py.
 
-    python -m kvcache_exporter.alerts.generate [--config exporter.yml] [--time-scale N] [--runbook-url-base URL] [--output FILE] [--check]
+    python -m kvcache_exporter.alerts.generate [--config exporter.yml] [--time-scale N] [--runbook-url-base URL]
+        [--output FILE] [--check]
 
 Every number in the rules comes from `Thresholds`, so a deployment's `pressure:` overrides (the
 exporter's own config file) flow into the rules exactly as they flow into the exporter.

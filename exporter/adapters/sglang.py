@@ -56,9 +56,9 @@ class SglangAdapter(Adapter):
     marker = r"sglang[:_]"
     prefix_aliases = ("sglang_",)
     rank_label = "dp_rank"
-    not_reported = frozenset({"requests_waiting_for_capacity", "requests_paused", "tier_used_bytes",
-                              "tier_store_failures_total", "tier_evictions_total",
-                              "external_cache_queried_tokens_total", "external_cache_hit_tokens_total"}) | NO_RUNNING_CAP
+    not_reported = NO_RUNNING_CAP | frozenset({
+        "requests_waiting_for_capacity", "requests_paused", "tier_used_bytes", "tier_store_failures_total",
+        "tier_evictions_total", "external_cache_queried_tokens_total", "external_cache_hit_tokens_total"})
     # With priority scheduling, priority="" is the total and other values are slices of it.
     base_match = {"priority": ""}
     extra_names = ("sglang:cache_config_info",) + _STORAGE_NAMES

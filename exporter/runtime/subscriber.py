@@ -266,9 +266,10 @@ class EventStream:
                     "events_rank_mismatches_total": self.rank_mismatches}
         gauges = {} if self.last_message is None else {"events_last_message_timestamp_seconds": self.last_message}
         labelled = {"events_dropped_total": self.dropped, "events_ignored_total": {**self.ignored, **pool.ignored}}
+        histograms = {"capacity_miss_distance_ratio": _buckets(pool.distance),
+                      "block_residency_seconds": _buckets(pool.residency)}
         values = RankValues(
-            gauges, {name: float(count) for name, count in counters.items()},
-            {"capacity_miss_distance_ratio": _buckets(pool.distance), "block_residency_seconds": _buckets(pool.residency)},
+            gauges, {name: float(count) for name, count in counters.items()}, histograms,
             {name: {(reason,): float(count) for reason, count in counts.items()} for name, counts in labelled.items()})
         return exposition.render_pool(labels, values, self._prefixes)
 

@@ -44,7 +44,8 @@ def exposed(tmp_path_factory) -> str:
     """The exporter's pipeline over every fixture page (one with a model architecture), a KV event stream
     that received batches, and the exporter's own series: one /metrics body."""
     pages = sorted(p.name for p in harness.FIXTURES.glob("*.txt"))
-    with harness.PageServer({f"/{name}": harness.page((harness.FIXTURES / name).read_text()) for name in pages}) as server:
+    routes = {f"/{name}": harness.page((harness.FIXTURES / name).read_text()) for name in pages}
+    with harness.PageServer(routes) as server:
         targets = [{"name": name, "url": server.url(f"/{name}")} for name in pages]
         targets.append({"name": "architecture", "url": server.url("/vllm-v1.txt"),
                         "model_architecture": {"layers": 32, "kv_heads": 8, "head_dim": 128},
@@ -94,8 +95,8 @@ def consumers(exposition_text: str) -> dict[str, set[str]]:
     return {
         "exposition": {name for name, _ in samples(exposition_text)},
         "dashboards": dashboards,
-        "rules": {name for rule in rules for name in NAME.findall(" ".join([rule["expr"], *rule.get("annotations",
-                                                                                                         {}).values()]))},
+        "rules": {name for rule in rules
+                  for name in NAME.findall(" ".join([rule["expr"], *rule.get("annotations", {}).values()]))},
         "docs/metrics.md": set(NAME.findall((harness.REPO / "docs" / "metrics.md").read_text())),
         "top": set(top_source.WANTED),
         "self-metrics": {contract.PREFIX + name for name in ExporterState().lines(0, 0)},
@@ -178,7 +179,7 @@ def test_the_stream_families_render_as_the_polled_ones(exposed):
     """A KV event stream's series come from the exposition's own rendering: one HELP and TYPE per family,
     with the polled targets' series of other families around them."""
     heads = re.findall(r"^# TYPE (kvcache_\S+) ", exposed, re.MULTILINE)
-    assert heads == [contract.FAMILIES[name].metric for name in contract.FAMILIES if contract.FAMILIES[name].metric in heads]
+    assert heads == [family.metric for family in contract.FAMILIES.values() if family.metric in heads]
     assert len(heads) == len(set(heads)) == len(contract.FAMILIES)
     stored = [line for line in exposed.splitlines() if line.startswith("kvcache_events_blocks_stored_total{")]
     assert len(stored) == 1 and stored[0].startswith('kvcache_events_blocks_stored_total{target="architecture",')
