@@ -5,13 +5,18 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install deps docs dashboards dashboards-preview alerts kubernetes bench bench-paths fuzz
+.PHONY: demo test check install deps docs dashboards dashboards-preview alerts kubernetes bench bench-paths fuzz
 
 demo: install
 	$(PY) -m kvcache_exporter --demo
 
 test: deps
 	$(PY) -m pytest -q
+
+# For developers: the unit tier (tests/unit/, everything that starts no process and runs no
+# tool) in about a minute. `make test` stays the whole suite, unit, integration and e2e.
+check: $(VENV)/.installed-test
+	$(PY) -m pytest -q -m unit
 
 install: $(VENV)/.installed
 
