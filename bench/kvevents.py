@@ -2,7 +2,7 @@
 
     python -m bench.kvevents [--blocks N]
 
-Throughput: the simulator's LRU workload (tests/test_kvevents_whatif.py) played as vLLM's wire batches
+Throughput: the simulator's LRU workload (tests/unit/test_kvevents_whatif.py) played as vLLM's wire batches
 (tagged maps, 64-bit hashes, the store events carrying their token ids as vLLM sends them), decoded by
 exporter.sources.kvevents and folded by exporter.blocks, in this process on one core: CPU time, best
 of 5. A block event is one hash of a BlockStored or BlockRemoved.

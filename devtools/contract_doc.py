@@ -8,7 +8,7 @@ adapters' series tables, pressure states from exporter/contract.py and their thr
 exporter/thresholds.py, failure reasons from exporter/contract.py.
 What no table says (values read from info labels, values the exporter computes, the rule of each
 pressure state) is written below, and generation stops naming any family or state it cannot
-document, so the committed file and the code cannot drift apart (tests/test_contract_doc.py).
+document, so the committed file and the code cannot drift apart (tests/unit/test_contract_doc.py).
 """
 
 from __future__ import annotations

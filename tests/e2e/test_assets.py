@@ -1,5 +1,5 @@
 """`kvcache-exporter assets`: with --config, the files the generators build for that configuration;
-every problem one line and exit 2. (tests/test_wheel_install.py covers the packaged copies.)"""
+every problem one line and exit 2. (tests/e2e/test_packaging.py covers the packaged copies.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """End to end through real Prometheus: a KV event stream with capacity misses at a known distance -> the
-exporter -> Prometheus with the shipped rules (on a clock 20 times faster, as tests/test_alerts_e2e.py) ->
+exporter -> Prometheus with the shipped rules (on a clock 20 times faster, as tests/e2e/test_alerts_e2e.py) ->
 the what-if recording rules, and the dashboards' queries, answer with the stream's arithmetic.
 
 The stream cycles through M = 851 distinct blocks with 100 resident: each step stores block i and

@@ -28,7 +28,7 @@ from devtools.harness import probe
 
 SCALING_DOC = harness.REPO / "docs" / "scaling.md"
 FLEET_DASHBOARD = harness.REPO / "dashboards" / "generated" / "kvcache-fleet.json"
-DOC_MARKER = "<!-- tests/test_sharding_e2e.py loads the next YAML block -->"
+DOC_MARKER = "<!-- tests/e2e/test_sharding_e2e.py loads the next YAML block -->"
 # Values of the documented blocks that name things which only exist in a real deployment.
 DOC_REPLICAS = ("kvcache-exporter-0:10490", "kvcache-exporter-1:10490")
 DOC_CLUSTER = "eu-west-1"

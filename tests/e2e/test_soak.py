@@ -2,7 +2,7 @@
 polled every 0.5 s for minutes. The exporter's threads, open descriptors and resident memory stay
 flat, its healthy targets stay fresh, and every fault keeps being seen for what it is.
 
-CI runs the short form; the long form is `KVCACHE_SOAK_SECONDS=600 python -m pytest tests/test_soak.py`
+CI runs the short form; the long form is `KVCACHE_SOAK_SECONDS=600 python -m pytest tests/e2e/test_soak.py`
 (docs/robustness.md). KVCACHE_SOAK_SECONDS is the measured time, after the warm-up.
 """
 

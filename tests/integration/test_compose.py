@@ -377,7 +377,7 @@ def test_build_context_has_what_the_dockerfile_copies_and_nothing_secret():
     for source in copied:
         assert (REPO / source).exists(), f"the Dockerfile copies {source}, which does not exist"
         assert dockerignore_allows(source), f".dockerignore keeps {source} out of the build context"
-    for kept_out in (".env", "deploy/compose/secrets/grafana/admin-password", "tests/test_compose.py", ".git/config"):
+    for kept_out in (".env", "deploy/compose/secrets/grafana/admin-password", "tests/integration/test_compose.py", ".git/config"):
         assert not dockerignore_allows(kept_out), kept_out
     assert not dockerignore_allows("exporter/__pycache__/cli.cpython-311.pyc")
 

@@ -1,4 +1,4 @@
-"""The KV event decoder on messages laid out as the engines' encoders write them (tests/kvevents_wire.py
+"""The KV event decoder on messages laid out as the engines' encoders write them (devtools/kvevents_wire.py
 says which struct definitions), and the pool state folded from them, against hand-counted arithmetic."""
 
 from __future__ import annotations
