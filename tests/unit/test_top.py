@@ -1,0 +1,70 @@
+"""`kvcache-exporter top`'s arithmetic and layout, in this process: the per-minute figures from a window of
+polls, and the columns that fit a terminal's width for the recorded exporter page (tests/fixtures/top/).
+tests/e2e/test_top.py runs the command."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from devtools import harness
+from kvcache_exporter.top import rows as top_rows, source
+from kvcache_exporter.top.rates import Rates, RateWindow, histogram_quantile
+from kvcache_exporter.top.source import Frame, Pool
+
+PAGES = [(harness.FIXTURES / "top" / f"exporter-{n}.txt").read_text() for n in (1, 2)]
+
+
+def test_histogram_quantile_interpolates_like_promql():
+    inf = math.inf
+    assert histogram_quantile(0.9, [(1.0, 0.0), (2.0, 10.0), (inf, 10.0)]) == 1.0 + 1.0 * 9 / 10
+    assert histogram_quantile(0.5, [(4.0, 10.0), (inf, 10.0)]) == 2.0  # first bucket: from 0 to its bound
+    assert histogram_quantile(0.9, [(1.0, 5.0), (2.0, 5.0), (inf, 10.0)]) == 2.0  # in +Inf: the highest bound
+    assert histogram_quantile(0.9, [(1.0, 0.0), (inf, 0.0)]) is None  # no observation
+    assert histogram_quantile(0.9, [(1.0, 3.0)]) is None  # no +Inf bucket: not a histogram
+
+
+def pool(at: float, preempted: float) -> Pool:
+    return Pool("t", "vllm", "m", "0", at, counters={"preemptions_total": preempted})
+
+
+def frame(*pools: Pool) -> Frame:
+    return Frame(pools[0].at, {p.key: p for p in pools}, {"t": True})
+
+
+def test_rates_use_the_last_minute_of_polls_and_count_nothing_for_a_restart():
+    window = RateWindow()
+    for at, preempted in ((0.0, 100.0), (30.0, 130.0), (30.0, 130.0), (100.0, 200.0)):
+        window.add(frame(pool(at, preempted)))
+    # the poll at 0 s is older than the minute before 100 s; the one at 30 s is the base: 70 in 70 s
+    assert window.rates(pool(0, 0).key).preemptions_per_min == pytest.approx(60.0)
+    window.add(frame(pool(130.0, 5.0)))  # restarted: the step 200 -> 5 counts nothing
+    window.add(frame(pool(160.0, 35.0)))
+    # base 100 s (the last poll at or before 160 - 60): steps +0 (restart) and +30, over 60 s
+    assert window.rates(pool(0, 0).key).preemptions_per_min == pytest.approx(30.0)
+
+
+def test_a_pool_read_once_has_no_rates_yet():
+    window = RateWindow()
+    window.add(frame(pool(0.0, 1.0)))
+    assert window.rates(pool(0, 0).key) == Rates()  # every figure None: shown as "-"
+
+
+def recorded_rows() -> list[dict]:
+    window = RateWindow()
+    for text in PAGES:
+        last = source.read_frame(text, 0.0)
+        window.add(last)
+    return top_rows.build_rows(last, window)
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100, 200])
+def test_the_columns_fit_the_width_and_the_state_stays(width):
+    layout = top_rows.fit(recorded_rows(), width, bar=True)
+    names = [column.name for column, _ in layout]
+    assert sum(w for _, w in layout) + len(layout) - 1 <= width
+    assert {"target", "state", "usage"} <= set(names)
+    everything = top_rows.fit(recorded_rows(), None, bar=True)
+    if sum(w for _, w in everything) + len(everything) - 1 <= width:
+        assert len(layout) == len(everything)
