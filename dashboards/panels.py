@@ -157,6 +157,9 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
     the organize step names the value columns (`Value #A` ...) after their headers.
     """
     panel = table_builders.Panel().height(TABLE_HEIGHT).filterable(True)
+    # The SDK writes the pre-12.4 table's `footer` option, which Grafana 12.4's table model no longer
+    # has (footers are per field now; @grafana/schema 12.4 rejects the key), and offers no way to unset it.
+    panel._internal.options.footer = None
     panel.sort_by([common_builders.TableSortByFieldState().display_name(sort_by).desc(True)])
     panel.with_transformation(models.DataTransformerConfig(id_val="merge", options={}))
     names = {f"Value #{ref_id}": column.header for ref_id, column in zip(REF_IDS, columns)}
