@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test check install deps docs dashboards dashboards-preview alerts kubernetes bench bench-paths fuzz
+.PHONY: demo test check install deps docs dashboards dashboards-preview dashboards-render alerts kubernetes bench bench-paths fuzz
 
 demo: install
 	$(PY) -m kvcache_exporter --demo
@@ -56,6 +56,27 @@ PROMETHEUS ?= http://127.0.0.1:9090
 PREVIEW_DIR ?= dashboard-preview
 dashboards-preview: deps
 	$(PY) -m devtools.preview_dashboards --prometheus $(PROMETHEUS) --out $(PREVIEW_DIR)
+
+# Both dashboards as Grafana 12.4's own frontend code draws them (devtools/grafana-render/, in Debian's
+# Chromium), from a running Prometheus: $(RENDER_DIR)/<dashboard>/<panel>.png, row-NN-<row>.png and
+# displayed.json (what each panel shows). RENDER_ARGS passes more, e.g. --range 10m --var target=NAME.
+# Exits non-zero naming the panel when a dashboard does not validate against @grafana/schema or a query fails.
+RENDER_DIR ?= dashboard-render
+RENDER_ARGS ?=
+GRAFANA_RENDER := devtools/grafana-render
+dashboards-render: $(GRAFANA_RENDER)/dist/index.html
+	node $(GRAFANA_RENDER)/render.mjs --prometheus $(PROMETHEUS) --out $(RENDER_DIR) $(RENDER_ARGS) dashboards/generated/*.json
+
+# npm writes node_modules/.package-lock.json on every install: older than the lock file means stale.
+$(GRAFANA_RENDER)/node_modules/.package-lock.json: $(GRAFANA_RENDER)/package-lock.json
+	@command -v chromium >/dev/null || { sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends chromium; }
+	npm ci --prefix $(GRAFANA_RENDER) --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(GRAFANA_RENDER)/dist/index.html: $(GRAFANA_RENDER)/node_modules/.package-lock.json $(GRAFANA_RENDER)/index.html \
+		$(GRAFANA_RENDER)/vite.config.js $(wildcard $(GRAFANA_RENDER)/src/*)
+	npm run --prefix $(GRAFANA_RENDER) build
 
 # After `make alerts` and `make dashboards`: the manifests embed both.
 kubernetes: install

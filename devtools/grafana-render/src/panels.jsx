@@ -1,0 +1,256 @@
+// The panels' visualisations, each as Grafana 12.4's panel plugin renders it from @grafana/ui.
+// Grafana's panel plugins live in its core app (public/app/plugins/panel/*), not on npm: the
+// components below make the same calls as StatPanel.tsx, table-new/TablePanel.tsx and
+// TimeSeriesPanel.tsx. State timeline and heatmap have no @grafana/ui component; they are drawn
+// here from the values and colours Grafana's display processor gives (marked as such in displayed.json).
+import React from 'react';
+import { FieldType, applyNullInsertThreshold, cacheFieldDisplayNames, formattedValueToString, getDisplayProcessor,
+  getDisplayValueAlignmentFactors, getFieldDisplayName, getFieldDisplayValues, getValueFormat, nullToValue } from '@grafana/data';
+import { BigValue, TimeSeries, VizRepeater } from '@grafana/ui';
+import { TableNG } from '@grafana/ui/unstable';
+import { interpolateOranges } from 'd3-scale-chromatic';
+
+const NO_DATA = 'No data';
+
+/** public/app/plugins/panel/stat/panelcfg.gen.ts defaultOptions (and the common reduce options). */
+const STAT_DEFAULTS = {
+  colorMode: 'value', graphMode: 'area', justifyMode: 'auto', textMode: 'auto', wideLayout: true,
+  showPercentChange: false, percentChangeColorMode: 'standard', orientation: 'auto',
+  reduceOptions: { calcs: ['lastNotNull'], values: false, fields: '' },
+};
+
+export function NoData({ width, height }) {
+  // @grafana/runtime's PanelDataErrorView with no error: the centred "No data" message.
+  return (
+    <div data-no-data="" style={{ width, height, display: 'flex', alignItems: 'center', justifyContent: 'center', color: '#ccccdc' }}>
+      {NO_DATA}
+    </div>
+  );
+}
+
+export function StatViz({ panel, series, fieldConfig, width, height, theme, timeRange, record }) {
+  const options = { ...STAT_DEFAULTS, ...panel.options, reduceOptions: { ...STAT_DEFAULTS.reduceOptions, ...panel.options?.reduceOptions } };
+  // StatPanel.getTextMode: a panel without a title, or a fixed display name, always shows the name.
+  const textMode = options.textMode === 'auto' && (fieldConfig.defaults.displayName || !panel.title) ? 'value_and_name' : options.textMode;
+  const getValues = () => {
+    const values = getFieldDisplayValues({
+      fieldConfig, reduceOptions: options.reduceOptions, replaceVariables: (s) => s, theme, data: series,
+      sparkline: options.graphMode !== 'none', percentChange: options.showPercentChange, timeZone: 'browser',
+    });
+    record.values = values.map((value) => ({
+      name: value.display.title ?? value.name,
+      text: formattedValueToString(value.display),
+      numeric: Number.isFinite(value.display.numeric) ? value.display.numeric : null,
+      color: value.display.color,
+    }));
+    return values;
+  };
+  return (
+    <VizRepeater
+      getValues={getValues}
+      getAlignmentFactors={getDisplayValueAlignmentFactors}
+      renderValue={({ value, alignmentFactors, width: w, height: h, count }) => {
+        const sparkline = value.sparkline ? { ...value.sparkline, timeRange } : undefined;
+        return (
+          <BigValue value={value.display} count={count} sparkline={sparkline} colorMode={options.colorMode}
+            graphMode={options.graphMode} justifyMode={options.justifyMode} textMode={textMode}
+            alignmentFactors={alignmentFactors} text={options.text} width={w} height={h} theme={theme}
+            disableWideLayout={!options.wideLayout} percentChangeColorMode={options.percentChangeColorMode} />
+        );
+      }}
+      width={width} height={height} source={series} itemSpacing={3} renderCounter={0} autoGrid={true}
+      orientation={options.orientation}
+    />
+  );
+}
+
+export function TableViz({ panel, series, fieldConfig, width, height, timeRange, record }) {
+  const options = { showHeader: true, cellHeight: 'sm', ...panel.options };
+  cacheFieldDisplayNames(series);
+  const main = series[options.frameIndex > 0 && options.frameIndex < series.length ? options.frameIndex : 0];
+  if (!main || !series.some((frame) => frame.fields.length > 0)) {
+    record.noData = true;
+    return <NoData width={width} height={height} />;
+  }
+  return (
+    <TableNG height={height} width={width} data={main} noHeader={!options.showHeader} showTypeIcons={options.showTypeIcons}
+      resizable={true} initialSortBy={options.sortBy} footerOptions={options.footer}
+      enablePagination={options.footer?.enablePagination} cellHeight={options.cellHeight} timeRange={timeRange}
+      fieldConfig={fieldConfig} structureRev={1} enableVirtualization={false} />
+  );
+}
+
+/** public/app/plugins/panel/timeseries/utils.ts prepareGraphableFields, for time and number fields. */
+export function prepareGraphableFields(series, theme, timeRange) {
+  if (!series?.length) {
+    return null;
+  }
+  cacheFieldDisplayNames(series);
+  const frames = [];
+  for (const frame of series) {
+    const nulled = applyNullInsertThreshold({ frame, refFieldPseudoMin: timeRange.from.valueOf(), refFieldPseudoMax: timeRange.to.valueOf() });
+    const fields = [];
+    let hasTime = false;
+    let hasValue = false;
+    for (const field of nullToValue(nulled).fields) {
+      if (field.type === FieldType.time) {
+        hasTime = true;
+        fields.push(field);
+      } else if (field.type === FieldType.number) {
+        hasValue = true;
+        fields.push({ ...field, values: field.values.map((v) => (Number.isFinite(v) || v == null ? v : null)) });
+      }
+    }
+    if (hasTime && hasValue) {
+      frames.push({ ...frame, length: nulled.length, fields });
+    }
+  }
+  if (!frames.length) {
+    return null;
+  }
+  // setClassicPaletteIdxs: series colours follow one index across all frames.
+  let seriesIndex = 0;
+  for (const frame of frames) {
+    for (const field of frame.fields) {
+      if (field.type === FieldType.number) {
+        field.state = { ...field.state, seriesIndex: seriesIndex++ };
+        field.display = getDisplayProcessor({ field, theme });
+      }
+    }
+  }
+  return frames;
+}
+
+export function TimeSeriesViz({ panel, series, width, height, theme, timeRange, record }) {
+  const frames = prepareGraphableFields(series, theme, timeRange);
+  if (!frames) {
+    record.noData = true;
+    return <NoData width={width} height={height} />;
+  }
+  const legend = { showLegend: true, displayMode: 'list', placement: 'bottom', calcs: [], ...panel.options?.legend };
+  return (
+    <TimeSeries frames={frames} structureRev={1} timeRange={timeRange} timeZone="browser" width={width} height={height}
+      legend={legend} options={panel.options} theme={theme} />
+  );
+}
+
+/** The series of a time-based panel, each with its display processor applied to every point. */
+function displayedSeries(series) {
+  const lanes = [];
+  for (const frame of series) {
+    const time = frame.fields.find((f) => f.type === FieldType.time);
+    for (const field of frame.fields) {
+      if (field.type === FieldType.number && time) {
+        lanes.push({ name: getFieldDisplayName(field, frame, series), time: time.values, field });
+      }
+    }
+  }
+  return lanes;
+}
+
+export function StateTimelineViz({ panel, series, width, height, timeRange, record }) {
+  const lanes = displayedSeries(series).filter((lane) => lane.field.values.some((v) => v != null && !Number.isNaN(v)));
+  if (!lanes.length) {
+    record.noData = true;
+    return <NoData width={width} height={height} />;
+  }
+  record.drawnBy = 'renderer lanes: colours and texts from @grafana/data display processor (no @grafana/ui state timeline)';
+  const from = timeRange.from.valueOf();
+  const span = timeRange.to.valueOf() - from;
+  const labelWidth = Math.min(160, Math.floor(width / 4));
+  const laneHeight = Math.max(8, Math.floor((height - 20) / lanes.length));
+  const x = (t) => labelWidth + ((t - from) / span) * (width - labelWidth - 4);
+  record.lanes = lanes.map((lane) => {
+    const last = [...lane.field.values].reverse().find((v) => v != null && !Number.isNaN(v));
+    const shown = lane.field.display(last);
+    return { name: lane.name, last: formattedValueToString(shown), color: shown.color };
+  });
+  return (
+    <svg width={width} height={height}>
+      {lanes.map((lane, row) => {
+        const y = row * laneHeight;
+        const cells = [];
+        lane.field.values.forEach((value, i) => {
+          if (value == null || Number.isNaN(value)) {
+            return;
+          }
+          const end = i + 1 < lane.time.length ? lane.time[i + 1] : timeRange.to.valueOf();
+          const shown = lane.field.display(value);
+          cells.push(<rect key={i} x={x(lane.time[i])} y={y + 1} width={Math.max(1, x(end) - x(lane.time[i]))}
+            height={laneHeight * (panel.options?.rowHeight ?? 0.9)} fill={shown.color} fillOpacity={0.8} />);
+        });
+        return (
+          <g key={lane.name}>
+            <text x={labelWidth - 6} y={y + laneHeight / 2 + 4} fill="#ccccdc" fontSize="12" textAnchor="end">{lane.name}</text>
+            {cells}
+          </g>
+        );
+      })}
+    </svg>
+  );
+}
+
+/**
+ * public/app/plugins/panel/heatmap/palettes.ts quantizeScheme: the scheme's interpolator in `steps`
+ * colours, reversed on a dark theme for the schemes marked invert: 'dark' (Oranges among them).
+ */
+function heatmapPalette(options, theme) {
+  const steps = options?.steps ?? 64;
+  const palette = Array.from({ length: steps }, (_, i) => interpolateOranges(i / (steps - 1)));
+  return theme.isDark !== Boolean(options?.reverse) ? palette.reverse() : palette;
+}
+
+export function HeatmapViz({ panel, series, width, height, theme, timeRange, record }) {
+  // transformV2 turned format=heatmap into one HeatmapRows frame: time, then one count field per bucket.
+  const frame = series.find((f) => f.fields.length > 1 && f.fields.some((fl) => fl.type === FieldType.time));
+  const buckets = frame ? frame.fields.filter((f) => f.type === FieldType.number) : [];
+  const time = frame?.fields.find((f) => f.type === FieldType.time);
+  const max = Math.max(0, ...buckets.flatMap((b) => b.values.filter(Number.isFinite)));
+  if (!buckets.length || max === 0) {
+    record.noData = true;
+    return <NoData width={width} height={height} />;
+  }
+  record.drawnBy = 'renderer cells: buckets from @grafana/prometheus transformV2, colours as the heatmap panel quantizes its scheme (no @grafana/ui heatmap)';
+  const palette = heatmapPalette(panel.options?.color, theme);
+  const exponent = panel.options?.color?.exponent ?? 0.5;
+  const format = getValueFormat(panel.options?.yAxis?.unit ?? 'short');
+  const bound = (b) => {
+    const le = Number(getFieldDisplayName(b, frame, series));
+    return Number.isFinite(le) ? formattedValueToString(format(le)) : getFieldDisplayName(b, frame, series);
+  };
+  record.buckets = buckets.map(bound);
+  const labelWidth = 60;
+  const from = timeRange.from.valueOf();
+  const span = timeRange.to.valueOf() - from;
+  const rowHeight = (height - 4) / buckets.length;
+  const labelEvery = Math.ceil(14 / rowHeight);
+  const cellWidth = Math.max(1, ((width - labelWidth) * (time.config.interval ?? 15000)) / span);
+  const gap = panel.options?.cellGap ?? 1;
+  return (
+    <svg width={width} height={height}>
+      {buckets.map((bucket, row) => {
+        const y = height - (row + 1) * rowHeight;
+        return (
+          <g key={row}>
+            {row % labelEvery === 0 ? (
+              <text x={labelWidth - 4} y={y + rowHeight / 2 + 4} fill="#ccccdc" fontSize="11" textAnchor="end">{bound(bucket)}</text>
+            ) : null}
+            {bucket.values.map((count, i) => (count > 0 ? (
+              <rect key={i} x={labelWidth + ((time.values[i] - from) / span) * (width - labelWidth) - cellWidth}
+                y={y} width={Math.max(1, cellWidth - gap)} height={Math.max(1, rowHeight - gap)}
+                fill={palette[Math.min(palette.length - 1, Math.floor((count / max) ** exponent * palette.length))]} />
+            ) : null))}
+          </g>
+        );
+      })}
+    </svg>
+  );
+}
+
+export const VISUALISATIONS = {
+  stat: StatViz,
+  table: TableViz,
+  timeseries: TimeSeriesViz,
+  'state-timeline': StateTimelineViz,
+  heatmap: HeatmapViz,
+};

@@ -1,0 +1,91 @@
+// What each drawn panel displays, read back from the page: the table's rows in their displayed
+// order with each cell's text and background colour, the time series' legend rows, and the colour
+// names of Grafana's palette for every colour (so a check can say "red", not "#F2495C").
+
+/** Grafana's named colours (theme.visualization: "green", "dark-red", "super-light-blue", ...) by hex. */
+function colourNames(theme) {
+  const names = new Map();
+  for (const hue of theme.visualization.hues) {
+    for (const shade of hue.shades) {
+      names.set(theme.visualization.getColorByName(shade.name).toLowerCase(), shade.name);
+    }
+  }
+  return names;
+}
+
+function hex(cssColour) {
+  const match = /rgba?\((\d+),\s*(\d+),\s*(\d+)(?:,\s*([\d.]+))?\)/.exec(cssColour ?? '');
+  if (!match || match[4] === '0') {
+    return null;
+  }
+  return `#${match.slice(1, 4).map((n) => Number(n).toString(16).padStart(2, '0')).join('')}`;
+}
+
+function named(names, colour) {
+  const key = colour?.toLowerCase();
+  return key ? { color: key, colorName: names.get(key) ?? null } : { color: null, colorName: null };
+}
+
+function text(element) {
+  return element.innerText.replace(/\s+/g, ' ').trim();
+}
+
+/** TableNG (react-data-grid): header cells, then the data rows in the order they are displayed. */
+function readTable(element, names) {
+  const rows = [...element.querySelectorAll('[role="row"]')]
+    .sort((a, b) => Number(a.getAttribute('aria-rowindex')) - Number(b.getAttribute('aria-rowindex')));
+  const header = rows.find((row) => row.querySelector('[role="columnheader"]'));
+  const columns = header ? [...header.querySelectorAll('[role="columnheader"]')].map(text) : [];
+  const body = rows.filter((row) => row !== header && row.querySelector('[role="gridcell"]'));
+  return {
+    columns,
+    rows: body.map((row) => [...row.querySelectorAll('[role="gridcell"]')].map((cell, index) => ({
+      column: columns[index] ?? null,
+      text: text(cell),
+      ...named(names, hex(getComputedStyle(cell).backgroundColor)),
+    }))),
+  };
+}
+
+/** VizLegend: the table legend's rows (name, colour and one text per calculation) or the list's items. */
+function readLegend(element, names) {
+  const table = element.querySelector('table');
+  if (table) {
+    const calcs = [...table.querySelectorAll('thead th')].map(text).slice(1);
+    return [...table.querySelectorAll('tbody tr')].map((row) => {
+      const cells = [...row.querySelectorAll('td')];
+      const icon = cells[0]?.querySelector('div[class*="SeriesIcon"], div');
+      return {
+        name: text(cells[0]),
+        values: Object.fromEntries(calcs.map((calc, i) => [calc, cells[i + 1] ? text(cells[i + 1]) : null])),
+        ...named(names, hex(icon && getComputedStyle(icon).backgroundColor)),
+      };
+    });
+  }
+  return [...element.querySelectorAll('[aria-label^="VizLegend series"], li')].map((item) => ({ name: text(item) }));
+}
+
+export function readBack(displayed, theme) {
+  const names = colourNames(theme);
+  for (const record of displayed.panels) {
+    const element = document.querySelector(`[data-panel-id="${record.id}"]`);
+    if (!element) {
+      continue;
+    }
+    if (element.querySelector('[data-no-data]')) {
+      record.shows = 'No data';
+      continue;
+    }
+    for (const value of record.values ?? []) {
+      Object.assign(value, named(names, value.color));
+    }
+    for (const lane of record.lanes ?? []) {
+      Object.assign(lane, named(names, lane.color));
+    }
+    if (record.type === 'table') {
+      Object.assign(record, readTable(element, names));
+    } else if (record.type === 'timeseries') {
+      record.legend = readLegend(element, names);
+    }
+  }
+}

@@ -1,0 +1,176 @@
+"""Grafana 12.4's own code on our dashboards (devtools/grafana-render/): the generated JSON validates against
+@grafana/schema's types and a broken copy does not; the renderer draws panels from a real Prometheus with
+Grafana's units, colours, value mappings, table merge and sort, and names a panel whose query fails."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+
+import pytest
+
+from devtools import harness
+
+RENDER = harness.REPO / "devtools" / "grafana-render"
+GENERATED = sorted((harness.REPO / "dashboards" / "generated").glob("*.json"))
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def node(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    if not (RENDER / "node_modules").is_dir():
+        raise RuntimeError(f"{RENDER}/node_modules is missing: `make deps` (scripts/install-test-deps) runs npm ci there")
+    return subprocess.run([harness.require_binary("node"), *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=harness.REPO)
+
+
+def validate(*paths) -> subprocess.CompletedProcess:
+    return node(str(RENDER / "validate.mjs"), *map(str, paths))
+
+
+def test_generated_dashboards_validate_against_grafana_schema():
+    result = validate(*GENERATED)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert "valid against @grafana/schema 12.4.0" in result.stdout
+
+
+def test_a_broken_dashboard_fails_naming_each_broken_panel(tmp_path):
+    dashboard = json.loads((harness.REPO / "dashboards" / "generated" / "kvcache-fleet.json").read_text())
+    panels = {panel["title"]: panel for panel in dashboard["panels"]}
+    panels["Fullest pool's KV usage"]["options"]["colorMode"] = "rainbow"
+    panels["KV usage per target"]["fieldConfig"]["defaults"]["unti"] = "percent"
+    panels["Pools that need help now"]["gridPos"]["w"] = "24"
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(dashboard))
+    result = validate(broken)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert any("panel \"Fullest pool's KV usage\"" in line and '"rainbow"' in line for line in lines), lines
+    assert any('panel "KV usage per target"' in line and "unti" in line for line in lines), lines
+    assert any('panel "Pools that need help now"' in line and "string" in line for line in lines), lines
+    assert not any('panel "Targets up"' in line for line in lines)
+
+
+def test_a_file_that_is_not_json_exits_2(tmp_path):
+    path = tmp_path / "dashboard.json"
+    path.write_text("{not json")
+    result = validate(path)
+    assert result.returncode == 2
+    assert f"{path}: cannot read as JSON" in result.stderr
+
+
+def panel(panel_id: int, kind: str, title: str, x: int, targets: list[dict], defaults: dict, options: dict,
+          **extra) -> dict:
+    return {"type": kind, "id": panel_id, "title": title, "datasource": DATASOURCE,
+            "gridPos": {"h": 6, "w": 6, "x": x, "y": 1},
+            "targets": [{"datasource": DATASOURCE, "refId": chr(65 + i), **t} for i, t in enumerate(targets)],
+            "fieldConfig": {"defaults": defaults, "overrides": extra.pop("overrides", [])}, "options": options, **extra}
+
+
+def bands(*steps) -> dict:
+    return {"mode": "absolute", "steps": [{"value": value, "color": color} for value, color in steps]}
+
+
+STAT = {"colorMode": "background", "graphMode": "none", "textMode": "auto",
+        "reduceOptions": {"calcs": ["lastNotNull"], "values": False}}
+USAGE_BANDS = bands((None, "green"), (0.75, "yellow"), (0.9, "red"))
+STATES = [{"type": "value", "options": {"0": {"text": "ok", "color": "green", "index": 0},
+                                         "3": {"text": "saturated", "color": "red", "index": 1}}}]
+TABLE_ROW = 'label_replace(vector({value}), "target", "{name}", "", "")'
+
+
+def demo_dashboard() -> dict:
+    usage = " or ".join(TABLE_ROW.format(value=v, name=n) for n, v in (("a", 0.5), ("b", 0.95), ("c", 0.8)))
+    state = " or ".join(TABLE_ROW.format(value=v, name=n) for n, v in (("a", 0), ("b", 3), ("c", 0)))
+    table = panel(5, "table", "Worst first", 0, [
+        {"expr": state, "format": "table", "instant": True, "range": False, "legendFormat": "State"},
+        {"expr": usage, "format": "table", "instant": True, "range": False, "legendFormat": "KV usage"},
+    ], {"thresholds": bands((None, "blue"))}, {"showHeader": True, "sortBy": [{"displayName": "KV usage", "desc": True}]},
+        transformations=[{"id": "merge", "options": {}}, {"id": "organize", "options": {
+            "excludeByName": {"Time": True}, "renameByName": {"Value #A": "State", "Value #B": "KV usage"},
+            "indexByName": {"target": 0, "Value #A": 1, "Value #B": 2}}}],
+        overrides=[{"matcher": {"id": "byName", "options": "State"}, "properties": [
+                       {"id": "mappings", "value": STATES},
+                       {"id": "custom.cellOptions", "value": {"type": "color-background", "mode": "basic"}}]},
+                   {"matcher": {"id": "byName", "options": "KV usage"}, "properties": [
+                       {"id": "unit", "value": "percentunit"}, {"id": "thresholds", "value": USAGE_BANDS},
+                       {"id": "custom.cellOptions", "value": {"type": "color-background", "mode": "basic"}}]}])
+    table["gridPos"] = {"h": 8, "w": 24, "x": 0, "y": 7}
+    return {
+        "uid": "render-test", "title": "render test", "schemaVersion": 42, "time": {"from": "now-15m", "to": "now"},
+        "templating": {"list": []},
+        "panels": [
+            {"type": "row", "id": 1, "title": "Stats", "collapsed": False, "gridPos": {"h": 1, "w": 24, "x": 0, "y": 0},
+             "panels": []},
+            panel(2, "stat", "Usage", 0, [{"expr": "vector(0.953)", "legendFormat": "usage"}],
+                  {"unit": "percentunit", "thresholds": USAGE_BANDS}, STAT),
+            panel(3, "stat", "State", 6, [{"expr": "vector(3)", "legendFormat": "state"}],
+                  {"unit": "none", "mappings": STATES, "thresholds": bands((None, "blue"))}, STAT),
+            panel(4, "stat", "Absent", 12, [{"expr": "kvcache_no_such_series", "legendFormat": "x"}],
+                  {"unit": "percentunit", "thresholds": USAGE_BANDS}, STAT),
+            panel(6, "timeseries", "Two seconds", 18, [{"expr": "vector(2)", "legendFormat": "two"}],
+                  {"unit": "s", "thresholds": bands((None, "green"))},
+                  {"legend": {"displayMode": "table", "placement": "bottom", "showLegend": True, "calcs": ["lastNotNull"]},
+                   "tooltip": {"mode": "multi", "sort": "desc"}}),
+            table,
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def built_page():
+    """The page built as `make dashboards-render` builds it (npm ci and Chromium first when missing)."""
+    result = subprocess.run(["make", "-s", "devtools/grafana-render/dist/index.html"], capture_output=True, text=True,
+                            timeout=900, cwd=harness.REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def empty_prometheus(tmp_path_factory):
+    """A Prometheus with nothing to scrape: vector() and label_replace() need no series."""
+    with harness.prometheus(tmp_path_factory.mktemp("prometheus"), {"global": {"scrape_interval": "5s"}}) as prom:
+        yield prom.url
+
+
+def render(prometheus_url: str, dashboard: dict, tmp_path) -> tuple[subprocess.CompletedProcess, dict]:
+    path = tmp_path / "dashboard.json"
+    path.write_text(json.dumps(dashboard))
+    out = tmp_path / "out"
+    result = node(str(RENDER / "render.mjs"), "--prometheus", prometheus_url, "--out", str(out),
+                  "--panel-timeout", "20s", str(path))
+    displayed = json.loads((out / dashboard["uid"] / "displayed.json").read_text())
+    return result, {p["title"]: p for p in displayed["panels"]}
+
+
+def test_grafana_draws_values_with_units_colours_mappings_and_the_table_worst_first(built_page, empty_prometheus,
+                                                                                     tmp_path):
+    result, shown = render(empty_prometheus, demo_dashboard(), tmp_path)
+    assert (result.returncode, result.stderr) == (0, ""), result.stdout
+    assert [(v["text"], v["colorName"]) for v in shown["Usage"]["values"]] == [("95.3%", "red")]
+    assert [(v["text"], v["colorName"]) for v in shown["State"]["values"]] == [("saturated", "red")]
+    # No series: Grafana writes "No data" on the first band's colour, here green.
+    assert [(v["text"], v["colorName"]) for v in shown["Absent"]["values"]] == [("No data", "green")]
+    assert [(row["name"], row["values"]) for row in shown["Two seconds"]["legend"]] == [("two", {"Last *": "2 s"})]
+    table = shown["Worst first"]
+    assert table["columns"] == ["target", "State", "KV usage"]
+    assert [[(cell["text"], cell["colorName"]) for cell in row[1:]] for row in table["rows"]] == [
+        [("saturated", "red"), ("95%", "red")],
+        [("ok", "green"), ("80%", "yellow")],
+        [("ok", "green"), ("50%", "green")],
+    ]
+    assert [row[0]["text"] for row in table["rows"]] == ["b", "c", "a"]
+    for record in shown.values():
+        assert (tmp_path / "out" / "render-test" / record["png"]).stat().st_size > 1000
+
+
+def test_a_failing_query_is_shown_in_its_panel_and_named_in_the_exit(built_page, empty_prometheus, tmp_path):
+    dashboard = demo_dashboard()
+    broken = copy.deepcopy(dashboard["panels"][1])
+    broken.update(id=7, title="Broken query", gridPos={"h": 6, "w": 6, "x": 0, "y": 15})
+    broken["targets"][0]["expr"] = "sum(kvcache_usage_ratio"
+    dashboard["panels"].append(broken)
+    result, shown = render(empty_prometheus, dashboard, tmp_path)
+    assert result.returncode == 1
+    assert 'panel "Broken query" (id 7): bad_data' in result.stderr
+    assert "bad_data" in shown["Broken query"]["error"]
+    assert [v["text"] for v in shown["Usage"]["values"]] == ["95.3%"]  # the others still draw
