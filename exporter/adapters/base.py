@@ -172,12 +172,13 @@ class Adapter:
                     self._adapt_labelled(series, samples[name], rank)
                 continue
             target = "counters" if series.kind == "counter" else "gauges"
-            if name is None:
-                if series.zero_when_present and self.first_present(series.zero_when_present, samples):
-                    for rank_name in self._ranks_on_page(samples, series.zero_when_present):
-                        getattr(rank(rank_name), target)[series.concept] = 0.0
-                continue
-            for rank_name, value in self._collapse(samples[name], series).items():
+            values = self._collapse(samples[name], series) if name is not None else {}
+            if series.zero_when_present and self.first_present(series.zero_when_present, samples):
+                # Created at its first increment, rank by rank: a rank on the page without it has counted none
+                # yet, also while another rank's is there (SGLang's DP ranks retract one by one).
+                for rank_name in self._ranks_on_page(samples, series.zero_when_present):
+                    values.setdefault(rank_name, 0.0)
+            for rank_name, value in values.items():
                 if math.isfinite(value):  # NaN and Inf are "no reading" (sentinels, unset timers), never a value
                     getattr(rank(rank_name), target)[series.concept] = value
         snapshot = Snapshot(engine=self.engine, model=self.model_of(samples), version="", ranks=ranks)
