@@ -4,7 +4,8 @@
         [--output FILE] [--check]
 
 Every number in the rules comes from `Thresholds`, so a deployment's `pressure:` overrides (the
-exporter's own config file) flow into the rules exactly as they flow into the exporter.
+exporter's own config file) flow into the rules exactly as they flow into the exporter; its
+`pd_group_label` is the label the disaggregated prefill/decode rules group pools by.
 `--time-scale N` builds the same rules for a clock N times faster (every duration divided by N,
 every per-second rate multiplied by N): the end-to-end test runs the simulator N times faster
 than real time and evaluates these rules, not a hand-written variant, on that clock.
@@ -38,16 +39,23 @@ HEADER = (
 # whole target, so they aggregate it away and keep every other label (target, engine, model,
 # static labels, instance, job).
 PER_TARGET = "without (dp_rank)"
-# kvcache_target_up has no model label; joining it with per-target series ignores model.
-UP_JOIN = "ignoring (model)"
+# kvcache_target_up has no model or role label; joining it with per-target series ignores them.
+UP_JOIN = "ignoring (model, role)"
 KV_BOUND_STATES = "saturated|thrashing"
 # Loads from an offload tier back to the GPU pool, by what they count.
 LOAD = 'kvcache_tier_transfer_{}_total{{direction="load"}}'
 # The scrape job of the exporters' own /metrics, as compose, the Kubernetes manifests and docs/scaling.md name it.
 EXPORTER_JOB = "kvcache-exporter"
+# Thresholds measured on the engines' clock (a quotient of two rates): --time-scale leaves them as they are.
+ENGINE_CLOCK = ("kv_transfer_link_bytes_per_second",)
+# Disaggregated prefill/decode: the cross-pool signal and the failed kinds the failure ratio counts (vLLM NIXL's
+# notification failures are in its transfer failures since 0.31, so counting them apart would count them twice).
+PD_BACKPRESSURE = "kvcache:pd_backpressure:requests"
+FAILED_KINDS = "transfer|handshake"
 # Annotation template fragments.
 WHERE = "{{ $labels.target }} (model {{ $labels.model }})"
 PER_SECOND = 'printf "%.2f"'  # rates read better as 0.25/s than as humanize's 250m/s
+VALUE_PER_SECOND = "{{ $value | " + PER_SECOND + " }}"
 
 def number(value: float) -> str:
     """A threshold as PromQL prints it: no trailing `.0`."""
@@ -65,6 +73,8 @@ def compress(thresholds: Thresholds, scale: float) -> Thresholds:
     changes: dict[str, object] = {}
     for f in fields(thresholds):
         value = getattr(thresholds, f.name)
+        if f.name in ENGINE_CLOCK:
+            continue
         if f.name.endswith("_per_second"):
             changes[f.name] = value * scale
         elif f.name.endswith("_seconds"):
@@ -160,6 +170,112 @@ def recording_rules(t: Thresholds) -> list[dict]:
     ]
 
 
+def pd_rules(t: Thresholds, group: str) -> list[dict]:
+    """Disaggregated prefill/decode. Per pool: the effective transfer bandwidth (bytes over seconds of the
+    same transfers), believed up to the link rate and flagged above it, and the share of transfers that fail.
+    Across the pools of one P/D group (`group`, the configuration's pd_group_label): the mean transfer time as
+    a share of the decode pools' mean TTFT, and P/D backpressure."""
+    w = format_duration(t.window_seconds)
+    link = number(t.kv_transfer_link_bytes_per_second)
+
+    def rate(counter: str, by: str = PER_TARGET) -> str:
+        return f"sum {by} (rate({counter}[{w}]))"
+
+    bandwidth = (f"{rate('kvcache_kv_transfer_bytes_sum')}\n  /\n  ({rate('kvcache_kv_transfer_seconds_sum')} > 0)")
+    failed = rate(f'kvcache_kv_transfer_failures_total{{kind=~"{FAILED_KINDS}"}}', "without (dp_rank, kind)")
+    succeeded = rate("kvcache_kv_transfer_seconds_count")
+    by_group = f"by ({group})"
+
+    decode = '{role="decode"}'
+
+    def mean(histogram: str, selector: str = "") -> str:
+        return (f"{rate(f'{histogram}_sum{selector}', by_group)}\n  /\n"
+                f"  ({rate(f'{histogram}_count{selector}', by_group)} > 0)")
+
+    return [
+        {"record": "kvcache:kv_transfer_bytes_per_second:ratio", "expr": f"(\n  {bandwidth}\n) <= {link}"},
+        # Faster than the link: a broken reading (SGLang's chunked prefill times the last chunk only), not a link.
+        {"record": "kvcache:kv_transfer_bytes_per_second_above_link:ratio", "expr": f"(\n  {bandwidth}\n) > {link}"},
+        # Transfers tried where the pool times its transfers (the side whose failures the ratio can be judged on):
+        # succeeded plus failed, or succeeded alone while no failure counter exists yet (SGLang's appear at the first).
+        {"record": "kvcache:kv_transfers_tried:rate", "expr": (
+            f"(\n  {succeeded}\n  +\n  {failed}\n)\nor\n{succeeded}")},
+        {"record": "kvcache:kv_transfer_failures:ratio", "expr": f"{failed}\n/\n(kvcache:kv_transfers_tried:rate > 0)"},
+        {"record": "kvcache:kv_transfer_lease_expiries:rate", "expr": rate("kvcache_kv_transfer_lease_expiries_total")},
+        {"record": "kvcache:kv_transfer_notifications_after_expiry:increase", "expr": (
+            f"sum {PER_TARGET} (increase(kvcache_kv_transfer_notifications_after_expiry_total[{w}]))")},
+        {"record": "kvcache:kv_transfer_share_of_ttft:ratio", "expr": (
+            f"(\n  {mean('kvcache_kv_transfer_seconds')}\n)\n/\n"
+            f"(\n  {mean('kvcache_time_to_first_token_seconds', decode)}\n)")},
+        # Decode pools short of KV hold back transfers whose KV the same group's prefill pools hold (vLLM, until
+        # pulled) or wait to compute (SGLang, until pre-allocated).
+        {"record": PD_BACKPRESSURE, "expr": (
+            f"sum {by_group} (kvcache_kv_transfer_requests_waiting_for_kv{{role=\"decode\"}}) > 0\n"
+            f"and on ({group})\ngroup {by_group} (kvcache_usage_ratio{{role=\"prefill\"}})")},
+    ]
+
+
+def pd_alerts(t: Thresholds, group: str, runbook_base: str) -> list[dict]:
+    w = format_duration(t.window_seconds)
+    floor = number(t.traffic_floor_transfers_per_second)
+    low = number(t.kv_transfer_bandwidth_low_fraction * t.kv_transfer_link_bytes_per_second)
+    where_group = f"{{{{ $labels.{group} }}}}"
+    return [
+        alert(
+            "KVCacheTransfersFailing", "warning",
+            f"kvcache:kv_transfer_failures:ratio > {number(t.kv_transfer_failure_ratio)}\n"
+            f"and kvcache:kv_transfers_tried:rate >= {floor}",
+            t.transfer_failures_for,
+            f"{WHERE}: KV transfers between prefill and decode fail",
+            f"{{{{ $value | humanizePercentage }}}} of the KV transfers (and their handshakes) on {WHERE} failed over "
+            f"{w}, above {number(t.kv_transfer_failure_ratio * 100)}%. Each failed request is computed again or "
+            "dropped: its prefill was wasted.",
+            runbook_base,
+        ),
+        alert(
+            "KVCacheTransferLeaseExpiries", "warning",
+            "kvcache:kv_transfer_lease_expiries:rate > 0",
+            t.lease_expiries_for,
+            f"{WHERE}: prefill KV expires before the decode side pulls it",
+            f"{WHERE} frees {VALUE_PER_SECOND} requests' KV per second over {w} because the decode side "
+            "did not pull it within the lease: the decode side is too slow or too full. Scale decode or give it KV.",
+            runbook_base,
+        ),
+        alert(
+            "KVCacheTransferNotificationsAfterExpiry", "critical",
+            "kvcache:kv_transfer_notifications_after_expiry:increase > 0",
+            t.notifications_after_expiry_for,
+            f"{WHERE}: KV transfers finished after their lease expired: possible corruption",
+            f"{{{{ $value | humanize }}}} of the KV transfers from {WHERE} over {w} completed after it had freed "
+            "their KV at lease expiry: the blocks may have been reused before the transfer finished, and the "
+            "decode side may generate from wrong KV.",
+            runbook_base,
+        ),
+        alert(
+            "KVCachePDBackpressure", "warning",
+            f"{PD_BACKPRESSURE} > 0",
+            t.pd_backpressure_for,
+            f"{where_group}: decode pools short of KV back up into prefill",
+            f"{{{{ $value | humanize }}}} requests of {where_group} wait for decode-side KV to receive their prefill "
+            "into, while the prefill side holds their KV or waits to compute them: decode is the bottleneck. "
+            "Give decode KV or replicas; more prefill would only hold more KV.",
+            runbook_base,
+        ),
+        alert(
+            "KVCacheTransferBandwidthLow", "warning",
+            f"kvcache:kv_transfer_bytes_per_second:ratio < {low}\n"
+            f"and kvcache:kv_transfers_tried:rate >= {floor}",
+            t.transfer_bandwidth_low_for,
+            f"{WHERE}: KV transfers run far below the link rate",
+            f"KV transfers of {WHERE} move {{{{ $value | humanize1024 }}}}B per second of transfer over {w}, below "
+            f"{number(t.kv_transfer_bandwidth_low_fraction * 100)}% of the link's "
+            f"{number(t.kv_transfer_link_bytes_per_second / 1e9)} GB/s: a host-staged or misrouted path, or a "
+            "congested link.",
+            runbook_base,
+        ),
+    ]
+
+
 def alert(name: str, severity: str, expr: str, for_: str, summary: str, description: str, runbook_base: str) -> dict:
     return {
         "alert": name,
@@ -177,7 +293,6 @@ def alert(name: str, severity: str, expr: str, for_: str, summary: str, descript
 def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
     w = format_duration(t.window_seconds)
     horizon = number(t.nearly_full_horizon_seconds)
-    value_per_second = "{{ $value | " + PER_SECOND + " }}"
 
     def storm(severity: str, per_second: float) -> dict:
         return alert(
@@ -186,7 +301,7 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             f"and kvcache:requests_finished:rate >= {number(t.traffic_floor_requests_per_second)}",
             t.preemption_storm_for,
             f"{WHERE}: the engine keeps preempting requests to free KV",
-            f"{WHERE} preempts {value_per_second} requests/s over {w}, above {number(per_second)}/s, while "
+            f"{WHERE} preempts {VALUE_PER_SECOND} requests/s over {w}, above {number(per_second)}/s, while "
             "requests still finish. Preempted requests lose their KV and are recomputed: throughput falls and latency climbs.",
             runbook_base,
         )
@@ -256,7 +371,7 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             "and ignoring (tier) kvcache:requests_waiting_for_kv:sum > 0",
             t.offload_full_for,
             f"{WHERE}: the {{{{ $labels.tier }}}} offload tier is full while requests queue for KV",
-            f"The {{{{ $labels.tier }}}} tier of {WHERE} refuses {value_per_second} stores/s over {w}: it is full "
+            f"The {{{{ $labels.tier }}}} tier of {WHERE} refuses {VALUE_PER_SECOND} stores/s over {w}: it is full "
             "of KV it cannot evict, while requests wait for the GPU pool. "
             "Offloading no longer takes load off the GPU pool: what the tier cannot keep is recomputed.",
             runbook_base,
@@ -307,10 +422,12 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
     ]
 
 
-def build(thresholds: Thresholds = DEFAULT, runbook_base: str = RUNBOOK_URL_BASE) -> dict:
+def build(thresholds: Thresholds = DEFAULT, runbook_base: str = RUNBOOK_URL_BASE,
+          pd_group_label: str = exporter_config.DEFAULT_PD_GROUP_LABEL) -> dict:
     # One group: Prometheus evaluates a group's rules in order, so every alert reads recording
     # rules of the same evaluation; separate groups run concurrently and lag by one interval.
-    rules = recording_rules(thresholds) + what_if_rules(thresholds) + alerting_rules(thresholds, runbook_base)
+    rules = (recording_rules(thresholds) + what_if_rules(thresholds) + pd_rules(thresholds, pd_group_label)
+             + alerting_rules(thresholds, runbook_base) + pd_alerts(thresholds, pd_group_label, runbook_base))
     return {"groups": [{"name": "kvcache", "rules": rules}]}
 
 
@@ -356,13 +473,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the rule file differs")
     args = parser.parse_args(argv)
     try:
-        thresholds = exporter_config.thresholds_and_labels(str(args.config))[0] if args.config else DEFAULT
+        settings = (exporter_config.generator_settings(str(args.config)) if args.config
+                    else exporter_config.GeneratorSettings(DEFAULT, ()))
     except exporter_config.ConfigError as err:
         print(err, file=sys.stderr)
         return 2
+    thresholds = settings.thresholds
     if args.time_scale != 1:
         thresholds = compress(thresholds, args.time_scale)
-    rules = build(thresholds, args.runbook_url_base)
+    rules = build(thresholds, args.runbook_url_base, settings.pd_group_label)
     broken = problems(rules)
     if broken:
         print("\n".join(broken), file=sys.stderr)

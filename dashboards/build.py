@@ -35,5 +35,6 @@ def render(dashboard: models.Dashboard) -> str:
 
 def settings_from(config_path: Path) -> tuple[Thresholds, tuple[str, ...]]:
     """Thresholds and static label names of an exporter configuration file (the defaults where it sets none)."""
-    thresholds, names = exporter_config.thresholds_and_labels(str(config_path))
+    settings = exporter_config.generator_settings(str(config_path))
+    thresholds, names = settings.thresholds, settings.static_labels
     return thresholds, names or DEFAULT_STATIC_LABELS

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kvcache_exporter import contract
 from kvcache_exporter.adapters import ADAPTERS
+from kvcache_exporter.alerts.generate import FAILED_KINDS, PD_BACKPRESSURE
 from kvcache_exporter.thresholds import DEFAULT as T
 
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
@@ -34,13 +35,21 @@ INFO_LABEL_SOURCES = {
                            "vLLM; the first engine's value, not summed)",
         "tier_capacity_tokens": "`vllm:kv_offload_config_info{cpu_kv_cache_size_tokens}` (tier=cpu; each engine "
                                 "its own)",
+        "kv_transfer_failures_total": "plus `vllm:mooncake_num_failed_recvs_total` under kind=transfer",
+        "kv_transfer_prompt_tokens_total": "before 0.32 (no `p2p` source): `vllm:prompt_tokens_by_source_total"
+                                           "{source=\"external_kv_transfer\"}` where the page has a P/D "
+                                           "connector's (NIXL's, Mooncake's) transfer series",
     },
     "sglang": {
         "capacity_blocks": "`sglang:cache_config_info{num_pages}` (0.5.10)",
         "block_size_tokens": "`sglang:cache_config_info{page_size}` (0.5.10)",
     },
     "trtllm": {"block_size_tokens": "`trtllm_kv_cache_config_info{page_size}`"},
-    "triton": {"requests_waiting": "before v0.18: `request_type=\"active\"` - `request_type=\"scheduled\"`"},
+    "triton": {"requests_waiting": "before v0.18: `request_type=\"active\"` - `request_type=\"scheduled\"`",
+               "kv_transfer_seconds": "`nv_trt_llm_disaggregated_serving_metrics{disaggregated_serving_type="
+                                      "\"kv_cache_transfer_ms\"}` / 1000 as the sum and `{disaggregated_serving_type="
+                                      "\"request_count\"}` as the count (and the +Inf bucket): a counter pair, no "
+                                      "buckets"},
 }
 # How the exporter computes a family the engine does not report itself (exporter/derive.py).
 DERIVED = {
@@ -61,6 +70,8 @@ DERIVED = {
     "requests_waiting_for_kv": "the queue the pressure rule counts while KV is short (below), else 0",
     "requests_waiting_with_kv_room": "requests waiting - requests waiting for KV",
     "headroom_requests": "free tokens / live tokens per request",
+    "kv_transfer_requests_waiting_for_kv": "on a decode pool, its waiting_to_start stage while KV is short (as for "
+                                           "requests waiting for KV), else 0",
 }
 # Families an engine has no source for (the adapters' `not_reported`): absent for its targets.
 NOT_REPORTED = {engine: set(adapter.not_reported) for engine, adapter in ADAPTERS.items()}
@@ -119,6 +130,9 @@ def _labels_section() -> str:
     ranks = ", ".join(f"{adapter.title} `{adapter.rank_label}`" for adapter in ADAPTERS.values() if adapter.rank_label)
     engines = ", ".join(f"`{name}`" for name in ADAPTERS)
     models = ", ".join(f"{adapter.title} `{adapter.model_label}`" for adapter in ADAPTERS.values())
+    roles = ", ".join(f"`{role}`" for role in contract.ROLES)
+    role_labels = ", ".join(f"{adapter.title} `{adapter.role_label[0]}`" for adapter in ADAPTERS.values()
+                            if adapter.role_label)
     return f"""\
 ## Labels
 
@@ -128,6 +142,7 @@ def _labels_section() -> str:
 | `engine` | every per-target series | {engines}: the engine that produced the numbers (a page Dynamo passes through on a worker's port keeps its engine; `dynamo` is Dynamo's own series) |
 | `model` | per-pool series | the served model name the engine reports ({models}), `""` if none |
 | `dp_rank` | per-pool series | the data-parallel replica, one KV pool each ({ranks}); `"0"` without one |
+| `role` | per-pool series | {roles}: the pool's part in disaggregated prefill/decode, as the page says it ({role_labels}), else the target's `role:`, else `unified` |
 | static labels | every per-target series | the configuration's `labels:`, global and per target (e.g. `cluster`, `pool`) |
 
 A per-pool series is one per (target, `dp_rank`). Tensor- and pipeline-parallel ranks repeat the
@@ -203,7 +218,7 @@ def _families_section() -> str:
                           + ": add it to an adapter's series, or to INFO_LABEL_SOURCES, DERIVED or NOT_REPORTED "
                             "in devtools/contract_doc.py")
     return ("## Families\n\nIn the order the exporter serves them. \"per pool\": the per-target labels plus "
-            "`model` and `dp_rank`; \"per target\": `target`, `engine` and the static labels. Units are the "
+            "`model`, `dp_rank` and `role`; \"per target\": `target`, `engine` and the static labels. Units are the "
             "base units the names spell out (`-`: a count of something else, a flag or a state). An engine "
             "column names the engine's series, preferred first (`a` / `b`: the first one on the page wins).\n\n"
             + "\n".join(rows) + "\n")
@@ -356,9 +371,87 @@ longer per token than recomputing is KVCacheOffloadLoadSlow ([runbook](../alerts
 """
 
 
+def _disaggregation_section() -> str:
+    stages = "\n".join(f"| `{stage}` | {meaning} |" for stage, meaning in contract.TRANSFER_STAGES.items())
+    kinds = "\n".join(f"| `{kind}` | {meaning} |" for kind, meaning in contract.TRANSFER_FAILURE_KINDS.items())
+    return f"""\
+## Disaggregated prefill/decode
+
+Where prefill and decode run on different engines (vLLM with a KV connector such as NIXL or Mooncake,
+SGLang's `--disaggregation-mode`, TensorRT-LLM under Dynamo or Triton), the KV cache is produced in one pool
+and consumed in another. Every pool series carries `role`: what the page says (SGLang `engine_type`, Dynamo's
+TensorRT-LLM `disaggregation_mode`), else the target's `role:` in the configuration (vLLM, Triton and Dynamo's
+own series do not say it), else `unified`. The rules group the pools of one model across roles by the
+configuration's `pd_group_label` (default `model`; any static label the configuration sets, e.g. one that
+names the deployment: `model` alone merges clusters that serve the same model).
+
+The KV transfer families are absent where the engine has no KV connector, never 0. Caveats:
+
+- **Which side.** vLLM and Dynamo's TensorRT-LLM time transfers on the decode side (the reader), SGLang on
+  the prefill side (the sender); lease expiries and notifications after expiry are the prefill side's
+  (vLLM). vLLM's stage gauge exists only on a KV consumer; SGLang exports every queue gauge on every role
+  and the exporter reads each on its own role only.
+- **Units and granularity.** SGLang observes latency in ms and size in MiB (2^20 bytes): the exporter
+  converts both, buckets included. vLLM appends one observation per TP rank, each of its shard: counts are
+  per-rank transfers and bytes / seconds is one rank's bandwidth. Triton's backend has only two counters
+  (transfer milliseconds, requests), exposed as a histogram with its `+Inf` bucket alone.
+- **Failure kinds** (`kind`) overlap where the engine counts one failure twice: since vLLM 0.31 NIXL's
+  failed transfers include handshake and notification failures, and its notification counter is kept "for
+  compatibility". The failure ratio counts kinds `{FAILED_KINDS}` only. SGLang's counters appear at their
+  first failure; Dynamo's TensorRT-LLM series have none.
+- **Bandwidth.** `kvcache:kv_transfer_bytes_per_second:ratio` is bytes over seconds of the same transfers
+  (`rate()` of the two histograms' sums), believed up to the configured link rate
+  (`kv_transfer_link_bytes_per_second`, default {T.kv_transfer_link_bytes_per_second / 1e9:g} GB/s); above it
+  the reading is broken, not fast (SGLang counts every chunk's bytes over the last chunk's time with chunked
+  prefill or early prefix send), and it is recorded apart as
+  `kvcache:kv_transfer_bytes_per_second_above_link:ratio` instead. SGLang's own speed histogram is not read.
+- **Prompt tokens from a peer.** vLLM's `prompt_tokens_cached_by_source_total{{source="p2p"}}` (0.32) is
+  both `kvcache_kv_transfer_prompt_tokens_total` and the `peer` source of `kvcache_cached_prompt_tokens_total`
+  (not a storage tier). Before it, `external_kv_transfer` prompt tokens are read where a P/D connector's
+  series are on the page (elsewhere they come from LMCache or an offload connector).
+
+`stage` of `kvcache_kv_transfer_requests`:
+
+| stage | requests |
+|---|---|
+{stages}
+
+`kind` of `kvcache_kv_transfer_failures_total`:
+
+| kind | failed |
+|---|---|
+{kinds}
+
+### P/D backpressure: a signal of its own, not a pressure state
+
+Backpressure is decode pools short of KV while the same model's prefill pools hold finished KV waiting to be
+pulled (vLLM: its decode side pulls, and a request waiting to start holds its KV on the prefill side until
+pulled or its lease expires) or wait to compute it (SGLang: its decode side pre-allocates before the prefill
+side computes, so the prefill side's bootstrap queue backs up instead). It is
+`{PD_BACKPRESSURE}`, a recording rule per P/D group: the group's decode-side
+`kvcache_kv_transfer_requests_waiting_for_kv` (transfers waiting to start while the pool's KV is short, derived
+per pool by the exporter), where the group has prefill pools. Not a sixth pressure state, because:
+
+- it is a property of two pools, mostly on different targets, and the exporter judges each target from its
+  own page alone (a poll, a `/probe`, a shard of a sharded fleet never sees the peer);
+- neither pool's state says it for sure: the prefill pool holds KV without a queue of its own (`ok` or
+  `tight`); SGLang's decode pool keeps its pre-allocation queue apart from the waiting queue the state reads,
+  so it reads `tight` or `ok` while it holds its prefill peers back (the simulator's `pd-decode-short`
+  scenario shows it); vLLM's reads `saturated`, as it would for a queue of its own;
+- the pressure state is one-hot per pool and already answers "is this pool short"; backpressure answers "is
+  decode what holds this model back", which needs the group, i.e. the `pd_group_label`.
+
+Derived from these, per P/D group: `kvcache:kv_transfer_share_of_ttft:ratio`, the mean transfer time over
+the decode pools' mean TTFT. KVCachePDBackpressure, KVCacheTransfersFailing, KVCacheTransferLeaseExpiries,
+KVCacheTransferNotificationsAfterExpiry and KVCacheTransferBandwidthLow are in the
+[runbook](../alerts/runbook.md).
+"""
+
+
 def markdown() -> str:
     return "\n".join((INTRO, _labels_section(), _families_section(), _engine_notes_section(), _pressure_section(),
-                      _offload_section(), _failure_reasons_section(), _event_streams_section()))
+                      _offload_section(), _disaggregation_section(), _failure_reasons_section(),
+                      _event_streams_section()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ import yaml
 
 from . import units
 from .adapters import ADAPTERS
+from .contract import ROLES
 from .kvmath import ArchitectureError, KVLayout, layout_from_mapping
 from .thresholds import Thresholds
 
@@ -31,7 +32,10 @@ DEFAULT_POLL_INTERVAL = 5.0
 MIN_POLL_INTERVAL = 0.1
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 # Labels the exporter sets itself; a static label must not collide with them.
-RESERVED_LABELS = frozenset({"target", "engine", "model", "dp_rank", "state", "reason", "url", "version", "le"})
+RESERVED_LABELS = frozenset({"target", "engine", "model", "dp_rank", "role", "state", "reason", "url", "version", "le",
+                             "stage", "kind"})
+# The label that groups the pools of one model across prefill and decode roles (`pd_group_label:`).
+DEFAULT_PD_GROUP_LABEL = "model"
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
@@ -92,6 +96,8 @@ class TargetConfig:
     tls_insecure_skip_verify: bool = False
     kv_layout: KVLayout | None = None  # from `model_architecture:`; enables the *_bytes series
     kv_events: KVEventsConfig | None = None
+    # Its pools' disaggregation role where the page does not say it (contract.ROLES); None: unified.
+    role: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,7 @@ class Config:
     listen: str = DEFAULT_LISTEN
     log_level: str = "info"
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    pd_group_label: str = DEFAULT_PD_GROUP_LABEL
 
 
 def parse_duration(text: Any) -> float:
@@ -278,6 +285,12 @@ def engines() -> tuple[str, ...]:
     return ("auto", *ADAPTERS)
 
 
+def _role(value: Any) -> str:
+    if value not in ROLES:
+        raise ValueError(f"must be one of {', '.join(ROLES)}, got {value!r}")
+    return value
+
+
 def _engine(value: Any) -> str:
     if value not in engines():
         raise ValueError(f"must be one of {', '.join(engines())}, got {value!r}")
@@ -293,10 +306,10 @@ def _thresholds(source: str, value: Any) -> Thresholds:
 
 
 _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_auth", "ca_file",
-                "tls_insecure_skip_verify", "model_architecture", "kv_events"}
+                "tls_insecure_skip_verify", "model_architecture", "kv_events", "role"}
 
 _TOP_KEYS = {"poll_interval", "timeout", "staleness", "max_response_bytes", "labels", "pressure", "targets", "listen",
-             "log_level", "probe"}
+             "log_level", "probe", "pd_group_label"}
 _HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?.\-\[\]]+$")
 
 
@@ -342,6 +355,7 @@ def _target(source: str, item: Any, path: str) -> TargetConfig:
         tls_insecure_skip_verify=reader.get("tls_insecure_skip_verify", _boolean, False),
         kv_layout=_kv_layout(source, reader.mapping.get("model_architecture"), reader.key("model_architecture")),
         kv_events=_kv_events(source, reader.mapping.get("kv_events"), reader.key("kv_events")),
+        role=reader.get("role", _role),
     )
 
 
@@ -418,14 +432,36 @@ def _kv_layout(source: str, section: Any, key: str) -> KVLayout | None:
         raise ConfigError(source, err.key, err.problem) from None
 
 
-def thresholds_and_labels(path: str) -> tuple[Thresholds, tuple[str, ...]]:
-    """A configuration file's thresholds and its static label names (global, then per target): what the
-    rule and dashboard generators follow. Raises ConfigError."""
+@dataclass(frozen=True)
+class GeneratorSettings:
+    """What the rule and dashboard generators follow of a configuration file."""
+
+    thresholds: Thresholds
+    static_labels: tuple[str, ...]  # global, then per target
+    pd_group_label: str = DEFAULT_PD_GROUP_LABEL
+
+
+def generator_settings(path: str) -> GeneratorSettings:
+    """A configuration file's thresholds, static label names and P/D group label. Raises ConfigError."""
     settings = load_file(path)
+    return GeneratorSettings(settings.get("thresholds", Thresholds()), _static_label_names(settings),
+                             settings.get("pd_group_label", DEFAULT_PD_GROUP_LABEL))
+
+
+def _static_label_names(settings: dict[str, Any]) -> tuple[str, ...]:
     names = dict.fromkeys(settings.get("labels", {}))
-    for entry in settings["targets"]:
+    for entry in settings.get("targets", ()):
         names.update(dict.fromkeys(entry.labels))
-    return settings.get("thresholds", Thresholds()), tuple(names)
+    return tuple(names)
+
+
+def _pd_group_label(path: str, value: Any, settings: dict[str, Any]) -> str:
+    """`model`, or a static label the configuration sets: the label the P/D rules group pools by."""
+    known = (DEFAULT_PD_GROUP_LABEL, *_static_label_names(settings))
+    if value not in known:
+        raise ConfigError(path, "pd_group_label", f"must be {' or '.join(map(repr, known))} (the model, or a "
+                                                  f"static label of the configuration), got {value!r}")
+    return value
 
 
 def load_file(path: str) -> dict[str, Any]:
@@ -458,6 +494,8 @@ def load_file(path: str) -> dict[str, Any]:
         settings["thresholds"] = _thresholds(path, reader.mapping["pressure"])
     if reader.mapping.get("probe") is not None:
         settings["probe"] = _probe(path, reader.mapping["probe"])
+    if reader.mapping.get("pd_group_label") is not None:
+        settings["pd_group_label"] = _pd_group_label(path, reader.mapping["pd_group_label"], settings)
     return settings
 
 
@@ -493,6 +531,7 @@ def build(source: str, settings: dict[str, Any]) -> Config:
         listen=settings.get("listen", DEFAULT_LISTEN),
         log_level=settings.get("log_level", "info"),
         probe=settings.get("probe", ProbeConfig()),
+        pd_group_label=settings.get("pd_group_label", DEFAULT_PD_GROUP_LABEL),
     )
 
 

@@ -27,13 +27,15 @@ class Group:
     fed_by: str
 
 
-_POOL = ("target", "engine", "model", "dp_rank")
+# `role`: the pool's part in disaggregated serving (ROLES), the same for every pool of a target.
+_POOL = ("target", "engine", "model", "dp_rank", "role")
 GROUPS = {
     "exporter": Group((), "exporter"),  # the process: no static labels either
     "target": Group(("target", "engine"), "exporter"),  # the outcome of the target's polls
     "pool": Group(_POOL, "poll"),  # one data-parallel replica's KV pool, queue and latencies
     "pressure": Group(_POOL, "poll"),
     "offload": Group(_POOL, "poll"),  # KV beyond the GPU pool
+    "transfer": Group(_POOL, "poll"),  # KV moved between the pools of disaggregated prefill and decode
     "events": Group(_POOL, "events"),
 }
 
@@ -74,8 +76,29 @@ class Family:
 PRESSURE_STATES = ("ok", "tight", "capped", "saturated", "thrashing")  # mildest first; exporter.derive decides
 # KV kept beyond the GPU pool: offload tiers, and where cached prompt tokens came from.
 TIERS = ("cpu", "disk", "remote")
-HIT_SOURCES = ("gpu", "cpu", "disk", "remote", "other")
+# `peer`: KV another engine instance sent (disaggregated prefill/decode), not a storage tier.
+HIT_SOURCES = ("gpu", "cpu", "disk", "remote", "peer", "other")
 TRANSFER_DIRECTIONS = {"load": "tier to GPU", "store": "GPU to tier"}
+# Disaggregated prefill/decode: a pool's role (the page's, else the target's `role:`, else unified), the
+# stages a request's KV transfer goes through, and the kinds of transfer failure.
+ROLES = {
+    "prefill": "computes prompts and hands their KV to a decode pool",
+    "decode": "receives prompts' KV from a prefill pool and generates",
+    "unified": "does both (no disaggregation)",
+}
+TRANSFER_STAGES = {
+    "waiting_to_start": "the transfer has not started: on the decode side the request waits for KV to receive "
+                        "into (vLLM's waiting_to_start, SGLang's pre-allocation queue); on the prefill side for "
+                        "the handshake with its decode pool (SGLang's bootstrap queue)",
+    "in_progress": "KV on its way: received on the decode side (vLLM in_progress, SGLang's transfer queue); "
+                   "computed and held on the prefill side until the decode side has it (SGLang's inflight queue)",
+    "completed_waiting": "the decode side has the KV, the request is not running yet (vLLM)",
+}
+TRANSFER_FAILURE_KINDS = {
+    "transfer": "the KV transfer itself (vLLM NIXL since 0.31 also counts handshake and notification failures here)",
+    "handshake": "setting the transfer up with the peer (SGLang's bootstrap)",
+    "notification": "telling the peer the transfer is done (vLLM NIXL)",
+}
 # kvcache_target_scrape_failures_total{reason}, and what each means.
 FAILURE_REASONS = {
     "timeout": "no complete response within the timeout",
@@ -107,6 +130,7 @@ WHAT_IF_FACTORS = (1.25, 1.5, 2.0, 4.0)
 _POLLED = "Polled from the engine's /metrics and cached until the next poll."
 _STREAMED = "Folded from the engine's KV event stream (ZMQ), GPU pool only."
 _TIER = "`tier` is " + ", ".join(TIERS) + ". "
+_KV_TRANSFER = "Disaggregated prefill/decode only (absent without a KV connector). "
 _TRANSFER = _TIER + "`direction` is " + ", ".join(f"{d} ({what})" for d, what in TRANSFER_DIRECTIONS.items()) + ". "
 
 # In the order the exporter serves them.
@@ -241,6 +265,35 @@ _TABLE = (
     Family("tier_evictions_total", "counter", "offload", "",
            "Entries an offload tier evicted to make room for new KV (LMCache: keys, one per KV chunk; vLLM and "
            "SGLang export none). " + _TIER + _POLLED, ("tier",)),
+    # Per pool: KV moved between prefill and decode pools.
+    Family("kv_transfer_seconds", "histogram", "transfer", "seconds",
+           "Duration of KV transfers between a prefill and a decode pool, in the engine's own buckets (Triton: "
+           "sum and count only), on the side that times them (vLLM and TensorRT-LLM: decode; SGLang: prefill). "
+           "vLLM observes one transfer per TP rank. " + _KV_TRANSFER + _POLLED),
+    Family("kv_transfer_bytes", "histogram", "transfer", "bytes",
+           "Bytes per KV transfer between a prefill and a decode pool (vLLM: each TP rank's shard), in the "
+           "engine's own buckets. " + _KV_TRANSFER + _POLLED),
+    Family("kv_transfer_failures_total", "counter", "transfer", "",
+           "Failed KV transfers by kind (`kind` is " + ", ".join(TRANSFER_FAILURE_KINDS) + "). The kinds may "
+           "overlap (vLLM NIXL since 0.31 counts notification failures under transfer too). " + _KV_TRANSFER
+           + _POLLED, ("kind",)),
+    Family("kv_transfer_lease_expiries_total", "counter", "transfer", "",
+           "Requests whose KV the prefill side freed because the decode side had not pulled it within the lease "
+           "(vLLM kv_lease_duration, default 30 s; Mooncake 480 s): the decode side is too slow or too full. "
+           "Counted on the prefill side. " + _KV_TRANSFER + _POLLED),
+    Family("kv_transfer_notifications_after_expiry_total", "counter", "transfer", "",
+           "Transfer completions the prefill side received for requests whose lease had expired: the KV blocks "
+           "may have been reused before the transfer finished (possible corruption). " + _KV_TRANSFER + _POLLED),
+    Family("kv_transfer_requests", "gauge", "transfer", "requests",
+           "Requests by KV transfer stage (`stage` is " + ", ".join(TRANSFER_STAGES) + "). " + _KV_TRANSFER
+           + _POLLED, ("stage",)),
+    Family("kv_transfer_requests_waiting_for_kv", "gauge", "transfer", "requests",
+           "Decode-side requests whose transfer cannot start because the pool's KV is short (the "
+           "waiting_to_start stage while KV is short, as for requests_waiting_for_kv, else 0): the decode half "
+           "of P/D backpressure; derived by the exporter on decode pools."),
+    Family("kv_transfer_prompt_tokens_total", "counter", "transfer", "tokens",
+           "Prompt tokens whose KV a decode pool received from a prefill pool instead of computing them. "
+           + _KV_TRANSFER + _POLLED),
     # Per pool: from the engine's KV event stream (a target's `kv_events:`).
     Family("events_blocks_stored_total", "counter", "events", "blocks",
            "Blocks the pool cached (BlockStored). " + _STREAMED),

@@ -153,6 +153,18 @@ def waiting_split(gauges: dict[str, float], thresholds: Thresholds) -> dict[str,
     return {"requests_waiting_for_kv": for_kv, "requests_waiting_with_kv_room": max(0.0, waiting - for_kv)}
 
 
+def transfer_waiting_for_kv(gauges: dict[str, float], labelled: dict[str, dict[tuple[str, ...], float]],
+                            role: str, thresholds: Thresholds) -> dict[str, float]:
+    """A decode pool's transfers that cannot start for want of KV: its waiting_to_start stage while KV is
+    short (kv_is_short), else 0. The decode half of P/D backpressure: the prefill side holds those requests'
+    KV (vLLM, until pulled) or waits to compute them (SGLang, until the decode side pre-allocates). Absent on
+    other roles and without a stage or usage reading."""
+    waiting = labelled.get("kv_transfer_requests", {}).get(("waiting_to_start",))
+    if role != "decode" or waiting is None or "usage_ratio" not in gauges:
+        return {}
+    return {"kv_transfer_requests_waiting_for_kv": waiting if kv_is_short(gauges, thresholds) else 0.0}
+
+
 def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thresholds: Thresholds) -> str | None:
     """The KV pressure state of one pool; the first rule that holds wins.
 
@@ -183,9 +195,10 @@ def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thre
 
 def derive(
     snapshot: Snapshot, histories: dict[str, History], now: float, thresholds: Thresholds,
-    bytes_per_token: int | None = None,
+    bytes_per_token: int | None = None, role: str = "unified",
 ) -> tuple[dict[str, DerivedRank], dict[str, History]]:
-    """Derived series of every rank of a snapshot, and the rank histories to keep for the next poll."""
+    """Derived series of every rank of a snapshot (its pools' disaggregation role `role`), and the rank
+    histories to keep for the next poll."""
     derived: dict[str, DerivedRank] = {}
     new_histories: dict[str, History] = {}
     for rank_name, rank in snapshot.ranks.items():
@@ -195,6 +208,7 @@ def derive(
         new_histories[rank_name] = history
         gauges = kv_gauges(rank, bytes_per_token)
         gauges.update(waiting_split(gauges, thresholds))
+        gauges.update(transfer_waiting_for_kv(gauges, rank.labelled, role, thresholds))
         derived[rank_name] = DerivedRank(gauges, rank, pressure_state(gauges, rate(history), thresholds),
                                          tier_values(rank.labelled))
     return derived, new_histories

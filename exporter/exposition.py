@@ -113,7 +113,7 @@ def render_target(name: str, labels: dict[str, str], url: str, outcome, failures
     series: dict[str, list[str]] = {}
     for rank_name, rank in outcome.ranks.items():
         rank_labels = label_text({"target": name, "engine": outcome.engine, "model": outcome.model,
-                                  "dp_rank": rank_name, **labels})
+                                  "dp_rank": rank_name, "role": outcome.role, **labels})
         _pool_lines(series, prefixes, rank_labels, rank.gauges, rank.values, rank.labelled)
         if rank.pressure is not None:
             series.setdefault("pressure_state", []).extend(

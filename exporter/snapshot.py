@@ -31,3 +31,4 @@ class Snapshot:
     model: str
     version: str
     ranks: dict[str, RankValues]  # keyed by dp_rank ("0" where the engine has none)
+    role: str | None = None  # prefill, decode or unified where the page says it (contract.ROLES)

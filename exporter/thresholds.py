@@ -46,6 +46,17 @@ class Thresholds:
     # costs about what computing its prefill again would (set it to the model's prefill seconds per token on
     # its GPUs: 5e-5 is 20,000 prompt tokens/s).
     offload_load_max_seconds_per_token: float = 5e-5
+    # Disaggregated prefill/decode. KVCacheTransfersFailing: failed KV transfers (kinds transfer and handshake)
+    # as a share of the transfers tried, above this, while at least the floor of transfers per second is tried.
+    kv_transfer_failure_ratio: float = 0.05
+    traffic_floor_transfers_per_second: float = 0.05
+    # The link between prefill and decode pools, in bytes per second of transfer (one TP rank's NIC where the
+    # engine times each rank's shard, vLLM): an effective bandwidth above it is a broken reading (SGLang's
+    # chunked-prefill timing), flagged and not believed; below kv_transfer_bandwidth_low_fraction of it is
+    # KVCacheTransferBandwidthLow. 50e9: a 400 Gb/s NIC. Measured on the engines' clock, so --time-scale
+    # leaves it as it is.
+    kv_transfer_link_bytes_per_second: float = 50e9
+    kv_transfer_bandwidth_low_fraction: float = 0.1
     # `for:` durations of the alerts.
     shortage_for: str = "2m"
     nearly_full_for: str = "10m"
@@ -57,6 +68,11 @@ class Thresholds:
     capacity_miss_for: str = "30m"
     offload_full_for: str = "5m"
     offload_slow_for: str = "15m"
+    transfer_failures_for: str = "5m"
+    lease_expiries_for: str = "5m"
+    notifications_after_expiry_for: str = "30s"
+    pd_backpressure_for: str = "2m"
+    transfer_bandwidth_low_for: str = "15m"
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any] | None) -> "Thresholds":

@@ -25,6 +25,8 @@ NO_OFFLOAD = frozenset(contract.names(group="offload")) | {"external_cache_queri
 # Families most engines beyond vLLM and SGLang lack: the evictable split, the waiting reason, a preemption
 # counter, and KV beyond the GPU pool.
 NO_POOL_DETAIL = frozenset({"evictable_tokens", "requests_waiting_for_capacity", "preemptions_total"}) | NO_OFFLOAD
+# KV transfer between disaggregated prefill and decode pools, for engines with no such series.
+NO_KV_TRANSFER = frozenset(contract.names(group="transfer"))
 # The running-request cap: only TensorRT-LLM's executor exports its own (vLLM's max_num_seqs and SGLang's
 # max_running_requests are no series).
 NO_RUNNING_CAP = frozenset({"requests_running_max"})
@@ -45,6 +47,8 @@ class Series:
     # ... then the last one read from a label of the engine's: (its name, engine value -> contract value).
     # Engine values not listed are "other"; those mapped to None (a total, not a breakdown) are left out.
     label_from: tuple[str, dict[str, str | None]] | None = None
+    # Into the contract's base unit: values times this (a histogram's sum and bucket bounds; SGLang's ms, MiB).
+    scale: float = 1.0
 
 
 Samples = dict[str, list[Sample]]
@@ -53,6 +57,12 @@ Samples = dict[str, list[Sample]]
 def _matches(value: str, wanted: str | tuple[str, ...]) -> bool:
     """A label filter: one value, or any of several ("" where the label may be missing)."""
     return value in wanted if isinstance(wanted, tuple) else value == wanted
+def _scaled(value: float, scale: float) -> float:
+    """`value` in the contract's unit; a fraction divides by its inverse so that 25 ms reads 0.025, not
+    0.025000000000000001."""
+    return value / (1 / scale) if scale < 1 else value * scale
+
+
 _UNSEEN = object()
 # Distinct label sets remembered per series; a fleet serving one model shares most of them.
 _SLICE_CACHE_LIMIT = 50_000
@@ -72,6 +82,9 @@ class Adapter:
     not_reported: ClassVar[frozenset[str]] = frozenset()
     base_match: ClassVar[dict[str, str]] = {}
     extra_names: ClassVar[tuple[str, ...]] = ()  # read by the `complete` hook
+    # The label where the engine names the pool's disaggregation role, and its values -> contract.ROLES;
+    # None: the page does not say (the target's `role:` does).
+    role_label: ClassVar[tuple[str, dict[str, str]] | None] = None
 
     def __init__(self) -> None:
         names: set[str] = set(self.variants_of(self.extra_names))
@@ -180,10 +193,22 @@ class Adapter:
                     values.setdefault(rank_name, 0.0)
             for rank_name, value in values.items():
                 if math.isfinite(value):  # NaN and Inf are "no reading" (sentinels, unset timers), never a value
-                    getattr(rank(rank_name), target)[series.concept] = value
-        snapshot = Snapshot(engine=self.engine, model=self.model_of(samples), version="", ranks=ranks)
+                    getattr(rank(rank_name), target)[series.concept] = _scaled(value, series.scale)
+        snapshot = Snapshot(engine=self.engine, model=self.model_of(samples), version="", ranks=ranks,
+                            role=self.role_of(samples))
         self.complete(samples, snapshot)
         return snapshot
+
+    def role_of(self, samples: Samples) -> str | None:
+        """The role the first of the adapter's samples that carries the role label names, if one does."""
+        if self.role_label is None:
+            return None
+        label, roles = self.role_label
+        for name in sorted(self.wanted):
+            for sample in samples.get(name, ()):
+                if label in sample.labels:
+                    return roles.get(sample.labels[label])
+        return None
 
     def _adapt_labelled(self, series: Series, samples: list[Sample], rank) -> None:
         """A labelled family's values; where two series fill the same label values, the first one wins
@@ -191,7 +216,8 @@ class Adapter:
         for out_key, value in self._collapse(samples, series).items():
             rank_name, tail = (out_key[0], (out_key[1],)) if series.label_from else (out_key, ())
             if math.isfinite(value):
-                rank(rank_name).labelled.setdefault(series.concept, {}).setdefault(series.labels + tail, value)
+                rank(rank_name).labelled.setdefault(series.concept, {}).setdefault(series.labels + tail,
+                                                                                  _scaled(value, series.scale))
 
     def _ranks_on_page(self, samples: Samples, names: tuple[str, ...]) -> set[str]:
         found = set()
@@ -214,7 +240,9 @@ class Adapter:
             if not math.isinf(pairs[-1][0]) or rank_name not in sums:
                 continue  # without its +Inf bucket or its sum a histogram is incomplete
             count = counts.get(rank_name, pairs[-1][1])
-            rank(rank_name).histograms[series.concept] = Histogram(pairs, sums[rank_name], count)
+            if series.scale != 1.0:
+                pairs = [(_scaled(bound, series.scale), cumulative) for bound, cumulative in pairs]
+            rank(rank_name).histograms[series.concept] = Histogram(pairs, _scaled(sums[rank_name], series.scale), count)
 
     def model_of(self, samples: Samples) -> str:
         for series in self.series:

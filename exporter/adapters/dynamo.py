@@ -10,7 +10,7 @@ engine; its per-worker KV block counts are the router's predictions and are not 
 
 from __future__ import annotations
 
-from .base import NO_POOL_DETAIL, NO_RUNNING_CAP, PREFIX_AND_TOKEN_COUNTERS, Adapter, Series
+from .base import NO_KV_TRANSFER, NO_POOL_DETAIL, NO_RUNNING_CAP, PREFIX_AND_TOKEN_COUNTERS, Adapter, Series
 
 
 class DynamoAdapter(Adapter):
@@ -21,8 +21,9 @@ class DynamoAdapter(Adapter):
     rank_label = "dp_rank"
     model_label = "model"
     # The frontend's prefix-hit tokens are router predictions: not read.
-    not_reported = NO_POOL_DETAIL | NO_RUNNING_CAP | PREFIX_AND_TOKEN_COUNTERS | {"queue_time_seconds",
-                                                                                 "requests_paused"}
+    # Its router's transfer-latency estimate is an upper bound from the frontend, not a transfer: not read.
+    not_reported = NO_POOL_DETAIL | NO_RUNNING_CAP | PREFIX_AND_TOKEN_COUNTERS | NO_KV_TRANSFER | {
+        "queue_time_seconds", "requests_paused"}
     series = (
         # 0..1 despite the name; the worker copies it from the engine's KV stats.
         Series("usage_ratio", ("dynamo_component_gpu_cache_usage_percent",

@@ -4,7 +4,7 @@ rank). No blocks, no capacity and no preemption counter: those families stay abs
 
 from __future__ import annotations
 
-from .base import NO_POOL_DETAIL, NO_RUNNING_CAP, Adapter, Series
+from .base import NO_KV_TRANSFER, NO_POOL_DETAIL, NO_RUNNING_CAP, Adapter, Series
 
 
 class LmdeployAdapter(Adapter):
@@ -13,7 +13,8 @@ class LmdeployAdapter(Adapter):
     marker = r"lmdeploy[:_]"
     prefix_aliases = ("lmdeploy_",)
     rank_label = "engine"
-    not_reported = NO_POOL_DETAIL | NO_RUNNING_CAP | {"capacity_blocks", "block_size_tokens", "requests_paused"}
+    not_reported = NO_POOL_DETAIL | NO_RUNNING_CAP | NO_KV_TRANSFER | {"capacity_blocks", "block_size_tokens",
+                                                                       "requests_paused"}
     series = (
         Series("usage_ratio", ("lmdeploy:gpu_cache_usage_perc",)),
         Series("requests_running", ("lmdeploy:num_requests_running",)),

@@ -48,6 +48,28 @@ _TRANSFERS = tuple(
     for direction, name in (("load", "sglang:prefetched_tokens_total"), ("store", "sglang:backuped_tokens_total"))
     for tier in sorted(set(_STORAGE_TIERS.values())))
 _STORAGE_NAMES = ("sglang:prefetched_tokens_total", "sglang:backuped_tokens_total")
+# Disaggregation (--disaggregation-mode; names from observability/metrics_collector.py). Every scheduler
+# exports every queue gauge, its role's and the other role's at 0 (a unified one all of them): each is read
+# only on the role it belongs to.
+_PREFILL, _DECODE = {"engine_type": "prefill"}, {"engine_type": "decode"}
+_KV_TRANSFER = (
+    # Observed on the prefill side (the sender), per request; bytes in MiB (2**20), latency in ms.
+    Series("kv_transfer_seconds", ("sglang:kv_transfer_latency_ms",), "histogram", scale=0.001),
+    Series("kv_transfer_bytes", ("sglang:kv_transfer_total_mb",), "histogram", scale=2**20),
+    # Created at their first failure.
+    Series("kv_transfer_failures_total", ("sglang:num_transfer_failed_reqs_total",), "counter", labels=("transfer",)),
+    Series("kv_transfer_failures_total", ("sglang:num_bootstrap_failed_reqs_total",), "counter",
+           labels=("handshake",)),
+    # Decode: waiting for KV pre-allocation, then receiving. Prefill: waiting for the handshake (the bootstrap
+    # queue, `prealloc` in its first name), then computed and sending.
+    Series("kv_transfer_requests", ("sglang:num_decode_prealloc_queue_reqs",), match=_DECODE,
+           labels=("waiting_to_start",)),
+    Series("kv_transfer_requests", ("sglang:num_decode_transfer_queue_reqs",), match=_DECODE, labels=("in_progress",)),
+    Series("kv_transfer_requests", ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_prealloc_queue_reqs"),
+           match=_PREFILL, labels=("waiting_to_start",)),
+    Series("kv_transfer_requests", ("sglang:num_prefill_inflight_queue_reqs",), match=_PREFILL,
+           labels=("in_progress",)),
+)
 
 
 class SglangAdapter(Adapter):
@@ -56,9 +78,13 @@ class SglangAdapter(Adapter):
     marker = r"sglang[:_]"
     prefix_aliases = ("sglang_",)
     rank_label = "dp_rank"
+    role_label = ("engine_type", {"prefill": "prefill", "decode": "decode", "unified": "unified"})
+    # No lease: a decode pool pre-allocates before the prefill side computes.
     not_reported = NO_RUNNING_CAP | frozenset({
         "requests_waiting_for_capacity", "requests_paused", "tier_used_bytes", "tier_store_failures_total",
-        "tier_evictions_total", "external_cache_queried_tokens_total", "external_cache_hit_tokens_total"})
+        "tier_evictions_total", "external_cache_queried_tokens_total", "external_cache_hit_tokens_total",
+        "kv_transfer_lease_expiries_total", "kv_transfer_notifications_after_expiry_total",
+        "kv_transfer_prompt_tokens_total"})
     # With priority scheduling, priority="" is the total and other values are slices of it.
     base_match = {"priority": ""}
     extra_names = ("sglang:cache_config_info",) + _STORAGE_NAMES
@@ -93,6 +119,7 @@ class SglangAdapter(Adapter):
         Series("queue_time_seconds", ("sglang:queue_time_seconds",), "histogram"),
         Series("e2e_request_latency_seconds", ("sglang:e2e_request_latency_seconds",), "histogram",
                sum_over=_STREAMING),
+        *_KV_TRANSFER,
     )
 
     def complete(self, samples: Samples, snapshot: Snapshot) -> None:

@@ -10,11 +10,15 @@ preemption counter: those families stay absent.
 
 from __future__ import annotations
 
-from .base import NO_POOL_DETAIL, PREFIX_AND_TOKEN_COUNTERS, Adapter, Samples, Series
-from ..snapshot import Snapshot
+import math
+
+from .base import NO_KV_TRANSFER, NO_POOL_DETAIL, PREFIX_AND_TOKEN_COUNTERS, Adapter, Samples, Series
+from ..snapshot import Histogram, Snapshot
 
 KV = ("nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_kv_cache_block_statistics")
 REQUESTS = ("nv_trt_llm_request_metrics", "nv_trt_llm_request_statistics")
+# Disaggregated serving: counters of the KV transfers' milliseconds and of the requests transferred.
+DISAGGREGATED = "nv_trt_llm_disaggregated_serving_metrics"
 
 
 def _kv(kind: str) -> dict[str, str]:
@@ -32,7 +36,7 @@ class TritonAdapter(Adapter):
     rank_label = None  # one executor (one KV pool) per model instance
     model_label = "model"
     # `reused` counts blocks with no queried denominator; the backend has no latency histograms.
-    not_reported = NO_POOL_DETAIL | PREFIX_AND_TOKEN_COUNTERS | {
+    not_reported = NO_POOL_DETAIL | PREFIX_AND_TOKEN_COUNTERS | (NO_KV_TRANSFER - {"kv_transfer_seconds"}) | {
         "time_to_first_token_seconds", "inter_token_latency_seconds", "queue_time_seconds",
         "e2e_request_latency_seconds"}
     series = (
@@ -49,14 +53,19 @@ class TritonAdapter(Adapter):
         Series("requests_paused", ("nv_trt_llm_inflight_batcher_metrics",),
                match={"inflight_batcher_specific_metric": "paused_requests"}),
     )
-    extra_names = REQUESTS
+    extra_names = (*REQUESTS, DISAGGREGATED)
 
     def complete(self, samples: Samples, snapshot: Snapshot) -> None:
-        """Before v0.18 `waiting` is missing: it is active - scheduled, which the page has."""
+        """Before v0.18 `waiting` is missing: it is active - scheduled, which the page has. The transfer counters
+        are a histogram with its +Inf bucket only: their sum and count."""
         name = self.first_present(REQUESTS, samples)
-        if name is None:
-            return
-        by_type = {s.labels.get("request_type"): s.value for s in samples[name]}
-        if "active" in by_type and "scheduled" in by_type:
+        if name is not None:
+            by_type = {s.labels.get("request_type"): s.value for s in samples[name]}
+            if "active" in by_type and "scheduled" in by_type:
+                for rank in snapshot.ranks.values():
+                    rank.gauges.setdefault("requests_waiting", max(0.0, by_type["active"] - by_type["scheduled"]))
+        transfers = {s.labels.get("disaggregated_serving_type"): s.value for s in samples.get(DISAGGREGATED, ())}
+        milliseconds, count = transfers.get("kv_cache_transfer_ms"), transfers.get("request_count")
+        if milliseconds is not None and count is not None and math.isfinite(milliseconds + count):
             for rank in snapshot.ranks.values():
-                rank.gauges.setdefault("requests_waiting", max(0.0, by_type["active"] - by_type["scheduled"]))
+                rank.histograms["kv_transfer_seconds"] = Histogram([(math.inf, count)], milliseconds / 1000, count)

@@ -11,7 +11,7 @@ refreshed when a request finishes, so on an idle or stuck server they keep their
 
 from __future__ import annotations
 
-from .base import NO_POOL_DETAIL, Adapter, Samples, Series
+from .base import NO_KV_TRANSFER, NO_POOL_DETAIL, Adapter, Samples, Series
 from ..snapshot import Snapshot
 
 PREFIX = "trtllm_"
@@ -29,8 +29,11 @@ class TrtllmAdapter(Adapter):
     marker = (r"trtllm[:_]|(?:request_success_total|(?:e2e_request_latency|time_to_first_token"
               r"|time_per_output_token|request_queue_time)_seconds_(?:bucket|count|sum))\{engine_type=")
     rank_label = None  # one KV pool per server; attention-DP ranks are not labelled
-    # No preemption counter (paused requests are a gauge, read as such): never `thrashing`.
-    not_reported = NO_POOL_DETAIL
+    # Dynamo's TensorRT-LLM worker labels its own series with its role.
+    role_label = ("disaggregation_mode", {"prefill": "prefill", "decode": "decode", "prefill_and_decode": "unified"})
+    # No preemption counter (paused requests are a gauge, read as such): never `thrashing`. Dynamo's KV transfer
+    # series have no failure, lease or stage counterpart; trtllm-serve itself exports no transfer series.
+    not_reported = NO_POOL_DETAIL | (NO_KV_TRANSFER - {"kv_transfer_seconds", "kv_transfer_bytes"})
     extra_names = ("trtllm_kv_cache_config_info",)
     series = (
         Series("usage_ratio", ("trtllm_kv_cache_utilization",)),
@@ -50,6 +53,10 @@ class TrtllmAdapter(Adapter):
         Series("inter_token_latency_seconds", ("trtllm_time_per_output_token_seconds",), "histogram"),
         Series("queue_time_seconds", ("trtllm_request_queue_time_seconds",), "histogram"),
         Series("e2e_request_latency_seconds", ("trtllm_e2e_request_latency_seconds",), "histogram"),
+        # Dynamo's additions for disaggregated TensorRT-LLM (components/src/dynamo/trtllm, prometheus_names.rs
+        # trtllm_additional): observed on the decode side, per request.
+        Series("kv_transfer_seconds", ("trtllm_kv_transfer_latency_seconds",), "histogram"),
+        Series("kv_transfer_bytes", ("trtllm_kv_transfer_bytes",), "histogram"),
     )
 
     def variants_of(self, names: tuple[str, ...]) -> list[str]:

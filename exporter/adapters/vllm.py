@@ -6,13 +6,44 @@ import math
 
 from . import lmcache
 from .base import NO_RUNNING_CAP, Adapter, Samples, Series
+from ..contract import TRANSFER_STAGES
 from ..snapshot import RankValues, Snapshot
 
 # Bucketed `priority` slices (with --scheduling-policy priority) partition the requests: sum them.
 _REQUEST_SLICES = ("priority",)
 # prompt_tokens_cached_by_source_total{source} (vllm/v1/metrics/cache_hit_source.py): `p2p` is KV from
 # another instance; `external_unspecified` a connector that does not say where its hit came from.
-_HIT_SOURCES = {"device": "gpu", "host": "cpu", "cpu": "cpu", "disk": "disk", "p2p": "remote"}
+_HIT_SOURCES = {"device": "gpu", "host": "cpu", "cpu": "cpu", "disk": "disk", "p2p": "peer"}
+# The disaggregated-serving connectors (--kv-transfer-config): NIXL (0.11.1+), then Mooncake (0.33+), the same
+# shapes (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py); the first one on the page wins.
+_CONNECTORS = ("nixl", "mooncake")
+
+
+def _connector(name: str) -> tuple[str, ...]:
+    return tuple(f"vllm:{connector}_{name}" for connector in _CONNECTORS)
+
+
+_KV_TRANSFER = (
+    # One observation per TP rank's transfer, timed by the side that reads (decode).
+    Series("kv_transfer_seconds", _connector("xfer_time_seconds"), "histogram"),
+    Series("kv_transfer_bytes", _connector("bytes_transferred"), "histogram"),
+    # Since 0.31 NIXL's failed transfers include its handshake and notification failures.
+    Series("kv_transfer_failures_total", _connector("num_failed_transfers_total"), "counter", labels=("transfer",)),
+    Series("kv_transfer_failures_total", ("vllm:nixl_num_failed_notifications_total",), "counter",
+           labels=("notification",)),
+    Series("kv_transfer_lease_expiries_total", _connector("num_kv_expired_reqs_total"), "counter"),
+    Series("kv_transfer_notifications_after_expiry_total", ("vllm:nixl_num_notifications_after_expiry_total",),
+           "counter"),
+    # Registered only on a KV consumer (decode, or kv_both).
+    Series("kv_transfer_requests", ("vllm:num_requests_kv_fetch_by_stage",), label_from=(
+        "stage", {stage: stage for stage in TRANSFER_STAGES})),
+    Series("kv_transfer_prompt_tokens_total", ("vllm:prompt_tokens_cached_by_source_total",), "counter",
+           match={"source": "p2p"}),
+)
+# Mooncake's receive failures (the decode side's), added to its transfer failures.
+_MOONCAKE_RECV_FAILURES = "vllm:mooncake_num_failed_recvs_total"
+# Before `p2p` (0.32), the prompt tokens a KV connector supplied: a peer's only where a P/D connector runs.
+_EXTERNAL_PROMPT_TOKENS = "vllm:prompt_tokens_by_source_total"
 # The native offload tier (OffloadingConnector, CPU spec): flat names first (#35669), then the deprecated
 # `transfer_type` trio (#27942) that older versions have alone.
 _TRANSFERS = tuple(
@@ -30,7 +61,8 @@ class VllmAdapter(Adapter):
     prefix_aliases = ("vllm_",)
     rank_label = "engine"  # V1's data-parallel engine index; V0 has none
     not_reported = frozenset({"evictable_tokens", "requests_paused", "tier_transfer_tokens_total"}) | NO_RUNNING_CAP
-    extra_names = ("vllm:cache_config_info", "vllm:kv_offload_config_info")
+    extra_names = ("vllm:cache_config_info", "vllm:kv_offload_config_info", _MOONCAKE_RECV_FAILURES,
+                   _EXTERNAL_PROMPT_TOKENS)
     series = (
         Series("usage_ratio", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
         Series("requests_running", ("vllm:num_requests_running",)),
@@ -55,6 +87,7 @@ class VllmAdapter(Adapter):
                labels=("cpu",)),
         *_TRANSFERS,
         *lmcache.TIER_SERIES,
+        *_KV_TRANSFER,
         Series("time_to_first_token_seconds", ("vllm:time_to_first_token_seconds",), "histogram",
                sum_over=_REQUEST_SLICES),
         Series("inter_token_latency_seconds",
@@ -65,6 +98,27 @@ class VllmAdapter(Adapter):
     )
 
     def complete(self, samples: Samples, snapshot: Snapshot) -> None:
+        self._capacity(samples, snapshot)
+        self._connector_extras(samples, snapshot)
+
+    def _connector_extras(self, samples: Samples, snapshot: Snapshot) -> None:
+        """Mooncake's receive failures under kind transfer; the prompt tokens a P/D connector supplied
+        (`external_kv_transfer`) where the page has no `p2p` source."""
+        for sample in samples.get(self.first_present((_MOONCAKE_RECV_FAILURES,), samples) or "", ()):
+            failures = snapshot.ranks.setdefault(self.rank_of(sample.labels), RankValues()).labelled.setdefault(
+                "kv_transfer_failures_total", {})
+            failures[("transfer",)] = failures.get(("transfer",), 0.0) + sample.value
+        connector = any(self.first_present(_connector(name), samples, "_count")
+                        for name in ("xfer_time_seconds", "bytes_transferred"))
+        name = self.first_present((_EXTERNAL_PROMPT_TOKENS,), samples)
+        if not connector or name is None:
+            return
+        for sample in samples[name]:
+            if sample.labels.get("source") == "external_kv_transfer" and math.isfinite(sample.value):
+                counters = snapshot.ranks.setdefault(self.rank_of(sample.labels), RankValues()).counters
+                counters.setdefault("kv_transfer_prompt_tokens_total", sample.value)
+
+    def _capacity(self, samples: Samples, snapshot: Snapshot) -> None:
         """Per-engine capacity from `cache_config_info` labels.
 
         With data parallelism vLLM's frontend adds up `num_gpu_blocks` over the engines it started

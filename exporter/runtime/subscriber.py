@@ -259,7 +259,7 @@ class EventStream:
         """The stream's series, labelled as the pool of DP rank `rank`."""
         target, outcome, pool = self.target, self.target.outcome, self.pool
         labels = {"target": target.name, "engine": outcome.engine, "model": outcome.model, "dp_rank": str(rank),
-                  **target.labels}
+                  "role": outcome.role, **target.labels}
         counters = {"events_blocks_stored_total": pool.stored, "events_blocks_evicted_total": pool.evicted,
                     "capacity_miss_blocks_total": pool.capacity_misses, "events_messages_total": self.messages,
                     "events_publisher_restarts_total": self.restarts,

@@ -26,6 +26,7 @@ class PollOutcome:
     duration: float | None = None
     last_success: float | None = None  # unix time
     ranks: dict[str, derive.DerivedRank] = field(default_factory=dict)
+    role: str = "unified"  # the pools' disaggregation role (contract.ROLES)
 
 
 class PollFailed(Exception):
@@ -38,7 +39,8 @@ class Target:
     def __init__(self, config: TargetConfig, settings: FetchSettings, thresholds: Thresholds, static_labels: dict):
         self.fetcher = Fetcher(config.url, settings)
         self.failures = dict.fromkeys(contract.FAILURE_REASONS, 0)
-        self.outcome = PollOutcome(engine="" if config.engine == "auto" else config.engine)
+        self.outcome = PollOutcome(engine="" if config.engine == "auto" else config.engine,
+                                   role=config.role or "unified")
         self._histories: dict[str, derive.History] = {}
         self._last_reason: str | None = None
         self.update(config, thresholds, static_labels)
@@ -71,10 +73,12 @@ class Target:
             if not snapshot.ranks:
                 raise PollFailed("unknown_engine", f"no {adapter.engine} series on the page")
             now = time.time()
+            # The page's word first (SGLang engine_type, Dynamo's disaggregation_mode), then the configuration's.
+            role = snapshot.role or self.config.role or "unified"
             ranks, self._histories = derive.derive(
-                snapshot, self._histories, now, self.thresholds, self.bytes_per_token)
+                snapshot, self._histories, now, self.thresholds, self.bytes_per_token, role)
             outcome = PollOutcome(True, snapshot.engine, snapshot.model, snapshot.version,
-                                  time.monotonic() - started, now, ranks)
+                                  time.monotonic() - started, now, ranks, role)
             if self._last_reason is not None:
                 log.info("target %s recovered", self.name)
                 self._last_reason = None
@@ -115,7 +119,7 @@ class Target:
             self._last_reason = reason
         # Keep the last good values; the exposition hides them once they are older than the staleness period.
         return PollOutcome(False, previous.engine, previous.model, previous.version, time.monotonic() - started,
-                           previous.last_success, previous.ranks)
+                           previous.last_success, previous.ranks, previous.role)
 
     def close(self) -> None:
         """In the event loop thread that polls the target (its connection belongs to that loop)."""

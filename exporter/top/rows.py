@@ -27,7 +27,7 @@ def build_rows(frame: Frame, window: RateWindow) -> list[dict[str, Any]]:
         rates = window.rates(key)
         rows.append({
             "target": pool.target, "engine": pool.engine, "model": pool.model, "dp_rank": pool.dp_rank,
-            "state": pool.state,
+            "role": pool.role, "state": pool.state,
             "usage_ratio": gauges.get("usage_ratio"),
             "capacity_tokens": gauges.get("capacity_tokens"),
             "free_tokens": gauges.get("free_tokens"),
@@ -137,6 +137,8 @@ class Column:
 COLUMNS = (
     Column("target", "TARGET", lambda r: r["target"], lambda r: r["target"], 100, "left"),
     Column("dp", "DP", lambda r: r["dp_rank"], lambda r: r["dp_rank"], 40, "left"),
+    # Disaggregated prefill/decode: shown where a pool is not unified.
+    Column("role", "ROLE", lambda r: r["role"], lambda r: r["role"], 45, "left"),
     Column("engine", "ENGINE", lambda r: r["engine"], lambda r: r["engine"], 20, "left"),
     Column("model", "MODEL", lambda r: r["model"], lambda r: r["model"], 10, "left"),
     Column("state", "STATE", lambda r: r["state"] or "-",
@@ -158,7 +160,7 @@ COLUMNS = (
     Column("misses", "MISSES\n/min", lambda r: per_min(r.get("capacity_misses_per_min")),
            lambda r: _high_first(r.get("capacity_misses_per_min")), 70),
 )
-SORTS = tuple(column.name for column in COLUMNS if column.name not in ("dp", "engine", "model"))
+SORTS = tuple(column.name for column in COLUMNS if column.name not in ("dp", "role", "engine", "model"))
 _BY_NAME = {column.name: column for column in COLUMNS}
 
 
@@ -169,10 +171,10 @@ def sort_rows(rows: list[dict], sort: str) -> list[dict]:
 
 
 def filter_rows(rows: list[dict], text: str) -> list[dict]:
-    """Rows whose target, engine, model, rank or state holds `text` (case-insensitive)."""
+    """Rows whose target, engine, model, rank, role or state holds `text` (case-insensitive)."""
     needle = text.lower()
     return [r for r in rows if any(needle in (r[k] or "").lower()
-                                   for k in ("target", "engine", "model", "dp_rank", "state"))]
+                                   for k in ("target", "engine", "model", "dp_rank", "role", "state"))]
 
 
 # -- layout -------------------------------------------------------------------------------------
@@ -188,8 +190,11 @@ def _natural_widths(columns: list[Column], rows: list[dict]) -> dict[str, int]:
 def fit(rows: list[dict], width: int | None, bar: bool) -> list[tuple[Column, int]]:
     """The columns to show and their widths: every column when `width` is None, else the most
     important ones that fit in `width` (one space between columns); the misses column only where the
-    exporter has capacity misses. The target column is cut (with an ellipsis) before anything is dropped."""
-    columns = [c for c in COLUMNS if c.name != "misses" or any("capacity_misses_per_min" in r for r in rows)]
+    exporter has capacity misses, the role column only where a pool is not unified. The target column is cut
+    (with an ellipsis) before anything is dropped."""
+    shown = {"misses": any("capacity_misses_per_min" in r for r in rows),
+             "role": any(r["role"] not in ("unified", "") for r in rows)}
+    columns = [c for c in COLUMNS if shown.get(c.name, True)]
     widths = _natural_widths(columns, rows)
     if bar:
         widths["usage"] = USAGE_BAR_WIDTH + 5

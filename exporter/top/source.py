@@ -44,6 +44,7 @@ class Pool:
     engine: str
     model: str
     dp_rank: str
+    role: str  # prefill, decode or unified (disaggregated serving)
     at: float  # unix time of the poll these values come from (the target's last success)
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
@@ -51,8 +52,8 @@ class Pool:
     state: str | None = None
 
     @property
-    def key(self) -> tuple[str, str, str, str]:
-        return self.target, self.engine, self.model, self.dp_rank
+    def key(self) -> tuple[str, ...]:
+        return self.target, self.engine, self.model, self.dp_rank, self.role
 
 
 @dataclass(slots=True)
@@ -60,7 +61,7 @@ class Frame:
     """Everything one read saw: the pools, and which targets answered the exporter's last poll."""
 
     read_at: float
-    pools: dict[tuple[str, str, str, str], Pool]
+    pools: dict[tuple[str, ...], Pool]  # by the pool's identity labels (contract GROUPS["pool"])
     targets_up: dict[str, bool]
 
 
@@ -71,7 +72,7 @@ def read_frame(text: str, read_at: float) -> Frame:
     for sample in samples.get(P + _LAST_SUCCESS, ()):
         polled[sample.labels.get("target", "")] = sample.value
     targets_up = {s.labels.get("target", ""): s.value == 1.0 for s in samples.get(P + "target_up", ())}
-    pools: dict[tuple[str, str, str, str], Pool] = {}
+    pools: dict[tuple[str, ...], Pool] = {}
 
     def pool_of(labels: dict[str, str]) -> Pool:
         key = tuple(labels.get(name, "") for name in _IDENTITY)

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from exporter import contract
+from kvcache_exporter import contract
 from devtools import harness
 from devtools import kvevents_wire as wire
 from devtools.harness import Publisher
@@ -38,7 +38,9 @@ def exposition(tmp_path_factory):
               for name in EXPECTED}
     events_port = harness.free_port()
     with PageServer(routes) as server, Publisher(events_port) as publisher:
-        targets = [{"name": name, "url": server.url(f"/{name}")} for name in EXPECTED]
+        # A page that names no role gets the one its expectations configure (`target_config:`).
+        targets = [{"name": name, "url": server.url(f"/{name}"), **EXPECTED[name].get("target_config", {})}
+                   for name in EXPECTED]
         # ... with a KV event stream too: its families appear once a batch has arrived
         targets.append({"name": "with-architecture", "url": server.url("/vllm-v1.txt"),
                         "labels": {"pool": "chat"},
@@ -67,7 +69,7 @@ def samples(exposition):
 
 
 def test_the_corpus_covers_every_engine():
-    from exporter.adapters import ADAPTERS
+    from kvcache_exporter.adapters import ADAPTERS
 
     assert {e["engine"] for e in EXPECTED.values()} == set(ADAPTERS)
     assert len(EXPECTED) >= 18
@@ -80,7 +82,7 @@ def test_fixture_values(samples, name):
     assert harness.value(samples, "kvcache_target_info", target=name, engine=expected["engine"]) == 1.0
     for rank, values in expected["ranks"].items():
         labels = {"target": name, "dp_rank": rank, "engine": expected["engine"], "model": expected["model"],
-                  "cluster": "test"}
+                  "role": expected["role"], "cluster": "test"}
         for key, want in values.items():
             if key == "pressure_state":
                 assert harness.value(samples, "kvcache_pressure_state", state=want, **labels) == 1.0, (name, rank)

@@ -29,8 +29,9 @@ def test_promtool_check_rules_passes(tmp_path, variant):
         path.write_text(generate.render(generate.build(thresholds)))
     result = run(require_binary("promtool"), "check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-    # 12 recording rules, 10 for what more KV would buy (2, then 2 per factor), 12 alerting (the storm twice)
-    assert "SUCCESS: 34 rules found" in result.stdout
+    # 12 recording rules, 10 for what more KV would buy (2, then 2 per factor), 8 for disaggregated prefill/decode,
+    # 17 alerting (the storm twice)
+    assert "SUCCESS: 47 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass():

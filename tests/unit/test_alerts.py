@@ -20,10 +20,13 @@ EXPECTED_ALERTS = {
     "KVCacheShortageQueueing", "KVCachePreemptionStorm", "KVCacheNearlyFull", "KVCachePrefixHitRateDrop",
     "KVCacheQueueDominatesTTFT", "KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent",
     "KVCacheCapacityMisses", "KVCacheOffloadTierFull", "KVCacheOffloadLoadSlow",
+    "KVCacheTransfersFailing", "KVCacheTransferLeaseExpiries", "KVCacheTransferNotificationsAfterExpiry",
+    "KVCachePDBackpressure", "KVCacheTransferBandwidthLow",
 }
-# Alerts about one engine's KV (their descriptions name target and model); the other three are
-# about polling, where a target without answers has no model.
-PER_MODEL_ALERTS = EXPECTED_ALERTS - {"KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent"}
+# Alerts about one engine's KV (their descriptions name target and model); three are about polling, where a
+# target without answers has no model, and P/D backpressure is about a group of pools (the P/D group label).
+PER_MODEL_ALERTS = EXPECTED_ALERTS - {"KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent",
+                                      "KVCachePDBackpressure"}
 
 
 def shipped_alerts() -> list[dict]:
@@ -106,6 +109,18 @@ def test_config_overrides_flow_into_the_rules(tmp_path):
     assert "above 3/s" in alerts[("KVCachePreemptionStorm", "critical")]["annotations"]["description"]
 
 
+def test_the_pd_group_label_groups_the_cross_pool_rules(tmp_path):
+    config = tmp_path / "exporter.yml"
+    config.write_text(yaml.safe_dump({"labels": {"pair": "a"}, "pd_group_label": "pair", "targets": []}))
+    out = tmp_path / "rules.yml"
+    assert generate.main(["--config", str(config), "--output", str(out)]) == 0
+    rules = {r.get("record") or r["alert"]: r for g in yaml.safe_load(out.read_text())["groups"] for r in g["rules"]}
+    assert "sum by (pair) (kvcache_kv_transfer_requests_waiting_for_kv{role=\"decode\"}) > 0\nand on (pair)" in \
+        rules[generate.PD_BACKPRESSURE]["expr"]
+    assert "by (model)" not in rules["kvcache:kv_transfer_share_of_ttft:ratio"]["expr"]
+    assert "{{ $labels.pair }}" in rules["KVCachePDBackpressure"]["annotations"]["summary"]
+
+
 def test_unknown_pressure_key_is_one_line_and_exit_2(tmp_path, capsys):
     config = tmp_path / "exporter.yml"
     config.write_text("pressure: {high_water: 0.8}\n")
@@ -142,9 +157,11 @@ def test_compress_knows_every_threshold():
     """A new threshold must be a duration, a per-second rate or one of the known ratios."""
     compressed = generate.compress(DEFAULT, 4)
     unchanged = {f.name for f in dataclasses.fields(DEFAULT) if getattr(compressed, f.name) == getattr(DEFAULT, f.name)}
-    # Seconds per token loaded is a quotient of two counters of the engine's own: no clock enters it.
+    # Seconds per token loaded and bytes per second of transfer are quotients of two counters of the engine's
+    # own: no clock enters them.
     assert unchanged == {"high_water_ratio", "low_water_ratio", "prefix_hit_drop_fraction", "queue_share_of_ttft",
-                         "capacity_miss_share", "offload_load_max_seconds_per_token"}
+                         "capacity_miss_share", "offload_load_max_seconds_per_token", "kv_transfer_failure_ratio",
+                         "kv_transfer_link_bytes_per_second", "kv_transfer_bandwidth_low_fraction"}
     assert compressed.shortage_for == "30s" and compressed.window_seconds == 15
     assert compressed.thrashing_preemptions_per_second == pytest.approx(0.08)
     with pytest.raises(ValueError):

@@ -173,6 +173,11 @@ def test_listen_origin_names_where_the_address_came_from(tmp_path):
      "targets[0].kv_events.topic", "must be a string"),
     ("targets: [{url: 'http://a:1/m', kv_events: {endpoint: 'tcp://a:5557', hwm: 7}}]",
      "targets[0].kv_events.hwm", "unknown key"),
+    ("targets: [{url: 'http://a:1/m', role: consumer}]", "targets[0].role",
+     "must be one of prefill, decode, unified, got 'consumer'"),
+    ("targets: [{url: 'http://a:1/m', labels: {role: decode}}]", "targets[0].labels", "set by the exporter"),
+    ("labels: {cluster: a}\npd_group_label: deployment", "pd_group_label",
+     "must be 'model' or 'cluster' (the model, or a static label of the configuration), got 'deployment'"),
 ])
 def test_bad_files_name_file_key_and_problem(tmp_path, text, key, problem):
     path = write(tmp_path, text)
@@ -181,6 +186,17 @@ def test_bad_files_name_file_key_and_problem(tmp_path, text, key, problem):
     message = str(err.value)
     assert message.startswith(f"{path}: {key}: "), message
     assert problem in message
+
+
+def test_a_targets_role_and_the_pd_group_label(tmp_path):
+    """A role where the page names none; pools grouped across roles by a static label the configuration sets."""
+    path = write(tmp_path, "targets: [{url: 'http://p:1/metrics', role: prefill, labels: {pair: a}},\n"
+                           "          {url: 'http://d:1/metrics', labels: {pair: a}}]\npd_group_label: pair")
+    config = load(["--config", str(path)])
+    assert [t.role for t in config.targets] == ["prefill", None]
+    assert config.pd_group_label == "pair"
+    assert cfg.generator_settings(str(path)).pd_group_label == "pair"
+    assert cfg.generator_settings(str(write(tmp_path, "targets: []"))).pd_group_label == "model"
 
 
 def test_missing_file(tmp_path):

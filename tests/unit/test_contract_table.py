@@ -27,7 +27,9 @@ NAME = re.compile(r"\bkvcache_[a-z0-9_]+")
 STATIC = {"cluster": "test"}
 # The label values the table's enumerations allow, by label (`state` takes every value on every pool).
 LABEL_VALUES = {"state": set(contract.PRESSURE_STATES), "tier": set(contract.TIERS),
-                "source": set(contract.HIT_SOURCES), "direction": set(contract.TRANSFER_DIRECTIONS)}
+                "source": set(contract.HIT_SOURCES), "direction": set(contract.TRANSFER_DIRECTIONS),
+                "role": set(contract.ROLES), "stage": set(contract.TRANSFER_STAGES),
+                "kind": set(contract.TRANSFER_FAILURE_KINDS)}
 REASONS = {"target_scrape_failures_total": contract.FAILURE_REASONS,
            "events_dropped_total": contract.EVENT_DROP_REASONS, "events_ignored_total": contract.EVENT_IGNORED_REASONS}
 
@@ -46,7 +48,7 @@ def exposed(tmp_path_factory) -> str:
     pages = sorted(p.name for p in harness.FIXTURES.glob("*.txt"))
     routes = {f"/{name}": harness.page((harness.FIXTURES / name).read_text()) for name in pages}
     with harness.PageServer(routes) as server:
-        targets = [{"name": name, "url": server.url(f"/{name}")} for name in pages]
+        targets = [{"name": name, "url": server.url(f"/{name}"), **target_config(name)} for name in pages]
         targets.append({"name": "architecture", "url": server.url("/vllm-v1.txt"),
                         "model_architecture": {"layers": 32, "kv_heads": 8, "head_dim": 128},
                         "kv_events": {"endpoint": "tcp://127.0.0.1:5557"}})
@@ -74,6 +76,12 @@ def exposed(tmp_path_factory) -> str:
     assert sorted(rendered - set(contract.FAMILIES)) == []
     return b"".join(exposition.render(texts, with_events.outcome.last_success, 60.0,
                                       ExporterState().lines(probed_targets=0, probe_evictions=0))).decode()
+
+
+def target_config(page: str) -> dict:
+    """The configuration a fixture page's expectations give its target (the role a page does not name)."""
+    expected = harness.FIXTURES / f"{page}.expected.yml"
+    return yaml.safe_load(expected.read_text()).get("target_config", {}) if expected.is_file() else {}
 
 
 def samples(text: str) -> list[tuple[str, dict[str, str]]]:
@@ -139,12 +147,15 @@ def test_every_series_carries_its_familys_labels_and_values(exposed):
         own = family.labels + (("le",) if name.endswith("_bucket") else ())
         static = tuple(STATIC) if family.identity else ()
         assert sorted(labels) == sorted((*family.identity, *static, *own)), name
-        for label in family.labels:
+        for label in (*family.labels, *(label for label in family.identity if label in LABEL_VALUES)):
             seen_values.setdefault(f"{family.name}{{{label}}}" if label == "reason" else label, set()).add(
                 labels[label])
     for label, allowed in LABEL_VALUES.items():
         assert seen_values[label] <= allowed, label
     assert seen_values["state"] == LABEL_VALUES["state"]
+    # Every role, stage and failure kind is read from some engine's page.
+    assert {label: seen_values[label] for label in ("role", "stage", "kind")} == {
+        label: LABEL_VALUES[label] for label in ("role", "stage", "kind")}
     for family, reasons in REASONS.items():
         assert seen_values[f"{family}{{reason}}"] == set(reasons), family
 
@@ -183,4 +194,4 @@ def test_the_stream_families_render_as_the_polled_ones(exposed):
     assert len(heads) == len(set(heads)) == len(contract.FAMILIES)
     stored = [line for line in exposed.splitlines() if line.startswith("kvcache_events_blocks_stored_total{")]
     assert len(stored) == 1 and stored[0].startswith('kvcache_events_blocks_stored_total{target="architecture",')
-    assert stored[0].endswith(',dp_rank="0",cluster="test"} 4.0')  # 3 stored, then 1 stored again
+    assert stored[0].endswith(',dp_rank="0",role="unified",cluster="test"} 4.0')  # 3 stored, then 1 stored again

@@ -38,7 +38,7 @@ def test_histogram_lines_carry_every_value_and_percent_signs_in_labels():
     samples = read_back(render(outcome_with(Histogram([(0.1, 3.0), (1.0, 7.5e6), (math.inf, 1e21)], 12.25, 1e21),
                                             model="100%-of-%d")))
     assert bucket(samples, "0.1") == 3.0 and bucket(samples, "1.0") == 7.5e6 and bucket(samples, "+Inf") == 1e21
-    labels = (("dp_rank", "0"), ("engine", "vllm"), ("model", "100%-of-%d"), ("pool", "a%sb"), ("target", "t"))
+    labels = (("dp_rank", "0"), ("engine", "vllm"), ("model", "100%-of-%d"), ("pool", "a%sb"), ("role", "unified"), ("target", "t"))
     assert samples["kvcache_time_to_first_token_seconds_sum", labels] == 12.25
     assert samples["kvcache_time_to_first_token_seconds_count", labels] == 1e21
 

@@ -26,7 +26,7 @@ def test_histogram_quantile_interpolates_like_promql():
 
 
 def pool(at: float, preempted: float) -> Pool:
-    return Pool("t", "vllm", "m", "0", at, counters={"preemptions_total": preempted})
+    return Pool("t", "vllm", "m", "0", "unified", at, counters={"preemptions_total": preempted})
 
 
 def frame(*pools: Pool) -> Frame:
