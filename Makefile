@@ -16,7 +16,7 @@ test: deps
 # For developers: the unit tier (tests/unit/, everything that starts no process and runs no
 # tool) in about a minute. `make test` stays the whole suite, unit, integration and e2e.
 check: $(VENV)/.installed-test
-	$(PY) -m pytest -q -m unit
+	$(PY) -m pytest -q -m unit tests/unit
 
 install: $(VENV)/.installed
 
