@@ -96,6 +96,10 @@ def demo_dashboard() -> dict:
                        {"id": "unit", "value": "percentunit"}, {"id": "thresholds", "value": USAGE_BANDS},
                        {"id": "custom.cellOptions", "value": {"type": "color-background", "mode": "basic"}}]}])
     table["gridPos"] = {"h": 8, "w": 24, "x": 0, "y": 7}
+    timeline = panel(8, "state-timeline", "State lanes", 0, [{"expr": state, "legendFormat": "{{target}}"}],
+                     {"unit": "none", "mappings": STATES, "thresholds": bands((None, "blue")), "color": {"mode": "thresholds"}},
+                     {"showValue": "never", "rowHeight": 0.9, "mergeValues": True})
+    timeline["gridPos"] = {"h": 5, "w": 24, "x": 0, "y": 15}
     return {
         "uid": "render-test", "title": "render test", "schemaVersion": 42, "time": {"from": "now-15m", "to": "now"},
         "templating": {"list": []},
@@ -113,6 +117,7 @@ def demo_dashboard() -> dict:
                   {"legend": {"displayMode": "table", "placement": "bottom", "showLegend": True, "calcs": ["lastNotNull"]},
                    "tooltip": {"mode": "multi", "sort": "desc"}}),
             table,
+            timeline,
         ],
     }
 
@@ -159,6 +164,8 @@ def test_grafana_draws_values_with_units_colours_mappings_and_the_table_worst_fi
         [("ok", "green"), ("50%", "green")],
     ]
     assert [row[0]["text"] for row in table["rows"]] == ["b", "c", "a"]
+    assert [(lane["name"], lane["last"], lane["colorName"]) for lane in shown["State lanes"]["lanes"]] == [
+        ("a", "ok", "green"), ("b", "saturated", "red"), ("c", "ok", "green")]
     for record in shown.values():
         assert (tmp_path / "out" / "render-test" / record["png"]).stat().st_size > 1000
 
@@ -166,7 +173,7 @@ def test_grafana_draws_values_with_units_colours_mappings_and_the_table_worst_fi
 def test_a_failing_query_is_shown_in_its_panel_and_named_in_the_exit(built_page, empty_prometheus, tmp_path):
     dashboard = demo_dashboard()
     broken = copy.deepcopy(dashboard["panels"][1])
-    broken.update(id=7, title="Broken query", gridPos={"h": 6, "w": 6, "x": 0, "y": 15})
+    broken.update(id=7, title="Broken query", gridPos={"h": 6, "w": 6, "x": 0, "y": 20})
     broken["targets"][0]["expr"] = "sum(kvcache_usage_ratio"
     dashboard["panels"].append(broken)
     result, shown = render(empty_prometheus, dashboard, tmp_path)

@@ -6,7 +6,7 @@
 import React from 'react';
 import { FieldType, applyNullInsertThreshold, cacheFieldDisplayNames, formattedValueToString, getDisplayProcessor,
   getDisplayValueAlignmentFactors, getFieldDisplayName, getFieldDisplayValues, getValueFormat, nullToValue } from '@grafana/data';
-import { BigValue, TimeSeries, VizRepeater } from '@grafana/ui';
+import { BigValue, TimeSeries, VizRepeater, useTheme2 } from '@grafana/ui';
 import { TableNG } from '@grafana/ui/unstable';
 import { interpolateOranges } from 'd3-scale-chromatic';
 
@@ -21,8 +21,10 @@ const STAT_DEFAULTS = {
 
 export function NoData({ width, height }) {
   // @grafana/runtime's PanelDataErrorView with no error: the centred "No data" message.
+  const theme = useTheme2();
   return (
-    <div data-no-data="" style={{ width, height, display: 'flex', alignItems: 'center', justifyContent: 'center', color: '#ccccdc' }}>
+    <div data-no-data="" style={{ width, height, display: 'flex', alignItems: 'center', justifyContent: 'center',
+      color: theme.colors.text.primary }}>
       {NO_DATA}
     </div>
   );
@@ -134,55 +136,67 @@ export function TimeSeriesViz({ panel, series, width, height, theme, timeRange, 
   );
 }
 
-/** The series of a time-based panel, each with its display processor applied to every point. */
-function displayedSeries(series) {
+/**
+ * A state timeline's lanes: one per series, each a run of segments of equal value (mergeValues), a
+ * segment ending where the next value starts or a null (Grafana's inserted gap) stops it.
+ */
+function timelineLanes(frames, mergeValues) {
   const lanes = [];
-  for (const frame of series) {
+  for (const frame of frames) {
     const time = frame.fields.find((f) => f.type === FieldType.time);
-    for (const field of frame.fields) {
-      if (field.type === FieldType.number && time) {
-        lanes.push({ name: getFieldDisplayName(field, frame, series), time: time.values, field });
-      }
+    for (const field of frame.fields.filter((f) => f.type === FieldType.number)) {
+      const segments = [];
+      field.values.forEach((value, i) => {
+        const last = segments[segments.length - 1];
+        if (last && last.end === null) {
+          last.end = time.values[i];
+        }
+        if (value == null) {
+          return;
+        }
+        if (mergeValues && last && last.value === value && last.end === time.values[i]) {
+          last.end = null;
+        } else {
+          segments.push({ value, start: time.values[i], end: null });
+        }
+      });
+      lanes.push({ name: getFieldDisplayName(field, frame, frames), field, segments });
     }
   }
   return lanes;
 }
 
-export function StateTimelineViz({ panel, series, width, height, timeRange, record }) {
-  const lanes = displayedSeries(series).filter((lane) => lane.field.values.some((v) => v != null && !Number.isNaN(v)));
+export function StateTimelineViz({ panel, series, width, height, theme, timeRange, record }) {
+  const frames = prepareGraphableFields(series, theme, timeRange);
+  const lanes = frames ? timelineLanes(frames, panel.options?.mergeValues ?? true).filter((l) => l.segments.length) : [];
   if (!lanes.length) {
     record.noData = true;
     return <NoData width={width} height={height} />;
   }
   record.drawnBy = 'renderer lanes: colours and texts from @grafana/data display processor (no @grafana/ui state timeline)';
   const from = timeRange.from.valueOf();
-  const span = timeRange.to.valueOf() - from;
+  const to = timeRange.to.valueOf();
   const labelWidth = Math.min(160, Math.floor(width / 4));
   const laneHeight = Math.max(8, Math.floor((height - 20) / lanes.length));
-  const x = (t) => labelWidth + ((t - from) / span) * (width - labelWidth - 4);
+  const x = (t) => labelWidth + ((Math.min(t, to) - from) / (to - from)) * (width - labelWidth - 4);
+  const opacity = (panel.fieldConfig?.defaults?.custom?.fillOpacity ?? 70) / 100;
   record.lanes = lanes.map((lane) => {
-    const last = [...lane.field.values].reverse().find((v) => v != null && !Number.isNaN(v));
-    const shown = lane.field.display(last);
+    const shown = lane.field.display(lane.segments[lane.segments.length - 1].value);
     return { name: lane.name, last: formattedValueToString(shown), color: shown.color };
   });
   return (
     <svg width={width} height={height}>
       {lanes.map((lane, row) => {
         const y = row * laneHeight;
-        const cells = [];
-        lane.field.values.forEach((value, i) => {
-          if (value == null || Number.isNaN(value)) {
-            return;
-          }
-          const end = i + 1 < lane.time.length ? lane.time[i + 1] : timeRange.to.valueOf();
-          const shown = lane.field.display(value);
-          cells.push(<rect key={i} x={x(lane.time[i])} y={y + 1} width={Math.max(1, x(end) - x(lane.time[i]))}
-            height={laneHeight * (panel.options?.rowHeight ?? 0.9)} fill={shown.color} fillOpacity={0.8} />);
-        });
         return (
           <g key={lane.name}>
-            <text x={labelWidth - 6} y={y + laneHeight / 2 + 4} fill="#ccccdc" fontSize="12" textAnchor="end">{lane.name}</text>
-            {cells}
+            <text x={labelWidth - 6} y={y + laneHeight / 2 + 4} fill={theme.colors.text.primary} fontSize="12" textAnchor="end">{lane.name}</text>
+            {lane.segments.map((segment) => (
+              <rect key={segment.start} x={x(segment.start)} y={y + 1}
+                width={Math.max(1, x(segment.end ?? to) - x(segment.start))}
+                height={laneHeight * (panel.options?.rowHeight ?? 0.9)} fill={lane.field.display(segment.value).color}
+                fillOpacity={opacity} />
+            ))}
           </g>
         );
       })}
@@ -219,7 +233,7 @@ export function HeatmapViz({ panel, series, width, height, theme, timeRange, rec
     return Number.isFinite(le) ? formattedValueToString(format(le)) : getFieldDisplayName(b, frame, series);
   };
   record.buckets = buckets.map(bound);
-  const labelWidth = 60;
+  const labelWidth = 72;
   const from = timeRange.from.valueOf();
   const span = timeRange.to.valueOf() - from;
   const rowHeight = (height - 4) / buckets.length;
@@ -233,7 +247,7 @@ export function HeatmapViz({ panel, series, width, height, theme, timeRange, rec
         return (
           <g key={row}>
             {row % labelEvery === 0 ? (
-              <text x={labelWidth - 4} y={y + rowHeight / 2 + 4} fill="#ccccdc" fontSize="11" textAnchor="end">{bound(bucket)}</text>
+              <text x={labelWidth - 4} y={y + rowHeight / 2 + 4} fill={theme.colors.text.primary} fontSize="11" textAnchor="end">{bound(bucket)}</text>
             ) : null}
             {bucket.values.map((count, i) => (count > 0 ? (
               <rect key={i} x={labelWidth + ((time.values[i] - from) / span) * (width - labelWidth) - cellWidth}
