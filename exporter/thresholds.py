@@ -69,7 +69,7 @@ class Thresholds:
     offload_full_for: str = "5m"
     offload_slow_for: str = "15m"
     transfer_failures_for: str = "5m"
-    lease_expiries_for: str = "5m"
+    lease_expiries_for: str = "2m"
     notifications_after_expiry_for: str = "30s"
     pd_backpressure_for: str = "2m"
     transfer_bandwidth_low_for: str = "15m"

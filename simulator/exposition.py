@@ -99,6 +99,7 @@ class EngineState:
     tp: int
     created_unix: float  # wall-clock start of the current engine generation
     ranks: tuple[ModelSnapshot, ...]
+    role: str = "unified"  # disaggregated prefill/decode: SGLang's engine_type
 
 
 StateSource = Callable[[], EngineState]
@@ -191,9 +192,11 @@ class VllmCollector(Collector):
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
                     each(lambda s: s.report.waiting))
         if d.waiting_by_reason:
-            # The simulator defers nothing: every waiting request waits for capacity.
+            # Deferred: requests waiting for their KV transfer (a disaggregated decode side); the rest wait for
+            # capacity.
             yield gauge("vllm:num_requests_waiting_by_reason", "Number of requests waiting, by reason.",
-                        [({**labels, "reason": reason}, float(snap.report.waiting if reason == "capacity" else 0))
+                        [({**labels, "reason": reason},
+                          float(snap.deferred if reason == "deferred" else snap.report.waiting - snap.deferred))
                          for labels, snap in ranks for reason in ("capacity", "deferred")])
         yield gauge(d.usage, "KV-cache usage. 1 means 100 percent usage.",
                     each(lambda s: s.report.used_blocks / s.config.num_blocks))
@@ -327,7 +330,7 @@ class SglangCollector(Collector):
         """Every scheduler that reports: each TP rank of each DP rank."""
         for dp_rank, snap in enumerate(state.ranks):
             for tp_rank in range(state.tp):
-                labels = {"engine_type": "unified", "model_name": state.model_name,
+                labels = {"engine_type": state.role, "model_name": state.model_name,
                           "moe_ep_rank": "0", "pp_rank": "0", "tp_rank": str(tp_rank)}
                 if len(state.ranks) > 1:
                     labels["dp_rank"] = str(dp_rank)
@@ -401,7 +404,7 @@ class SglangCollector(Collector):
                                 multiprocess=True)
 
     def _tokenizer_families(self, state: EngineState) -> Iterable[Metric]:
-        labels = {"engine_type": "unified", "model_name": state.model_name}
+        labels = {"engine_type": state.role, "model_name": state.model_name}
         streaming = {**labels, "is_streaming": "true"}
 
         def total(field: str) -> float:

@@ -362,6 +362,7 @@ class ModelSnapshot:
     histograms: dict[str, Histogram]
     offload_used_blocks: int = 0  # blocks the tier holds
     offload_pinned_blocks: int = 0  # of those, blocks whose store is still in flight (not evictable)
+    deferred: int = 0  # waiting requests held by their KV transfer, not by capacity (vLLM's `deferred` reason)
 
 
 class EngineModel:

@@ -261,8 +261,8 @@ def parse_scenario(data: Any, source: str, name: str) -> Scenario:
     )
 
 
-def _parse_engine(source: str, data: Any) -> EngineConfig:
-    spec = _Fields(source, "engine", data, {f.name for f in fields(EngineConfig)})
+def _parse_engine(source: str, data: Any, where: str = "engine") -> EngineConfig:
+    spec = _Fields(source, where, data, {f.name for f in fields(EngineConfig)})
     base = EngineConfig()
     values: dict[str, Any] = {}
     for f in fields(EngineConfig):

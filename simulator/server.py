@@ -11,6 +11,7 @@ import gzip
 import logging
 import threading
 import time
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -32,7 +33,8 @@ class SimulatedEngine:
     """A running simulated engine. Use `start_engine` to make one; stop it with `.stop()` or `with`."""
 
     def __init__(self, flavor: Flavor, scenario: Scenario, *, host: str, port: int, speed: float,
-                 seed: int, model_name: str, tp: int, dp: int, kv_events_endpoint: str | None = None):
+                 seed: int, model_name: str, tp: int, dp: int, kv_events_endpoint: str | None = None,
+                 served_history: int = 0):
         self.flavor = flavor.name
         self.scenario = scenario
         self.speed = speed
@@ -54,7 +56,10 @@ class SimulatedEngine:
         if flavor.python_collectors:
             GCCollector(registry=self.registry)
             PlatformCollector(registry=self.registry)
-        self.registry.register(flavor.make_collector(self.state, seed))
+        # The states the last `served_history` scrapes rendered, each with the wall time it was read: what a
+        # scraper saw, to set against what it reports (tests; 0 keeps none).
+        self._served: deque[tuple[float, EngineState]] = deque(maxlen=served_history)
+        self.registry.register(flavor.make_collector(self._serve if served_history else self.state, seed))
 
         self._http = ThreadingHTTPServer((host, port), _handler_for(self.registry, flavor.metrics_path))
         self._http.daemon_threads = True
@@ -81,6 +86,15 @@ class SimulatedEngine:
     def state(self) -> EngineState:
         """The latest published state: what the next scrape renders."""
         return self._state
+
+    def served(self) -> list[tuple[float, EngineState]]:
+        """(wall time, state) of the last scrapes rendered, oldest first (with `served_history`)."""
+        return list(self._served)
+
+    def _serve(self) -> EngineState:
+        state = self._state
+        self._served.append((time.time(), state))
+        return state
 
     def stop(self) -> None:
         if self._stopping.is_set():
@@ -161,13 +175,16 @@ def _handler_for(registry: CollectorRegistry, metrics_path: str) -> type[BaseHTT
             compress = "gzip" in self.headers.get("Accept-Encoding", "") and body
             if compress:
                 body = gzip.compress(body)
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            if compress:
-                self.send_header("Content-Encoding", "gzip")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                if compress:
+                    self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the scraper's timeout ran out first: not an error here
+                logger.debug("%s closed the connection before the reply", self.address_string())
 
         def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's name)
             logger.debug("%s %s", self.address_string(), format % args)
@@ -177,12 +194,13 @@ def _handler_for(registry: CollectorRegistry, metrics_path: str) -> type[BaseHTT
 
 def start_engine(flavor: str, scenario: str | Scenario = "steady", host: str = "127.0.0.1", port: int = 0,
                  speed: float = 1.0, seed: int = 0, model: str | None = None, tp: int = 1, dp: int = 1,
-                 kv_events_endpoint: str | None = None, **overrides) -> SimulatedEngine:
+                 kv_events_endpoint: str | None = None, served_history: int = 0, **overrides) -> SimulatedEngine:
     """Start a simulated engine serving GET /metrics and /health; returns once it is listening.
 
     `scenario` is a built-in name, a YAML file path or a `Scenario`; `overrides` replace fields
     of the scenario's engine sizing (`num_blocks=2048`, `max_num_seqs=8`, ...). `kv_events_endpoint`
-    (tcp://HOST:PORT) publishes the prefix cache's KV events there, rank r on PORT + r. Raises
+    (tcp://HOST:PORT) publishes the prefix cache's KV events there, rank r on PORT + r. `served_history`
+    keeps the states the last that many scrapes rendered (`SimulatedEngine.served`). Raises
     ValueError (ScenarioError for scenario and override problems) on bad arguments.
     """
     if flavor not in FLAVORS:
@@ -199,5 +217,6 @@ def start_engine(flavor: str, scenario: str | Scenario = "steady", host: str = "
     if overrides:
         scenario = override_engine(scenario, overrides)
     return SimulatedEngine(spec, scenario, host=host, port=port, speed=speed, seed=seed,
-                           model_name=model or spec.default_model, tp=tp, dp=dp, kv_events_endpoint=kv_events_endpoint)
+                           model_name=model or spec.default_model, tp=tp, dp=dp, kv_events_endpoint=kv_events_endpoint,
+                           served_history=served_history)
 

@@ -11,9 +11,19 @@ the exporter's output. Then every panel of both dashboards is evaluated the way 
 against that truth. On failure the PNGs of every row are written under the test's tmp dir.
 
 Timing: the exporter polls, Prometheus scrapes and evaluates every INTERVAL_S; what Prometheus
-shows at wall time t is the engine at t - LAG_S at most. Truth conditions are therefore judged
-with that slack: a condition must have held LAG_S longer than an alert's `for:` to require the
-alert, and an alert is forbidden only where the condition never held `for:` minus LAG_S.
+shows at wall time t is the engine at t - LAG_S at most (with the machine's cores free). The
+state conditions of the alerts (a queue waiting for KV, a full pool) are judged with that slack:
+a condition must have held LAG_S longer than an alert's `for:` to require the alert, and an
+alert is forbidden only where the condition never held `for:` minus LAG_S.
+
+Rates and latest values are judged on the very polls Prometheus holds instead: every scrape carries
+the poll it came from (`kvcache_target_last_success_timestamp_seconds`, less its duration), and
+every engine keeps the states its pages showed with the instant each was read (`served_history`),
+so each value Prometheus holds is set against the state its poll read. A rate over a window of
+three scrapes depends on which polls the window holds: when the test process is short of CPU the
+simulated engines advance in bursts, and a fixed window on the truth's clock then sees a rate that
+Prometheus' window, a poll or two off, never saw; a pool's headroom moves between two samples of
+the truth (issue #28: a missed preemption storm, pools counted short that were not, or not short).
 """
 
 from __future__ import annotations
@@ -42,8 +52,11 @@ from devtools import harness
 TIME_SCALE = 20
 INTERVAL_S = 1.0  # exporter poll, Prometheus scrape, rule evaluation (wall seconds)
 LAG_S = 3.0  # poll + scrape + evaluation + a rate window's edge, wall seconds
+TIMEOUT_S = 0.8 * INTERVAL_S  # the exporter's poll timeout
+STALENESS_S = 3 * INTERVAL_S  # the exporter shows no value older than this
 RUN_S = 46.0  # wall seconds: one kv-saturation cycle (850 simulated s) and the others' first cycles
 SAMPLE_S = 0.25
+SERVED_HISTORY = 1000  # pages each engine keeps the state of: every poll of the run
 # The deployment's own settings on top of the defaults: the hit-ratio baseline is taken 4 simulated
 # minutes back and the drop alert waits 2 minutes, so that prefix-collapse (300 s shared, 300 s
 # collapsed) shows a drop against a baseline within one run; queue-share and nearly-full wait
@@ -79,8 +92,11 @@ def engine_of(name: str) -> str:
 
 # Targets whose engine exports no preemption counter: the preemption alert has nothing to read there.
 WITHOUT_PREEMPTIONS = {name for name in FLEET if "preemptions_total" in ADAPTERS[engine_of(name)].not_reported}
-# Engines whose prompt and cached-token counters count a request when it finishes, not when it is admitted.
-COUNTED_AT_FINISH = {"trtllm"}
+# Engines whose prompt and cached-token counters count a request when it finishes, not when it is admitted
+# (SGLang's are the tokenizer's).
+COUNTED_AT_FINISH = {"trtllm", "sglang"}
+# vLLM counts a preemption when the preempted request is scheduled again, the others when it happens.
+COUNTED_AT_RESCHEDULE = {"vllm"}
 STATE_CODE = {state: code for code, state in enumerate(PRESSURE_STATES)}
 
 
@@ -116,31 +132,57 @@ class Rank:
         return (self.num_blocks * self.block_size - used) / (used / self.running)
 
 
+@dataclass(frozen=True)
+class Poll:
+    """One poll of a target by the exporter: the page it read was rendered between `start` and `end`."""
+
+    start: float
+    end: float  # the poll's last success timestamp
+
+
+def ranks_of(name: str, state) -> tuple[Rank, ...]:
+    """An engine state (`simulator.exposition.EngineState`) as the truth keeps it."""
+    at_finish = engine_of(name) in COUNTED_AT_FINISH
+    at_reschedule = engine_of(name) in COUNTED_AT_RESCHEDULE
+    return tuple(Rank(
+        waiting=s.report.waiting, waiting_reason=s.report.waiting_reason, running=s.report.running,
+        used_blocks=s.report.used_blocks, num_blocks=s.config.num_blocks, block_size=s.config.block_size,
+        preemptions=s.counters.preemptions_rescheduled if at_reschedule else s.counters.preemptions,
+        finished=s.counters.finished_requests,
+        queried=s.counters.finished_prompt_tokens if at_finish else s.counters.prefix_queried_tokens,
+        hits=s.counters.finished_cached_tokens if at_finish else s.counters.prefix_hit_tokens,
+        offload_hits=s.counters.offload_hit_tokens,
+        queue_sum=s.histograms["queue"].sum, ttft_sum=s.histograms["ttft"].sum,
+        ttft_buckets=tuple(s.histograms["ttft"].cumulative()),
+    ) for s in state.ranks)
+
+
 @dataclass
 class Truth:
-    """Samples of every target's ranks: (wall time, ranks)."""
+    """Samples of every target's ranks: (wall time, ranks); and the states its pages showed, the same way."""
 
     samples: dict[str, list[tuple[float, tuple[Rank, ...]]]] = field(default_factory=dict)
+    stamps: dict[str, list[float]] = field(default_factory=dict)  # the samples' times, for bisect
+    served: dict[str, list[tuple[float, tuple[Rank, ...]]]] = field(default_factory=dict)
 
-    def record(self, name: str, now: float, engine) -> None:
-        at_finish = engine_of(name) in COUNTED_AT_FINISH
-        ranks = tuple(Rank(
-            waiting=s.report.waiting, waiting_reason=s.report.waiting_reason, running=s.report.running,
-            used_blocks=s.report.used_blocks, num_blocks=s.config.num_blocks, block_size=s.config.block_size,
-            preemptions=s.counters.preemptions, finished=s.counters.finished_requests,
-            queried=s.counters.finished_prompt_tokens if at_finish else s.counters.prefix_queried_tokens,
-            hits=s.counters.finished_cached_tokens if at_finish else s.counters.prefix_hit_tokens,
-            offload_hits=s.counters.offload_hit_tokens,
-            queue_sum=s.histograms["queue"].sum, ttft_sum=s.histograms["ttft"].sum,
-            ttft_buckets=tuple(s.histograms["ttft"].cumulative()),
-        ) for s in engine.state().ranks)
-        self.samples.setdefault(name, []).append((now, ranks))
+    def record(self, name: str, engine) -> None:
+        state = engine.state()
+        now = time.time()
+        self.samples.setdefault(name, []).append((now, ranks_of(name, state)))
+        self.stamps.setdefault(name, []).append(now)
+
+    def record_served(self, name: str, engine) -> None:
+        self.served[name] = [(read, ranks_of(name, state)) for read, state in engine.served()]
 
     def at(self, name: str, t: float) -> tuple[Rank, ...]:
         """The last sample at or before `t` (the first one before the run)."""
-        series = self.samples[name]
-        index = bisect.bisect_right([s[0] for s in series], t) - 1
-        return series[max(index, 0)][1]
+        index = bisect.bisect_right(self.stamps[name], t) - 1
+        return self.samples[name][max(index, 0)][1]
+
+    def polled(self, name: str, poll: Poll) -> list[tuple[Rank, ...]] | None:
+        """The states the engine's pages showed while the poll ran, oldest first: the one it read, and another
+        where a poll that had given up was answered late inside it. None where no page was rendered then."""
+        return [ranks for read, ranks in self.served[name] if poll.start <= read <= poll.end] or None
 
     def between(self, name: str, start: float, end: float) -> list[tuple[Rank, ...]]:
         return [ranks for t, ranks in self.samples[name] if start <= t <= end]
@@ -171,38 +213,6 @@ def queued_for_kv(truth, name, t):
     return any(r.waiting > 0 and r.waiting_reason == "kv" for r in truth.at(name, t))
 
 
-def busy(truth, name, t):
-    return truth.delta(name, t, WINDOW_S, lambda r: r.finished) / WINDOW_S >= THRESHOLDS.traffic_floor_requests_per_second
-
-
-def preempting_above(rate):
-    def condition(truth, name, t):
-        if name in WITHOUT_PREEMPTIONS:
-            return False  # the engine preempts but exports no count of it: nothing can fire
-        return truth.delta(name, t, WINDOW_S, lambda r: r.preemptions) / WINDOW_S > rate and busy(truth, name, t)
-    return condition
-
-
-def queue_dominates(truth, name, t):
-    queue = truth.delta(name, t, WINDOW_S, lambda r: r.queue_sum)
-    ttft = truth.delta(name, t, WINDOW_S, lambda r: r.ttft_sum)
-    return ttft > 0 and queue / ttft > THRESHOLDS.queue_share_of_ttft and busy(truth, name, t)
-
-
-def hit_ratio(truth, name, t) -> float | None:
-    queried = truth.delta(name, t, WINDOW_S, lambda r: r.queried)
-    return truth.delta(name, t, WINDOW_S, lambda r: r.hits) / queried if queried else None
-
-
-def hit_ratio_dropped(truth, name, t):
-    baseline_age = units.parse_duration(THRESHOLDS.prefix_hit_baseline_offset)
-    now, before = hit_ratio(truth, name, t), hit_ratio(truth, name, t - baseline_age)
-    queried_rate = truth.delta(name, t, WINDOW_S, lambda r: r.queried) / WINDOW_S
-    return (now is not None and before and t - baseline_age >= truth.samples[name][0][0]
-            and now < THRESHOLDS.prefix_hit_drop_fraction * before
-            and queried_rate >= THRESHOLDS.traffic_floor_prefix_tokens_per_second)
-
-
 def nearly_full(truth, name, t):
     return max(r.usage for r in truth.at(name, t)) >= THRESHOLDS.high_water_ratio
 
@@ -212,32 +222,208 @@ def filling(truth, name, t):
     return max(r.usage for r in truth.at(name, t)) >= THRESHOLDS.low_water_ratio
 
 
-# (alert name, severity) -> (condition that requires it, condition without which it must stay silent)
-ALERT_TRUTH = {
+# (alert name, severity) -> (condition that requires it, condition without which it must stay silent, for)
+STATE_ALERTS = {
     ("KVCacheShortageQueueing", "critical"): (queued_for_kv, queued_for_kv, THRESHOLDS.shortage_for),
     ("KVCacheNearlyFull", "warning"): (nearly_full, filling, THRESHOLDS.nearly_full_for),
-    ("KVCachePreemptionStorm", "warning"): (preempting_above(THRESHOLDS.preemption_storm_warning_per_second),
-                                            preempting_above(THRESHOLDS.preemption_storm_warning_per_second),
-                                            THRESHOLDS.preemption_storm_for),
-    ("KVCachePreemptionStorm", "critical"): (preempting_above(THRESHOLDS.preemption_storm_critical_per_second),
-                                             preempting_above(THRESHOLDS.preemption_storm_critical_per_second),
-                                             THRESHOLDS.preemption_storm_for),
-    ("KVCachePrefixHitRateDrop", "warning"): (hit_ratio_dropped, hit_ratio_dropped, THRESHOLDS.prefix_hit_drop_for),
-    ("KVCacheQueueDominatesTTFT", "warning"): (queue_dominates, queue_dominates, THRESHOLDS.queue_dominates_for),
 }
 # Every target answers and the exporter runs the whole time: these never fire.
 NEVER = ("KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent")
 
 
-def expected_alerts(truth: Truth) -> tuple[set, set]:
+# --- the rate alerts, on the polls Prometheus holds ---------------------------------------------
+
+# The counters the rate alerts read, each as the engine's own state counts it.
+RULE_COUNTERS = {
+    "kvcache_preemptions_total": lambda r: r.preemptions,
+    "kvcache_e2e_request_latency_seconds_count": lambda r: r.finished,
+    "kvcache_prefix_cache_queried_tokens_total": lambda r: r.queried,
+    "kvcache_prefix_cache_hit_tokens_total": lambda r: r.hits,
+    "kvcache_queue_time_seconds_sum": lambda r: r.queue_sum,
+    "kvcache_time_to_first_token_seconds_sum": lambda r: r.ttft_sum,
+}
+Bounds = tuple[float, float]  # what a rule's value was at least and at most
+
+
+@dataclass
+class Seen:
+    """What Prometheus holds: for each scrape of each target the poll whose values it carried, every sample of
+    the counters the rules read, and the instants at which the rules were evaluated."""
+
+    polls: dict[str, dict[float, Poll]]  # target -> scrape time -> poll
+    counters: dict[str, dict[str, dict[str, list[tuple[float, float]]]]]  # family -> target -> dp_rank -> samples
+    evaluations: list[float]
+
+    def scrapes(self, family: str, name: str) -> list[float]:
+        """When Prometheus got a sample of `family` for the target: where the exporter showed it."""
+        return sorted({scraped for samples in self.counters[family].get(name, {}).values() for scraped, _ in samples})
+
+
+def seen_by(prometheus_url: str, since: float, until: float) -> Seen:
+    seconds = math.ceil(until - since)
+
+    def stored(name: str) -> list[tuple[dict, list[tuple[float, float]]]]:
+        """Every sample of every series of `name` stored over the run, as scraped or evaluated."""
+        result = harness.prom_query(prometheus_url, f'{name}{{cluster="truth"}}[{seconds}s]', time=until)["result"]
+        return [(item["metric"], [(float(t), float(v)) for t, v in item["values"]]) for item in result]
+
+    up = {labels["target"]: dict(values) for labels, values in stored("kvcache_target_up")}
+    durations = {labels["target"]: dict(values) for labels, values in stored("kvcache_target_scrape_duration_seconds")}
+    polls = {}
+    for labels, values in stored("kvcache_target_last_success_timestamp_seconds"):
+        name = labels["target"]
+        # A scrape after a failed poll carries the last good one, whose duration it no longer shows: a poll
+        # takes less than an interval (its fetch at most TIMEOUT_S).
+        polls[name] = {t: Poll(end - (durations[name][t] if up[name].get(t) == 1 else INTERVAL_S), end)
+                       for t, end in values}
+    counters = {family: {} for family in RULE_COUNTERS}
+    for family in RULE_COUNTERS:
+        for labels, values in stored(family):
+            counters[family].setdefault(labels["target"], {})[labels["dp_rank"]] = values
+    evaluations = sorted({t for _, values in stored("kvcache:usage_ratio:max") for t, _ in values})
+    return Seen(polls, counters, evaluations)
+
+
+def engine_count(ranks: tuple[Rank, ...], dp_rank: str, per_rank: bool, value) -> float:
+    """The engine's count behind one exported series: its rank's, or the sum over ranks where the engine
+    counts once for all of them (SGLang's tokenizer)."""
+    return value(ranks[int(dp_rank)]) if per_rank else sum(value(r) for r in ranks)
+
+
+def prometheus_rate(first: tuple[float, float], last: tuple[float, float], count: int, end: float) -> float:
+    """rate() over [end - WINDOW_S, end] as Prometheus 2 works it out (extrapolatedRate in promql/functions.go)
+    from the first and last of `count` samples of a counter that did not reset."""
+    (t1, v1), (tn, vn) = first, last
+    increase = vn - v1
+    if increase <= 0:
+        return 0.0
+    sampled = tn - t1
+    step = sampled / (count - 1)
+    to_start = min(t1 - (end - WINDOW_S), sampled * v1 / increase)  # never before the counter's zero
+    span = sampled + sum(gap if gap < 1.1 * step else step / 2 for gap in (to_start, end - tn))
+    return increase * span / sampled / WINDOW_S
+
+
+def seen_rate(truth: Truth, seen: Seen, name: str, family: str, t: float, offset: float = 0.0) -> Bounds | None:
+    """`sum without (dp_rank) (rate(family[WINDOW_S] offset ...))` evaluated at `t`, as Prometheus would have it
+    had every poll shown the engine's own counter: the scrapes its window holds, each valued at the engine's
+    count in the state its poll read. None where the rule has no value; (0, inf) where no page was rendered
+    during a poll."""
+    series = seen.counters[family].get(name, {})
+    per_rank = set(series) != {"0"}
+    end = t - offset
+    total, found = [0.0, 0.0], False
+    for dp_rank, samples in series.items():
+        inside = [scraped for scraped, _ in samples if end - WINDOW_S <= scraped <= end]
+        if len(inside) < 2:
+            continue
+        found = True
+        first, last = (truth.polled(name, seen.polls[name][scraped]) for scraped in (inside[0], inside[-1]))
+        if first is None or last is None:
+            return 0.0, math.inf
+        counts = [[engine_count(ranks, dp_rank, per_rank, RULE_COUNTERS[family]) for ranks in around]
+                  for around in (first, last)]
+        total[0] += prometheus_rate((inside[0], counts[0][-1]), (inside[-1], counts[1][0]), len(inside), end)
+        total[1] += prometheus_rate((inside[0], counts[0][0]), (inside[-1], counts[1][-1]), len(inside), end)
+    return (total[0], total[1]) if found else None
+
+
+def quotient(numerator: Bounds | None, divisor: Bounds | None) -> Bounds | None:
+    """numerator / (divisor > 0), as the rules divide rates; -inf as the least where the divisor may be 0 (the
+    rule may have no value)."""
+    if numerator is None or divisor is None or divisor[1] <= 0:
+        return None
+    if divisor[0] <= 0:
+        return -math.inf, math.inf
+    return numerator[0] / divisor[1], numerator[1] / divisor[0]
+
+
+def above(value: Bounds | None, threshold: float, inclusive: bool = False) -> tuple[bool, bool]:
+    """(certainly, possibly) above the threshold."""
+    if value is None:
+        return False, False
+    if inclusive:
+        return value[0] >= threshold, value[1] >= threshold
+    return value[0] > threshold, value[1] > threshold
+
+
+def both(a: tuple[bool, bool], b: tuple[bool, bool]) -> tuple[bool, bool]:
+    return a[0] and b[0], a[1] and b[1]
+
+
+def busy(truth, seen, name, t):
+    finished = seen_rate(truth, seen, name, "kvcache_e2e_request_latency_seconds_count", t)
+    return above(finished, THRESHOLDS.traffic_floor_requests_per_second, inclusive=True)
+
+
+def preempting_above(rate):
+    def condition(truth, seen, name, t):
+        preempting = seen_rate(truth, seen, name, "kvcache_preemptions_total", t)
+        return both(above(preempting, rate), busy(truth, seen, name, t))
+    return condition
+
+
+def queue_dominates(truth, seen, name, t):
+    share = quotient(seen_rate(truth, seen, name, "kvcache_queue_time_seconds_sum", t),
+                     seen_rate(truth, seen, name, "kvcache_time_to_first_token_seconds_sum", t))
+    return both(above(share, THRESHOLDS.queue_share_of_ttft), busy(truth, seen, name, t))
+
+
+def hit_ratio_dropped(truth, seen, name, t):
+    def hit_ratio(offset: float) -> Bounds | None:
+        return quotient(seen_rate(truth, seen, name, "kvcache_prefix_cache_hit_tokens_total", t, offset),
+                        seen_rate(truth, seen, name, "kvcache_prefix_cache_queried_tokens_total", t, offset))
+
+    now, baseline = hit_ratio(0.0), hit_ratio(units.parse_duration(THRESHOLDS.prefix_hit_baseline_offset))
+    queried = seen_rate(truth, seen, name, "kvcache_prefix_cache_queried_tokens_total", t)
+    if now is None or baseline is None:
+        return False, False
+    fraction = THRESHOLDS.prefix_hit_drop_fraction
+    dropped = now[1] < fraction * baseline[0], now[0] < fraction * baseline[1]
+    return both(dropped, above(queried, THRESHOLDS.traffic_floor_prefix_tokens_per_second, inclusive=True))
+
+
+# (alert name, severity) -> (condition: (certainly, possibly) at an evaluation, for)
+RATE_ALERTS = {
+    ("KVCachePreemptionStorm", "warning"): (preempting_above(THRESHOLDS.preemption_storm_warning_per_second),
+                                            THRESHOLDS.preemption_storm_for),
+    ("KVCachePreemptionStorm", "critical"): (preempting_above(THRESHOLDS.preemption_storm_critical_per_second),
+                                             THRESHOLDS.preemption_storm_for),
+    ("KVCachePrefixHitRateDrop", "warning"): (hit_ratio_dropped, THRESHOLDS.prefix_hit_drop_for),
+    ("KVCacheQueueDominatesTTFT", "warning"): (queue_dominates, THRESHOLDS.queue_dominates_for),
+}
+
+
+def longest_hold(evaluations: list[float], holds) -> float:
+    """The longest an alert with this condition stayed pending: from the first of consecutive evaluations at
+    which it held to the last (it fires once that reaches its `for:`)."""
+    longest, since = 0.0, None
+    for t in evaluations:
+        if holds(t):
+            since = t if since is None else since
+            longest = max(longest, t - since)
+        else:
+            since = None
+    return longest
+
+
+def expected_alerts(truth: Truth, seen: Seen) -> tuple[set, set]:
     """(alerts that must fire, alerts that may fire), each a set of (alertname, severity, target)."""
     must, may = set(), set()
-    for (alertname, severity), (requires, allows, for_) in ALERT_TRUTH.items():
+    for (alertname, severity), (requires, allows, for_) in STATE_ALERTS.items():
         hold = units.parse_duration(for_)
         for name in FLEET:
             if max(held_runs(truth, name, requires)) >= hold + LAG_S:
                 must.add((alertname, severity, name))
             if max(held_runs(truth, name, allows)) >= hold - LAG_S:
+                may.add((alertname, severity, name))
+    for (alertname, severity), (condition, for_) in RATE_ALERTS.items():
+        hold = units.parse_duration(for_)
+        for name in FLEET:
+            judged = {t: condition(truth, seen, name, t) for t in seen.evaluations}
+            if longest_hold(seen.evaluations, lambda t: judged[t][0]) >= hold:
+                must.add((alertname, severity, name))
+            if longest_hold(seen.evaluations, lambda t: judged[t][1]) >= hold:
                 may.add((alertname, severity, name))
     return must, may | must
 
@@ -256,6 +442,8 @@ class Run:
 def exporter_config(urls: dict[str, str]) -> dict:
     return {
         "poll_interval": f"{INTERVAL_S:g}s",
+        "timeout": f"{TIMEOUT_S:g}s",
+        "staleness": f"{STALENESS_S:g}s",
         "labels": {"cluster": "truth"},
         "pressure": dataclasses.asdict(THRESHOLDS),
         "targets": [{"name": name, "url": url, "engine": engine_of(name),
@@ -265,9 +453,8 @@ def exporter_config(urls: dict[str, str]) -> dict:
 
 def sample_until(truth: Truth, engines: dict, stop: threading.Event) -> None:
     while not stop.wait(SAMPLE_S):
-        now = time.time()
         for name, engine in engines.items():
-            truth.record(name, now, engine)
+            truth.record(name, engine)
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +462,8 @@ def run(tmp_path_factory):
     work = tmp_path_factory.mktemp("dashboards-truth")
     rules = work / "kvcache-rules.yml"
     rules.write_text(generate.render(generate.build(THRESHOLDS)))
-    engines = {name: start_engine(flavor, scenario, speed=TIME_SCALE, seed=seed, dp=dp, **overrides)
+    engines = {name: start_engine(flavor, scenario, speed=TIME_SCALE, seed=seed, dp=dp,
+                                  served_history=SERVED_HISTORY, **overrides)
                for name, (flavor, scenario, dp, seed, overrides) in FLEET.items()}
     truth, stop = Truth(), threading.Event()
     try:
@@ -300,11 +488,19 @@ def run(tmp_path_factory):
                 time.sleep(LAG_S)  # what the engines did by `end` reaches Prometheus; the truth goes on
                 stop.set()
                 sampler.join()
+                for name, engine in engines.items():
+                    truth.record_served(name, engine)
                 yield Run(prometheus.url, truth, start, end, {n: e.model_name for n, e in engines.items()})
     finally:
         stop.set()
         for engine in engines.values():
             engine.stop()
+
+
+@pytest.fixture(scope="module")
+def seen(run):
+    # From well before the run: the windows of the run's first evaluations (a baseline's too) reach back.
+    return seen_by(run.prometheus_url, run.start - 30, run.end + LAG_S)
 
 
 @pytest.fixture
@@ -344,11 +540,6 @@ def by_target(data: preview.PanelData, ref: str = "A") -> dict[str, list[tuple[f
 
 def last(points: list[tuple[float, float]]) -> float:
     return points[-1][1]
-
-
-def shown_at(t: float) -> list[float]:
-    """The truth sample times whose state Prometheus may show at `t`."""
-    return [t - LAG_S + k * SAMPLE_S for k in range(int(LAG_S / SAMPLE_S) + 1)]
 
 
 # --- the checks ---------------------------------------------------------------------------------
@@ -393,24 +584,23 @@ def test_queue_share_is_high_on_queueing_pools_and_low_on_steady_ones(run, fleet
 
 
 @pytest.mark.usefixtures("artifacts_on_failure")
-def test_latency_quantiles_lie_in_the_bucket_the_engine_put_them_in(run, fleet_all):
+def test_latency_quantiles_lie_in_the_bucket_the_engine_put_them_in(run, fleet_all, seen):
     """A fleet panel's per-target p90 TTFT sits in the bucket holding the engine's own 90th percentile."""
-    # Prometheus' rate window (t - rate interval, t] starts and ends on scrapes of polls, each up to
-    # INTERVAL_S old: the engine increments it sees lie between engine times in these ranges.
+    # Prometheus' rate window [t - rate interval, t] starts and ends on scrapes, each of a known poll: the
+    # engine increments it sees are those between the states the first and the last poll read.
     rate_interval = clock(run).rate_interval
-    ends = [-k * SAMPLE_S for k in range(int((2 * INTERVAL_S + SAMPLE_S) / SAMPLE_S) + 1)]
-    starts = [-rate_interval + INTERVAL_S - k * SAMPLE_S for k in range(int((3 * INTERVAL_S) / SAMPLE_S) + 1)]
     checked = 0
     for name, points in by_target(fleet_all["Time to first token p90"]).items():
-        sampled_from = run.truth.samples[name][0][0]
+        scrapes = seen.scrapes("kvcache_time_to_first_token_seconds_sum", name)  # the histogram's, as its buckets'
         for t, value in points[::5]:
-            if t + min(starts) < sampled_from:
-                continue  # the window reaches back before the truth was sampled
+            window = [seen.polls[name][scraped] for scraped in scrapes if t - rate_interval <= scraped <= t]
+            if len(window) < 2:
+                continue
+            firsts, lasts = run.truth.polled(name, window[0]), run.truth.polled(name, window[-1])
+            assert firsts and lasts, (name, t, "no page rendered during a poll")
             bounds = set()
-            for end in ends:
-                now = run.truth.at(name, t + end)
-                for start in starts:
-                    before = run.truth.at(name, t + start)
+            for now in lasts:
+                for before in firsts:
                     counts = [(bound, sum(a.ttft_buckets[i][1] - b.ttft_buckets[i][1] for a, b in zip(now, before)))
                               for i, (bound, _) in enumerate(now[0].ttft_buckets)]
                     total = counts[-1][1]
@@ -418,12 +608,9 @@ def test_latency_quantiles_lie_in_the_bucket_the_engine_put_them_in(run, fleet_a
                         index = next(i for i, (_, c) in enumerate(counts) if c >= 0.9 * total)
                         bounds |= {counts[index - 1][0] if index else 0.0, counts[index][0]}
             if len(bounds) >= 2 and math.isfinite(max(bounds)):
-                # One bucket of slack either side: the scrapes' exact moments are unknown, and a p90 near a
-                # bucket bound moves across it with one request more or less in the window.
-                layout = [0.0, *(bound for bound, _ in run.truth.at(name, t)[0].ttft_buckets)]
-                low = layout[max(layout.index(min(bounds)) - 1, 0)]
-                high = layout[min(layout.index(max(bounds)) + 1, len(layout) - 1)]
-                assert low - 1e-9 <= value <= high + 1e-9, (name, t, value, sorted(bounds))
+                # The rate of every bucket over the same scrapes: the p90 is interpolated inside the bucket
+                # the engine's own counts put it in.
+                assert min(bounds) - 1e-9 <= value <= max(bounds) + 1e-9, (name, t, value, sorted(bounds))
                 checked += 1
     assert checked >= 20
     # The triage table's p90 of a target is that target's own line (one bucket layout each).
@@ -436,23 +623,38 @@ def test_latency_quantiles_lie_in_the_bucket_the_engine_put_them_in(run, fleet_a
             assert row[column + 1] == pytest.approx(last(lines[row[0]]), rel=1e-6), row[0]
 
 
-@pytest.mark.usefixtures("artifacts_on_failure")
-def test_overview_shows_the_worst_pool(run, fleet_all):
-    t = run.end + LAG_S
-    usage = last(by_target(fleet_all["Fullest pool's KV usage"])[""])
-    fullest = [max(r.usage for n in FLEET for r in run.truth.at(n, s)) for s in shown_at(t)]
-    assert min(fullest) - 0.02 <= usage <= max(fullest) + 0.02, (usage, fullest)
-    # Headroom below 1 on a target's least-free rank: between the certain and the possible count.
-    without_room = last(by_target(fleet_all["Pools without room for one more request"])[""])
+def states_shown(run: Run, seen: Seen, family: str, t: float) -> dict[str, list[tuple[Rank, ...]]]:
+    """For each target with a value of `family` at `t` (none where its values were stale, no headroom where
+    nothing ran): the state read by the poll that value came from, the last scraped by then. Not the truth over
+    the LAG_S before `t`: a stat counts each target as of its own poll, which with the machine busy can be older
+    than LAG_S, and a pool's headroom moves between two samples of the truth (issue #28: `certain <=
+    without_room` failed as 4 <= 3)."""
+    result = harness.prom_query(run.prometheus_url, f'{family}{{cluster="truth"}}', time=t)["result"]
+    shown = {}
+    for name in {item["metric"]["target"] for item in result}:
+        shown[name] = run.truth.polled(name, seen.polls[name][max(s for s in seen.polls[name] if s <= t)])
+        assert shown[name], (name, "no page rendered during the poll shown")
+    return shown
 
-    def short(n, s):
-        rooms = [r.headroom for r in run.truth.at(n, s) if r.headroom is not None]
+
+@pytest.mark.usefixtures("artifacts_on_failure")
+def test_overview_shows_the_worst_pool(run, fleet_all, seen):
+    t, usage = by_target(fleet_all["Fullest pool's KV usage"])[""][-1]
+    fullest = [[max(r.usage for r in ranks) for ranks in read]
+               for read in states_shown(run, seen, "kvcache_usage_ratio", t).values()]
+    least, most = max(map(min, fullest)), max(map(max, fullest))
+    assert least - 0.02 <= usage <= most + 0.02, (usage, least, most)
+    # Headroom below 1 on a target's least-free rank: between the certain and the possible count.
+    t, without_room = by_target(fleet_all["Pools without room for one more request"])[""][-1]
+
+    def short(ranks):
+        rooms = [r.headroom for r in ranks if r.headroom is not None]
         return bool(rooms) and min(rooms) < 1
 
-    samples = shown_at(t)
-    certain = sum(all(short(n, s) for s in samples) for n in FLEET)
-    possible = sum(any(short(n, s) for s in samples) for n in FLEET)
-    assert certain <= without_room <= possible
+    shown = states_shown(run, seen, "kvcache_headroom_requests", t).values()
+    certain = sum(all(map(short, read)) for read in shown)
+    possible = sum(any(map(short, read)) for read in shown)
+    assert certain <= without_room <= possible, (certain, without_room, possible)
     # Lowest hit ratio and most preemptions are the extreme of the per-target lines, not a sum.
     hit = [last(points) for points in by_target(fleet_all["Prefix-cache hit ratio per target"]).values() if points]
     lowest = last(by_target(fleet_all["Lowest prefix-cache hit ratio"])[""])
@@ -509,12 +711,12 @@ def test_target_dashboard_shows_only_the_selected_target(run):
 
 
 @pytest.mark.usefixtures("artifacts_on_failure")
-def test_alerts_fire_where_the_engines_were_in_trouble_and_nowhere_else(run):
+def test_alerts_fire_where_the_engines_were_in_trouble_and_nowhere_else(run, seen):
     seconds = int(run.end + LAG_S - run.start)
     result = harness.prom_query(run.prometheus_url, f'max_over_time(ALERTS{{alertstate="firing"}}[{seconds}s])',
                                 time=run.end + LAG_S)["result"]
     fired = {(a["metric"]["alertname"], a["metric"]["severity"], a["metric"].get("target", "")) for a in result}
-    must, may = expected_alerts(run.truth)
+    must, may = expected_alerts(run.truth, seen)
     assert must <= fired, f"missing: {sorted(must - fired)}"
     assert fired <= may, f"unexpected: {sorted(fired - may)}"
     assert not {a for a in fired if a[0] in NEVER}
@@ -525,6 +727,36 @@ def test_alerts_fire_where_the_engines_were_in_trouble_and_nowhere_else(run):
     assert {("KVCacheQueueDominatesTTFT", "warning", n) for n in QUEUEING} <= fired
     assert ("KVCachePrefixHitRateDrop", "warning", "vllm-prefix") in fired
     assert not {a for a in fired if a[0] == "KVCacheShortageQueueing" and a[2] in ("vllm-cap", "sglang-cap")}
+
+
+@pytest.mark.usefixtures("artifacts_on_failure")
+def test_every_counter_prometheus_holds_is_the_engines_at_its_poll(run, seen):
+    """Each sample of the counters the rate alerts read is the engine's own count in the state its poll read: a
+    counter the exporter left frozen while it reported its target up (issue #28) is off at the next poll. And
+    each is there at every scrape from its first one on while the target's values are fresh: the rate alerts
+    above are judged on the scrapes that hold it."""
+    checked = 0
+    for family, value in RULE_COUNTERS.items():
+        exposed = {name for name, series in seen.counters[family].items() if series}
+        expected = set(FLEET) - (WITHOUT_PREEMPTIONS if family == "kvcache_preemptions_total" else set())
+        assert exposed == expected, family
+        for name, series in seen.counters[family].items():
+            per_rank = set(series) != {"0"}
+            for dp_rank, samples in series.items():
+                scraped = [t for t, _ in samples]
+                missing = [t for t, poll in seen.polls[name].items()
+                           if t > scraped[0] and t - poll.end <= STALENESS_S - INTERVAL_S and t not in scraped]
+                assert not missing, (family, name, dp_rank, [t - run.start for t in missing])
+                for t, shown in samples:
+                    read = run.truth.polled(name, seen.polls[name][t])
+                    assert read, (name, round(t - run.start, 2), "no page rendered during the poll")
+                    # Two states where a poll that had given up was answered late, inside the next one.
+                    low, high = (engine_count(read[i], dp_rank, per_rank, value) for i in (0, -1))
+                    assert low - 1e-9 * abs(low) <= shown <= high + 1e-9 * abs(high), (
+                        family, name, dp_rank, round(t - run.start, 2), shown, low, high)
+                    checked += 1
+    # Six families of nine targets (less TensorRT-LLM's preemptions), scraped about once a second over the run.
+    assert checked >= 0.8 * (6 * len(FLEET) - len(WITHOUT_PREEMPTIONS)) * RUN_S / INTERVAL_S, checked
 
 
 @pytest.mark.usefixtures("artifacts_on_failure")

@@ -111,6 +111,22 @@ def test_a_restart_resets_the_counters_and_moves_created():
     assert created_after - created_before == pytest.approx(100 / speed)
 
 
+def test_the_states_scrapes_rendered_are_kept_with_when_each_was_read():
+    with start_engine("vllm-v1", "kv-saturation", speed=50, served_history=2) as engine:
+        wait_for(lambda: engine.state().ranks[0].counters.prompt_tokens > 0, "traffic")
+        pages = []
+        for _ in range(3):
+            before = time.time()
+            pages.append((before, scrape(engine.url), time.time()))
+        served = engine.served()
+    assert len(served) == 2  # the last two
+    for (before, page, after), (read, state) in zip(pages[1:], served):
+        assert before <= read <= after
+        counters = state.ranks[0].counters
+        assert page["vllm:prompt_tokens_total"][0].value == counters.prompt_tokens > 0
+        assert page["vllm:num_preemptions_total"][0].value == counters.preemptions_rescheduled
+
+
 def test_start_engine_rejects_bad_arguments():
     with pytest.raises(ValueError, match="unknown flavor 'tgi'"):
         start_engine("tgi")
