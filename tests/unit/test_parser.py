@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -149,6 +150,9 @@ def test_generated_pages_match_prometheus_client(text):
     assert our_samples(text) == oracle_samples(text)
 
 
+VALID_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
 @settings(max_examples=300, deadline=None)
 @given(pages(), st.data())
 def test_mutated_pages_parse_alike_or_fail_cleanly(text, data):
@@ -159,6 +163,10 @@ def test_mutated_pages_parse_alike_or_fail_cleanly(text, data):
     try:
         expected = oracle_samples(mutated)
     except (ValueError, IndexError, KeyError, TypeError):
+        expected = None
+    # prometheus_client reads `fam _total{le=""} 0` (a space cut into a name) as a sample of `fam `; the format, and
+    # Prometheus, allow no such name, so the oracle has no answer to hold ours to there.
+    if expected and not all(VALID_NAME.fullmatch(sample[0]) for sample in expected):
         expected = None
     names = frozenset(s[0] for s in expected) if expected else frozenset(n.split("{")[0].split(" ")[0]
                                                                          for n in mutated.splitlines() if n and not n.startswith("#"))
