@@ -24,7 +24,7 @@ import yaml
 from kvcache_exporter import config as exporter_config
 from kvcache_exporter import contract
 from kvcache_exporter.contract import WHAT_IF_FACTORS
-from kvcache_exporter.dashboards.promql import kept_misses
+from kvcache_exporter.dashboards.promql import kept_misses, pd_backpressure
 from kvcache_exporter.thresholds import DEFAULT, Thresholds
 from kvcache_exporter.units import format_duration, parse_duration
 
@@ -209,9 +209,9 @@ def pd_rules(t: Thresholds, group: str) -> list[dict]:
             f"(\n  {mean('kvcache_time_to_first_token_seconds', decode)}\n)")},
         # Decode pools short of KV hold back transfers whose KV the same group's prefill pools hold (vLLM, until
         # pulled) or wait to compute (SGLang, until pre-allocated).
-        {"record": PD_BACKPRESSURE, "expr": (
-            f"sum {by_group} (kvcache_kv_transfer_requests_waiting_for_kv{{role=\"decode\"}}) > 0\n"
-            f"and on ({group})\ngroup {by_group} (kvcache_usage_ratio{{role=\"prefill\"}})")},
+        {"record": PD_BACKPRESSURE, "expr": pd_backpressure(
+            'kvcache_kv_transfer_requests_waiting_for_kv{role="decode"}', 'kvcache_usage_ratio{role="prefill"}', group,
+            "\n")},
     ]
 
 

@@ -23,18 +23,18 @@ GENERATED = Path(__file__).resolve().parent / "generated"
 DEFAULT_STATIC_LABELS = ("cluster", "pool")
 
 
-def build_all(thresholds: Thresholds = Thresholds(),
-              static_labels: tuple[str, ...] = DEFAULT_STATIC_LABELS) -> dict[str, models.Dashboard]:
+def build_all(thresholds: Thresholds = Thresholds(), static_labels: tuple[str, ...] = DEFAULT_STATIC_LABELS,
+              pd_group_label: str = exporter_config.DEFAULT_PD_GROUP_LABEL) -> dict[str, models.Dashboard]:
     """File name -> dashboard."""
-    return {module.FILENAME: module.build(thresholds, static_labels) for module in (fleet, target)}
+    return {module.FILENAME: module.build(thresholds, static_labels, pd_group_label) for module in (fleet, target)}
 
 
 def render(dashboard: models.Dashboard) -> str:
     return json.dumps(dashboard, cls=JSONEncoder, indent=2) + "\n"
 
 
-def settings_from(config_path: Path) -> tuple[Thresholds, tuple[str, ...]]:
-    """Thresholds and static label names of an exporter configuration file (the defaults where it sets none)."""
+def settings_from(config_path: Path) -> tuple[Thresholds, tuple[str, ...], str]:
+    """Thresholds, static label names and P/D group label of an exporter configuration file (the defaults where
+    it sets none): build_all's arguments."""
     settings = exporter_config.generator_settings(str(config_path))
-    thresholds, names = settings.thresholds, settings.static_labels
-    return thresholds, names or DEFAULT_STATIC_LABELS
+    return settings.thresholds, settings.static_labels or DEFAULT_STATIC_LABELS, settings.pd_group_label

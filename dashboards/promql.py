@@ -202,3 +202,12 @@ def kept_misses(factor: float, buckets: str, window: str, plus: str = " + ") -> 
             f"{buckets}{{{le_matcher(bound)}}}"
         terms.append((f"{weight:g} * " if weight != 1 else "") + f"rate({selector}[{window}])")
     return f"{plus}ignoring (le) ".join(terms)
+
+
+# Disaggregated prefill/decode: P/D backpressure per group, as the rule records it and the fleet panel draws it.
+def pd_backpressure(decode_waiting: str, prefill_pools: str, group: str, newline: str = " ") -> str:
+    """Decode-side transfers waiting for KV (`decode_waiting` selects kvcache_kv_transfer_requests_waiting_for_kv
+    on decode pools) summed per P/D group, where the group has prefill pools (`prefill_pools` selects a gauge
+    every prefill pool has). `newline` joins the terms (the rules break the line)."""
+    return (f"sum by ({group}) ({decode_waiting}) > 0{newline}and on ({group}){newline}"
+            f"group by ({group}) ({prefill_pools})")

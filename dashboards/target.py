@@ -26,7 +26,8 @@ def drill_down_link(static_labels: tuple[str, ...]) -> Link:
     return Link("Open ${__field.labels.target} in " + TITLE, f"/d/{UID}/kvcache-target?{'&'.join(params)}")
 
 
-def build(thresholds: Thresholds, static_labels: tuple[str, ...]) -> models.Dashboard:
+def build(thresholds: Thresholds, static_labels: tuple[str, ...], pd_group_label: str = "") -> models.Dashboard:
+    """(One target has no P/D group: `pd_group_label` is the fleet's.)"""
     labels = (*static_labels, "target")
     v = View(Scope(labels), split=("target", "dp_rank"), per="per rank", legend="{{target}} dp{{dp_rank}}",
              thresholds=thresholds, latency_quantiles=(0.5, 0.9, 0.99))

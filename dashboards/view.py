@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvcache_exporter.config import DEFAULT_PD_GROUP_LABEL
 from kvcache_exporter.thresholds import Thresholds
 
 from kvcache_exporter.dashboards.panels import Link
@@ -46,6 +47,7 @@ class View:
     thresholds: Thresholds
     latency_quantiles: tuple[float, ...]  # quantiles a latency panel draws, each per target
     drill_down: tuple[Link, ...] = ()  # data links on lines that carry a `target` label
+    pd_group: str = DEFAULT_PD_GROUP_LABEL  # the label that groups prefill and decode pools (pd_group_label)
 
     def selector(self, metric: str, **fixed: str) -> str:
         return self.scope.selector(metric, **fixed)

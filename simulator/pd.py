@@ -214,7 +214,10 @@ class PDModel:
         self.waiting_to_start: deque[Transfer] = deque()  # vLLM: no decode blocks yet; SGLang: pre-allocation
         self.prefill_waiting: deque[Transfer] = deque()  # to be computed
         self.computing: list[Transfer] = []
-        self.held: list[Transfer] = []  # prefill KV kept for the decode side (vLLM) / being sent (SGLang)
+        # Prefill KV kept for the decode side (vLLM) / being sent (SGLang), by request id; vLLM's in the order
+        # their leases run out.
+        self.held: dict[int, Transfer] = {}
+        self._leases: deque[Transfer] = deque()
         self.receiving: list[Transfer] = []  # decode blocks allocated, KV not there yet
         self.received: deque[Transfer] = deque()  # KV there, not running yet
         self.running: list[Transfer] = []
@@ -248,14 +251,14 @@ class PDModel:
         (self.prefill_waiting if self.pull else self.waiting_to_start).append(transfer)
 
     def _expire_leases(self) -> None:
-        if not self.pull:
-            return
         lease = self.scenario.link.lease_s
-        for transfer in [t for t in self.held if t.start is None and self.now - t.prefill_done >= lease]:
-            self.held.remove(transfer)
-            transfer.expired = True
-            self.prefill.used -= transfer.prefill_blocks
-            self.prefill.lease_expiries += 1
+        while self._leases and self.now - self._leases[0].prefill_done >= lease:
+            transfer = self._leases.popleft()
+            if transfer.start is None:  # not pulled in time
+                del self.held[transfer.request.id]
+                transfer.expired = True
+                self.prefill.used -= transfer.prefill_blocks
+                self.prefill.lease_expiries += 1
 
     def _admit_decode(self) -> None:
         """FCFS into the decode pool: all of a request's blocks, within the cap on received and running ones."""
@@ -301,7 +304,7 @@ class PDModel:
         request, prefill = transfer.request, self.prefill
         self.computing.remove(transfer)
         transfer.prefill_done = self.now
-        self.held.append(transfer)
+        self.held[request.id] = transfer
         prefill.counters.prompt_tokens += request.prompt_len
         if self.pull:  # vLLM's prefill side generates the one token it was asked for
             prefill.counters.generation_tokens += 1
@@ -309,6 +312,7 @@ class PDModel:
             prefill.finish(transfer, self.now, request.prompt_len, 1)
             transfer.decode_arrival = self.now
             self.waiting_to_start.append(transfer)
+            self._leases.append(transfer)
         else:
             self._start_transfer(transfer)
 
@@ -325,8 +329,7 @@ class PDModel:
             timer = self.decode if self.pull else self.prefill  # the side that times transfers
             if transfer.expired:
                 self.prefill.notifications_after_expiry += 1
-            elif transfer in self.held:
-                self.held.remove(transfer)
+            elif self.held.pop(transfer.request.id, None) is not None:
                 self.prefill.used -= transfer.prefill_blocks
             if transfer.failed:
                 timer.failed_transfers += 1

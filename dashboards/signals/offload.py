@@ -26,7 +26,8 @@ def hit_ratio_by_source(v: View):
         "Prefix hits by source",
         describe(
             "Share of the prompt tokens looked up that came from a cache, by where the KV was: gpu (the pool), "
-            "cpu, disk, remote (offload tiers and external caches), other; and all sources together: "
+            "cpu, disk, remote (offload tiers and external caches), peer (another engine instance: disaggregated "
+            "prefill), other; and all sources together: "
             "sum by (source) (rate(cached prompt tokens)) / sum(rate(queried tokens)) over the whole selection. "
             "Hits from an offload tier are prefill not computed again, though loaded over PCIe or the network."
             + without_source(CACHED.removeprefix("kvcache_")),

@@ -86,12 +86,12 @@ def sources_from_config(path: Path) -> Sources:
     if settings["targets"]:
         raise exporter_config.ConfigError(str(path), "targets", "must be empty: in Kubernetes, Prometheus discovers "
                                           "the engines and every exporter replica would poll these targets")
-    thresholds, static_labels = dashboards.settings_from(path)
+    thresholds, static_labels, pd_group_label = dashboards.settings_from(path)
     return Sources(
         exporter_config=path.read_text(),
-        rules=alerts.build(thresholds),
-        dashboards={name: dashboards.render(board) for name, board in dashboards.build_all(thresholds,
-                                                                                            static_labels).items()},
+        rules=alerts.build(thresholds, pd_group_label=pd_group_label),
+        dashboards={name: dashboards.render(board) for name, board in dashboards.build_all(
+            thresholds, static_labels, pd_group_label).items()},
     )
 
 

@@ -56,10 +56,10 @@ def for_config(path: str) -> dict[str, bytes]:
             raise
         raise AssetsError(f"--config: rebuilding the dashboards needs grafana-foundation-sdk: {DASHBOARDS_EXTRA}") \
             from None
-    thresholds, static_labels = dashboards.settings_from(Path(path))
+    thresholds, static_labels, pd_group_label = dashboards.settings_from(Path(path))
     files = {f"dashboards/{name}": dashboards.render(board).encode()
-             for name, board in dashboards.build_all(thresholds, static_labels).items()}
-    files[RULES] = alerts.render(alerts.build(thresholds)).encode()
+             for name, board in dashboards.build_all(thresholds, static_labels, pd_group_label).items()}
+    files[RULES] = alerts.render(alerts.build(thresholds, pd_group_label=pd_group_label)).encode()
     return files | _unconfigured()
 
 

@@ -22,6 +22,7 @@ import yaml
 from kvcache_exporter.dashboards import build, fleet, target
 from devtools import lint_dashboards as lint
 from kvcache_exporter.contract import PRESSURE_STATES
+from kvcache_exporter.simulator.pd import BUILTIN_PD_SCENARIOS, parse_pd_scenario, start_pd_pair
 from kvcache_exporter.simulator.server import start_engine
 from devtools import harness
 
@@ -39,7 +40,22 @@ NO_DATA_EXPECTED = {
 }
 
 
-def exporter_config(vllm_url: str, sglang_url: str, trtllm_url: str, dead_url: str, events: tuple[str, str]) -> dict:
+# A disaggregated SGLang pair whose transfers read faster than the 50 GB/s link (no latency, 200 GB/s): the
+# bandwidth panel's broken-reading line.
+TOO_FAST = parse_pd_scenario({**BUILTIN_PD_SCENARIOS["pd-steady"], "link": {"latency_s": 0, "bytes_per_s": 2e11}},
+                             "too-fast", "too-fast")
+
+
+def pd_targets(vllm_pair, sglang_pair) -> list[dict]:
+    """A vLLM pair whose decode side runs short of KV (its roles from the configuration), and the SGLang pair."""
+    return [{"name": "vllm-prefill", "url": vllm_pair.prefill_url, "engine": "vllm", "role": "prefill"},
+            {"name": "vllm-decode", "url": vllm_pair.decode_url, "engine": "vllm", "role": "decode"},
+            {"name": "sglang-prefill", "url": sglang_pair.prefill_url, "engine": "sglang"},
+            {"name": "sglang-decode", "url": sglang_pair.decode_url, "engine": "sglang"}]
+
+
+def exporter_config(vllm_url: str, sglang_url: str, trtllm_url: str, dead_url: str, events: tuple[str, str],
+                    disaggregated: list[dict]) -> dict:
     architecture = {"layers": 32, "kv_heads": 8, "head_dim": 128, "model_dtype": "bfloat16"}
     return {
         "poll_interval": "0.5s",
@@ -53,6 +69,7 @@ def exporter_config(vllm_url: str, sglang_url: str, trtllm_url: str, dead_url: s
             {"name": "trtllm-0", "url": trtllm_url, "engine": "trtllm", "labels": {"pool": "chat"}},
             # Nothing listens here: its polls fail, which the exporter-health panels must show.
             {"name": "gone-0", "url": dead_url, "engine": "vllm", "labels": {"pool": "batch"}},
+            *disaggregated,
         ],
     }
 
@@ -67,10 +84,13 @@ def prometheus_url(tmp_path_factory):
                       offload_blocks=4096) as vllm, \
             start_engine("sglang", scenario="steady", speed=20, seed=2, kv_events_endpoint=events[1],
                          offload_blocks=4096) as sglang, \
-            start_engine("trtllm", scenario="steady", speed=20, seed=3) as trtllm:
+            start_engine("trtllm", scenario="steady", speed=20, seed=3) as trtllm, \
+            start_pd_pair("vllm", "pd-decode-short", speed=20, seed=4, model="pd-vllm") as vllm_pair, \
+            start_pd_pair("sglang", TOO_FAST, speed=20, seed=5, model="pd-sglang") as sglang_pair:
         config_path = work / "exporter.yml"
         dead_url = f"http://127.0.0.1:{harness.free_port()}/metrics"
-        config_path.write_text(yaml.safe_dump(exporter_config(vllm.url, sglang.url, trtllm.url, dead_url, events)))
+        config_path.write_text(yaml.safe_dump(exporter_config(vllm.url, sglang.url, trtllm.url, dead_url, events,
+                                                              pd_targets(vllm_pair, sglang_pair))))
         with harness.exporter(work, "--config", str(config_path)) as exporter:
             scrape = {
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -149,7 +169,8 @@ def test_every_variable_lists_values(prometheus_url, name):
         listed[variable["name"]] = sorted(json.loads(body)["data"])
     assert listed["cluster"] == ["test"]
     assert listed["pool"] == ["batch", "chat"]
-    assert listed["target"] == ["gone-0", "sglang-0", "trtllm-0", "vllm-0"]
+    assert listed["target"] == ["gone-0", "sglang-0", "sglang-decode", "sglang-prefill", "trtllm-0", "vllm-0",
+                                "vllm-decode", "vllm-prefill"]
     if name == fleet.FILENAME:
         assert listed["engine"] == ["sglang", "trtllm", "vllm"]
         assert listed["model"], "no model values"
@@ -170,9 +191,13 @@ def test_panels_show_the_saturation_and_the_dead_target(prometheus_url):
         return peaks
 
     assert peak("Targets up", "B")[""] == 1  # gone-0 is down
-    assert peak("Targets up", "A")[""] == 3
+    assert peak("Targets up", "A")[""] == 7
     assert peak("KV usage per target")["vllm-0"] >= 0.9  # kv-saturation fills the pool
     assert peak("Pressure state over time")["vllm-0"] >= PRESSURE_STATES.index("saturated")  # or thrashing
     assert peak("Waiting requests by cause per target", "A")["vllm-0"] >= 1  # waiting for KV
     assert peak("Preemption rate per target")["vllm-0"] > 0
     assert peak("Poll failures by reason")["gone-0"] > 0
+    # Disaggregated: the vLLM pair's decode side runs short of KV; the SGLang pair's transfers read too fast.
+    assert peak("P/D backpressure")[""] >= 1
+    assert peak("Transfer bandwidth per target", "B")["sglang-prefill"] > 5e10  # flagged above the link
+    assert "sglang-prefill" not in peak("Transfer bandwidth per target", "A")  # and not believed

@@ -179,9 +179,9 @@ def test_configuration_moves_bands_and_names_the_label_variables(tmp_path, capsy
         "  - {url: 'http://a:8000/metrics', labels: {pool: chat, tier: gold}}\n"
         "  - {url: 'http://b:8000/metrics'}\n"
     )
-    thresholds, labels = build.settings_from(config)
+    thresholds, labels, pd_group_label = build.settings_from(config)
     assert thresholds.high_water_ratio == 0.85 and thresholds.low_water_ratio == DEFAULT.low_water_ratio
-    assert labels == ("region", "pool", "tier")
+    assert labels == ("region", "pool", "tier") and pd_group_label == "model"
     assert build_dashboards.main(["--config", str(config), "--out", str(tmp_path)]) == 0
     built = json.loads((tmp_path / fleet.FILENAME).read_text())
     assert list(variables(built)) == ["datasource", "region", "pool", "tier", "engine", "model", "target"]

@@ -26,7 +26,7 @@ def model(scenario: str, engine: str, until: float, seed: int = 7) -> PDModel:
 
 
 def assert_blocks_add_up(pd: PDModel) -> None:
-    assert pd.prefill.used == sum(t.prefill_blocks for t in (*pd.computing, *pd.held))
+    assert pd.prefill.used == sum(t.prefill_blocks for t in (*pd.computing, *pd.held.values()))
     assert pd.decode.used == sum(t.decode_blocks for t in (*pd.receiving, *pd.received, *pd.running))
     assert 0 <= pd.prefill.used <= pd.prefill.config.num_blocks and 0 <= pd.decode.used <= pd.decode.config.num_blocks
 
@@ -62,7 +62,7 @@ def test_decode_short_holds_prefill_kv_in_vllm_and_the_handshake_in_sglang():
                 assert pd.waiting_to_start  # the decode pool never catches up
                 shortest = min(shortest, pd.decode.used / pd.decode.config.num_blocks)
         assert shortest >= DEFAULT.low_water_ratio  # short of KV all along: the exporter's kv_is_short holds
-        held = sum(t.prefill_blocks for t in pd.held)
+        held = sum(t.prefill_blocks for t in pd.held.values())
         if engine == "vllm":  # computed, waiting to be pulled
             assert held == pd.prefill.used and held >= 50 * 16 and pd.stages()["prefill"] == {}
         else:  # not computed before the decode side pre-allocates: the bootstrap queue is the prefill side's
@@ -78,7 +78,7 @@ def test_lease_expiry_frees_prefill_kv_and_counts_the_transfers_that_complete_la
     expired_waiting = sum(t.expired for t in (*pd.waiting_to_start, *pd.receiving))
     assert pd.prefill.notifications_after_expiry + expired_waiting == pd.prefill.lease_expiries
     assert pd.prefill.notifications_after_expiry > 0
-    assert all(not t.expired for t in pd.held) and len(pd.running) <= 2  # the decode side's cap
+    assert all(not t.expired for t in pd.held.values()) and len(pd.running) <= 2  # the decode side's cap
 
 
 @pytest.mark.parametrize("engine", PULL)
