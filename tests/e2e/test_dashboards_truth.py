@@ -253,6 +253,7 @@ class Seen:
     polls: dict[str, dict[float, Poll]]  # target -> scrape time -> poll
     counters: dict[str, dict[str, dict[str, list[tuple[float, float]]]]]  # family -> target -> dp_rank -> samples
     evaluations: list[float]
+    stored_at: dict[float, float]  # scrape time (a sample's timestamp) -> when its scrape ended and it was stored
 
     def scrapes(self, family: str, name: str) -> list[float]:
         """When Prometheus got a sample of `family` for the target: where the exporter showed it."""
@@ -281,7 +282,10 @@ def seen_by(prometheus_url: str, since: float, until: float) -> Seen:
         for labels, values in stored(family):
             counters[family].setdefault(labels["target"], {})[labels["dp_rank"]] = values
     evaluations = sorted({t for _, values in stored("kvcache:usage_ratio:max") for t, _ in values})
-    return Seen(polls, counters, evaluations)
+    durations = harness.prom_query(prometheus_url, f'scrape_duration_seconds{{job="kvcache-exporter"}}[{seconds}s]',
+                                   time=until)["result"]
+    stored_at = {float(t): float(t) + float(d) for item in durations for t, d in item["values"]}
+    return Seen(polls, counters, evaluations, stored_at)
 
 
 def engine_count(ranks: tuple[Rank, ...], dp_rank: str, per_rank: bool, value) -> float:
@@ -307,22 +311,36 @@ def prometheus_rate(first: tuple[float, float], last: tuple[float, float], count
 def seen_rate(truth: Truth, seen: Seen, name: str, family: str, t: float, offset: float = 0.0) -> Bounds | None:
     """`sum without (dp_rank) (rate(family[WINDOW_S] offset ...))` evaluated at `t`, as Prometheus would have it
     had every poll shown the engine's own counter: the scrapes its window holds, each valued at the engine's
-    count in the state its poll read. None where the rule has no value; (0, inf) where no page was rendered
-    during a poll."""
+    count in the state its poll read. The rule ran at `t` or later and saw the scrapes stored by then: certainly
+    those stored by `t`, perhaps the last ones too, which were still running at `t` (the machine busy, a scrape
+    takes a while). None where the rule has no value; -inf as the least where it may have had none."""
     series = seen.counters[family].get(name, {})
     per_rank = set(series) != {"0"}
     end = t - offset
+    scrapes = [scraped for scraped in seen.scrapes(family, name) if end - WINDOW_S <= scraped <= end]
+    stored = sum(seen.stored_at.get(scraped, math.inf) <= t for scraped in scrapes)  # scrapes are stored in order
+    outcomes = [_rate_of_scrapes(truth, seen, name, family, series, per_rank, set(scrapes[:count]), end)
+                for count in range(stored, len(scrapes) + 1)]
+    rates = [rate for rate in outcomes if rate is not None]
+    if not rates:
+        return None
+    least = min(low for low, _ in rates) if len(rates) == len(outcomes) else -math.inf
+    return least, max(high for _, high in rates)
+
+
+def _rate_of_scrapes(truth, seen, name, family, series, per_rank, visible, end) -> Bounds | None:
+    """The rule's value over the samples of these scrapes; (0, inf) where no page was rendered during a poll."""
     total, found = [0.0, 0.0], False
     for dp_rank, samples in series.items():
-        inside = [scraped for scraped, _ in samples if end - WINDOW_S <= scraped <= end]
+        inside = [scraped for scraped, _ in samples if scraped in visible]
         if len(inside) < 2:
             continue
         found = True
         first, last = (truth.polled(name, seen.polls[name][scraped]) for scraped in (inside[0], inside[-1]))
         if first is None or last is None:
             return 0.0, math.inf
-        counts = [[engine_count(ranks, dp_rank, per_rank, RULE_COUNTERS[family]) for ranks in around]
-                  for around in (first, last)]
+        counts = [[engine_count(ranks, dp_rank, per_rank, RULE_COUNTERS[family]) for ranks in read]
+                  for read in (first, last)]
         total[0] += prometheus_rate((inside[0], counts[0][-1]), (inside[-1], counts[1][0]), len(inside), end)
         total[1] += prometheus_rate((inside[0], counts[0][0]), (inside[-1], counts[1][-1]), len(inside), end)
     return (total[0], total[1]) if found else None
@@ -727,6 +745,29 @@ def test_alerts_fire_where_the_engines_were_in_trouble_and_nowhere_else(run, see
     assert {("KVCacheQueueDominatesTTFT", "warning", n) for n in QUEUEING} <= fired
     assert ("KVCachePrefixHitRateDrop", "warning", "vllm-prefix") in fired
     assert not {a for a in fired if a[0] == "KVCacheShortageQueueing" and a[2] in ("vllm-cap", "sglang-cap")}
+
+
+@pytest.mark.usefixtures("artifacts_on_failure")
+def test_the_rules_rates_are_the_engines_over_the_same_scrapes(run, seen):
+    """What the alerts above are judged on: each rate the recording rules wrote is the one the engine's own
+    counts give over the scrapes its window held (`seen_rate`), to float rounding."""
+    seconds = math.ceil(run.end + LAG_S - run.start)
+    for record, family in (("kvcache:preemptions:rate", "kvcache_preemptions_total"),
+                           ("kvcache:requests_finished:rate", "kvcache_e2e_request_latency_seconds_count"),
+                           ("kvcache:prefix_cache_queried_tokens:rate", "kvcache_prefix_cache_queried_tokens_total")):
+        result = harness.prom_query(run.prometheus_url, f'{record}{{cluster="truth"}}[{seconds}s]',
+                                    time=run.end + LAG_S)["result"]
+        checked = 0
+        for item in result:
+            name = item["metric"]["target"]
+            for t, value in item["values"]:
+                engines = seen_rate(run.truth, seen, name, family, float(t))
+                assert engines is not None and engines[0] * (1 - 1e-6) <= float(value) <= engines[1] * (1 + 1e-6), (
+                    record, name, round(float(t) - run.start, 2), value, engines)
+                checked += 1
+        # About one evaluation a second of nearly every target (not TensorRT-LLM's preemptions, nor before the
+        # first request finished).
+        assert checked >= 0.7 * len(FLEET) * RUN_S / INTERVAL_S, (record, checked)
 
 
 @pytest.mark.usefixtures("artifacts_on_failure")
