@@ -242,7 +242,8 @@ class Adapter:
             count = counts.get(rank_name, pairs[-1][1])
             if series.scale != 1.0:
                 pairs = [(_scaled(bound, series.scale), cumulative) for bound, cumulative in pairs]
-            rank(rank_name).histograms[series.concept] = Histogram(pairs, _scaled(sums[rank_name], series.scale), count)
+            total = _scaled(sums[rank_name], series.scale)
+            rank(rank_name).histograms[series.concept] = Histogram(pairs, total, count)
 
     def model_of(self, samples: Samples) -> str:
         for series in self.series:
