@@ -59,7 +59,7 @@ def test_json_gives_the_same_rows_as_numbers():
         "requests_waiting_with_kv_room": 100.0, "preemptions_per_min": 12.0,
         "states": {"ok": 1, "tight": 0, "capped": 1, "saturated": 1, "thrashing": 0},
     }
-    common = {"requests_running_max": None, "polled_at": 1030.0}
+    common = {"requests_running_max": None, "polled_at": 1030.0, "role": ""}  # recorded before the role label
     sat, cap, restarted = out["pools"]
     assert math.isclose(sat.pop("ttft_p90_seconds"), 2.5 + 2.5 * (54 - 15) / (60 - 15), rel_tol=1e-12)
     assert sat == {**common, "target": "sat", "engine": "vllm", "model": "llama-8b", "dp_rank": "0",
