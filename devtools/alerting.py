@@ -84,7 +84,8 @@ def alertmanager_test_config(shipped: dict, receiver_url: str, secrets_dir: Path
     return config
 
 
-def prometheus_config(rules: Path, alertmanager_url: str | None, exporter_ports: list[int], interval: str = "1s") -> dict:
+def prometheus_config(rules: Path, alertmanager_url: str | None, exporter_ports: list[int],
+                      interval: str = "1s") -> dict:
     """Scrape, rule evaluation and alert sending every `interval`."""
     config = {
         "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},

