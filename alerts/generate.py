@@ -276,6 +276,83 @@ def pd_alerts(t: Thresholds, group: str, runbook_base: str) -> list[dict]:
     ]
 
 
+def fleet_rules(t: Thresholds, group: str) -> list[dict]:
+    """The replicas of one model, per P/D group (`group`, the configuration's pd_group_label) and role: how evenly
+    its KV is used, and how many replicas its KV demand needs. A pool's series show only while its target's polls
+    are fresh, so every pool these rules see is ready. Scale-out reads KV-bound waiting, never usage alone: a pool
+    that queues behind its running-request cap has no KV-bound waiting, and a pool kept full by design (its
+    offload tier serves the hits) queues nothing."""
+    by = f"by ({group}, role)"
+    start = t.replica_starting_lookback
+    return [
+        {"record": "kvcache:fleet_usage_ratio:spread", "expr": (
+            f"max {by} (kvcache_usage_ratio)\n-\nmin {by} (kvcache_usage_ratio)")},
+        {"record": "kvcache:fleet_usage_ratio:stddev", "expr": f"stddev {by} (kvcache_usage_ratio)"},
+        {"record": "kvcache:fleet_requests_waiting_for_kv:sum", "expr": f"sum {by} (kvcache_requests_waiting_for_kv)"},
+        # Spare KV: free tokens over the ready pools; the peers' share of it is on pools that queue nothing at all
+        # (a pool queueing behind its cap would not run more either).
+        {"record": "kvcache:fleet_free_tokens:sum", "expr": f"sum {by} (kvcache_free_tokens)"},
+        {"record": "kvcache:fleet_peer_free_tokens:sum", "expr": (
+            f"sum {by} (\n  kvcache_free_tokens\n  unless on (target, dp_rank) (kvcache_requests_waiting > 0)\n)")},
+        # The engines count queued requests, not their tokens: a queued request is taken to need what a running
+        # one of the same pool holds now (prompt and output so far).
+        {"record": "kvcache:fleet_kv_backlog_tokens:sum", "expr": (
+            f"sum {by} (kvcache_requests_waiting_for_kv * kvcache_live_tokens_per_request)")},
+        {"record": "kvcache:fleet_live_tokens_per_request:avg", "expr": f"avg {by} (kvcache_live_tokens_per_request)"},
+        # Of the KV-bound waiting requests, the share the peers' free KV could hold: 1 is a routing problem
+        # (fix the router), 0 a capacity one (add replicas).
+        {"record": "kvcache:fleet_requests_waiting_for_kv_routable:ratio", "expr": (
+            "clamp_max(\n  kvcache:fleet_peer_free_tokens:sum\n  / kvcache:fleet_live_tokens_per_request:avg\n"
+            "  / (kvcache:fleet_requests_waiting_for_kv:sum > 0),\n  1\n)")},
+        # Backlog the peers cannot take: what new replicas must hold.
+        {"record": "kvcache:fleet_kv_short_tokens:sum", "expr": (
+            "clamp_min(kvcache:fleet_kv_backlog_tokens:sum - kvcache:fleet_peer_free_tokens:sum, 0)\n"
+            "or\nkvcache:fleet_kv_backlog_tokens:sum")},
+        # A replica is a target (its data-parallel ranks are its pools).
+        {"record": "kvcache:fleet_replicas_ready:count", "expr": (
+            f"count {by} (group without (dp_rank) (kvcache_capacity_tokens))")},
+        {"record": "kvcache:fleet_replica_capacity_tokens:avg", "expr": (
+            f"avg {by} (sum without (dp_rank) (kvcache_capacity_tokens))")},
+        # Starting: configured targets that were a pool of the model within the lookback and do not answer now
+        # (restarting, rescheduled). Counting them keeps the signal from asking for them again (no cascade).
+        {"record": "kvcache:fleet_replicas_starting:count", "expr": (
+            f"count {by} (\n  group without (dp_rank) (last_over_time(kvcache_capacity_tokens[{start}]))\n"
+            "  unless on (target) kvcache_capacity_tokens\n  and on (target) (kvcache_target_up == 0)\n)")},
+        # Replicas to add (> 0) for the backlog the peers cannot take, less those starting; or, while the model
+        # queues nothing, replicas to remove (< 0) down to what holds its used KV at the low-water mark (at
+        # least one); else 0.
+        {"record": "kvcache:fleet_replicas:delta", "expr": (
+            "(\n  clamp_min(\n"
+            "    (\n      ceil(kvcache:fleet_kv_short_tokens:sum / kvcache:fleet_replica_capacity_tokens:avg)\n"
+            "      - kvcache:fleet_replicas_starting:count\n    )\n"
+            "    or\n    ceil(kvcache:fleet_kv_short_tokens:sum / kvcache:fleet_replica_capacity_tokens:avg),\n"
+            "    0\n  ) > 0\n)\nor\n(\n  0 - clamp_min(\n    kvcache:fleet_replicas_ready:count\n    - clamp_min(\n"
+            f"      ceil(\n        sum {by} (kvcache_used_tokens)\n"
+            f"        / (kvcache:fleet_replica_capacity_tokens:avg * {number(t.low_water_ratio)})\n      ),\n"
+            "      1\n    ),\n    0\n  )\n"
+            f"  and on ({group}, role) (sum {by} (kvcache_requests_waiting) == 0)\n)\n"
+            "or\n0 * kvcache:fleet_replicas_ready:count")},
+        # What an autoscaler targets (external metric, AverageValue 1 per replica): ready + starting + delta.
+        {"record": "kvcache:fleet_replicas:desired", "expr": (
+            "(kvcache:fleet_replicas_ready:count + kvcache:fleet_replicas:delta + kvcache:fleet_replicas_starting:count)"
+            "\nor\n(kvcache:fleet_replicas_ready:count + kvcache:fleet_replicas:delta)")},
+    ]
+
+
+def fleet_alerts(t: Thresholds, group: str, runbook_base: str) -> list[dict]:
+    where = f"{{{{ $labels.{group} }}}} ({{{{ $labels.role }}}})"
+    return [alert(
+        "KVCacheRoutingImbalance", "info",
+        f"kvcache:fleet_requests_waiting_for_kv_routable:ratio >= {number(t.routing_imbalance_share)}",
+        t.routing_imbalance_for,
+        f"{where}: requests wait for KV on some replicas while others have room",
+        f"The free KV of the replicas of {where} that queue nothing could hold {{{{ $value | humanizePercentage }}}} "
+        "of the requests waiting for KV on the others: the router sends work to full replicas. Fix the routing "
+        "(KV- or load-aware) before adding replicas.",
+        runbook_base,
+    )]
+
+
 def alert(name: str, severity: str, expr: str, for_: str, summary: str, description: str, runbook_base: str) -> dict:
     return {
         "alert": name,
@@ -427,7 +504,8 @@ def build(thresholds: Thresholds = DEFAULT, runbook_base: str = RUNBOOK_URL_BASE
     # One group: Prometheus evaluates a group's rules in order, so every alert reads recording
     # rules of the same evaluation; separate groups run concurrently and lag by one interval.
     rules = (recording_rules(thresholds) + what_if_rules(thresholds) + pd_rules(thresholds, pd_group_label)
-             + alerting_rules(thresholds, runbook_base) + pd_alerts(thresholds, pd_group_label, runbook_base))
+             + fleet_rules(thresholds, pd_group_label) + alerting_rules(thresholds, runbook_base)
+             + pd_alerts(thresholds, pd_group_label, runbook_base) + fleet_alerts(thresholds, pd_group_label, runbook_base))
     return {"groups": [{"name": "kvcache", "rules": rules}]}
 
 

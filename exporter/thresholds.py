@@ -57,6 +57,12 @@ class Thresholds:
     # leaves it as it is.
     kv_transfer_link_bytes_per_second: float = 50e9
     kv_transfer_bandwidth_low_fraction: float = 0.1
+    # KVCacheRoutingImbalance (info): the share of a model's KV-bound waiting requests that the free KV of its
+    # peers (ready pools of the same P/D group and role that queue nothing) could hold, at or above this.
+    routing_imbalance_share: float = 0.5
+    # Autoscaling: a target that was a pool of a model within this lookback and no longer answers counts as a
+    # replica starting (restarting, rescheduled) for that model, so the scale-out signal does not ask for it again.
+    replica_starting_lookback: str = "10m"
     # `for:` durations of the alerts.
     shortage_for: str = "2m"
     nearly_full_for: str = "10m"
@@ -73,6 +79,7 @@ class Thresholds:
     notifications_after_expiry_for: str = "30s"
     pd_backpressure_for: str = "2m"
     transfer_bandwidth_low_for: str = "15m"
+    routing_imbalance_for: str = "5m"
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any] | None) -> "Thresholds":

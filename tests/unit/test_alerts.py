@@ -21,12 +21,13 @@ EXPECTED_ALERTS = {
     "KVCacheQueueDominatesTTFT", "KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent",
     "KVCacheCapacityMisses", "KVCacheOffloadTierFull", "KVCacheOffloadLoadSlow",
     "KVCacheTransfersFailing", "KVCacheTransferLeaseExpiries", "KVCacheTransferNotificationsAfterExpiry",
-    "KVCachePDBackpressure", "KVCacheTransferBandwidthLow",
+    "KVCachePDBackpressure", "KVCacheTransferBandwidthLow", "KVCacheRoutingImbalance",
 }
 # Alerts about one engine's KV (their descriptions name target and model); three are about polling, where a
-# target without answers has no model, and P/D backpressure is about a group of pools (the P/D group label).
+# target without answers has no model, and P/D backpressure and routing imbalance are about a group of pools (the
+# P/D group label).
 PER_MODEL_ALERTS = EXPECTED_ALERTS - {"KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent",
-                                      "KVCachePDBackpressure"}
+                                      "KVCachePDBackpressure", "KVCacheRoutingImbalance"}
 
 
 def shipped_alerts() -> list[dict]:
@@ -161,7 +162,8 @@ def test_compress_knows_every_threshold():
     # own: no clock enters them.
     assert unchanged == {"high_water_ratio", "low_water_ratio", "prefix_hit_drop_fraction", "queue_share_of_ttft",
                          "capacity_miss_share", "offload_load_max_seconds_per_token", "kv_transfer_failure_ratio",
-                         "kv_transfer_link_bytes_per_second", "kv_transfer_bandwidth_low_fraction"}
+                         "kv_transfer_link_bytes_per_second", "kv_transfer_bandwidth_low_fraction",
+                         "routing_imbalance_share"}
     assert compressed.shortage_for == "30s" and compressed.window_seconds == 15
     assert compressed.thrashing_preemptions_per_second == pytest.approx(0.08)
     with pytest.raises(ValueError):
