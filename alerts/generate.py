@@ -283,6 +283,7 @@ def fleet_rules(t: Thresholds, group: str) -> list[dict]:
     that queues behind its running-request cap has no KV-bound waiting, and a pool kept full by design (its
     offload tier serves the hits) queues nothing."""
     by = f"by ({group}, role)"
+    w = format_duration(t.window_seconds)
     start = t.replica_starting_lookback
     return [
         {"record": "kvcache:fleet_usage_ratio:spread", "expr": (
@@ -295,12 +296,20 @@ def fleet_rules(t: Thresholds, group: str) -> list[dict]:
         {"record": "kvcache:fleet_peer_free_tokens:sum", "expr": (
             f"sum {by} (\n  kvcache_free_tokens\n  unless on (target, dp_rank) (kvcache_requests_waiting > 0)\n)")},
         # The engines count queued requests, not their tokens: a queued request is taken to need what a running
-        # one of the same pool holds now (prompt and output so far).
+        # one of the same pool holds now (prompt and output so far). Only the queue held through the whole window
+        # counts: a burst that the pool absorbs within it (an offload tier reloading hits) asks for no replica.
         {"record": "kvcache:fleet_kv_backlog_tokens:sum", "expr": (
-            f"sum {by} (kvcache_requests_waiting_for_kv * kvcache_live_tokens_per_request)")},
+            f"sum {by} (\n  min_over_time(kvcache_requests_waiting_for_kv[{w}]) * kvcache_live_tokens_per_request\n)")},
         {"record": "kvcache:fleet_live_tokens_per_request:avg", "expr": f"avg {by} (kvcache_live_tokens_per_request)"},
-        # Of the KV-bound waiting requests, the share the peers' free KV could hold: 1 is a routing problem
-        # (fix the router), 0 a capacity one (add replicas).
+        # The share of KV-bound waiting on pools whose peers have headroom (a pool below the low-water mark that
+        # queues nothing): waiting there is the router's doing (fix the routing), elsewhere a capacity problem.
+        {"record": "kvcache:fleet_requests_waiting_for_kv_peer_headroom:ratio", "expr": (
+            f"(\n  sum {by} (\n    kvcache_requests_waiting_for_kv\n    and on ({group}, role) (\n"
+            f"      kvcache_usage_ratio < {number(t.low_water_ratio)}\n"
+            "      unless on (target, dp_rank) (kvcache_requests_waiting > 0)\n    )\n  )\n"
+            "  or\n  0 * kvcache:fleet_requests_waiting_for_kv:sum\n)\n/\n(kvcache:fleet_requests_waiting_for_kv:sum > 0)")},
+        # Of the KV-bound waiting requests, the share the peers' free KV could hold (a queued request taken as
+        # large as a running one): how much of the backlog better routing alone would place.
         {"record": "kvcache:fleet_requests_waiting_for_kv_routable:ratio", "expr": (
             "clamp_max(\n  kvcache:fleet_peer_free_tokens:sum\n  / kvcache:fleet_live_tokens_per_request:avg\n"
             "  / (kvcache:fleet_requests_waiting_for_kv:sum > 0),\n  1\n)")},
@@ -319,7 +328,7 @@ def fleet_rules(t: Thresholds, group: str) -> list[dict]:
             f"count {by} (\n  group without (dp_rank) (last_over_time(kvcache_capacity_tokens[{start}]))\n"
             "  unless on (target) kvcache_capacity_tokens\n  and on (target) (kvcache_target_up == 0)\n)")},
         # Replicas to add (> 0) for the backlog the peers cannot take, less those starting; or, while the model
-        # queues nothing, replicas to remove (< 0) down to what holds its used KV at the low-water mark (at
+        # has queued nothing for the window, replicas to remove (< 0) down to what holds its used KV at the low-water mark (at
         # least one); else 0.
         {"record": "kvcache:fleet_replicas:delta", "expr": (
             "(\n  clamp_min(\n"
@@ -330,7 +339,7 @@ def fleet_rules(t: Thresholds, group: str) -> list[dict]:
             f"      ceil(\n        sum {by} (kvcache_used_tokens)\n"
             f"        / (kvcache:fleet_replica_capacity_tokens:avg * {number(t.low_water_ratio)})\n      ),\n"
             "      1\n    ),\n    0\n  )\n"
-            f"  and on ({group}, role) (sum {by} (kvcache_requests_waiting) == 0)\n)\n"
+            f"  and on ({group}, role) (sum {by} (max_over_time(kvcache_requests_waiting[{w}])) == 0)\n)\n"
             "or\n0 * kvcache:fleet_replicas_ready:count")},
         # What an autoscaler targets (external metric, AverageValue 1 per replica): ready + starting + delta.
         {"record": "kvcache:fleet_replicas:desired", "expr": (
@@ -343,12 +352,13 @@ def fleet_alerts(t: Thresholds, group: str, runbook_base: str) -> list[dict]:
     where = f"{{{{ $labels.{group} }}}} ({{{{ $labels.role }}}})"
     return [alert(
         "KVCacheRoutingImbalance", "info",
-        f"kvcache:fleet_requests_waiting_for_kv_routable:ratio >= {number(t.routing_imbalance_share)}",
+        f"kvcache:fleet_requests_waiting_for_kv_peer_headroom:ratio >= {number(t.routing_imbalance_share)}",
         t.routing_imbalance_for,
         f"{where}: requests wait for KV on some replicas while others have room",
-        f"The free KV of the replicas of {where} that queue nothing could hold {{{{ $value | humanizePercentage }}}} "
-        "of the requests waiting for KV on the others: the router sends work to full replicas. Fix the routing "
-        "(KV- or load-aware) before adding replicas.",
+        f"{{{{ $value | humanizePercentage }}}} of the requests waiting for KV on the replicas of {where} wait "
+        "while a peer queues nothing below the low-water mark: the router sends work to full replicas. Fix the "
+        "routing (KV- or load-aware); kvcache:fleet_requests_waiting_for_kv_routable:ratio says how much of the "
+        "backlog the peers' free KV could take.",
         runbook_base,
     )]
 

@@ -57,8 +57,8 @@ class Thresholds:
     # leaves it as it is.
     kv_transfer_link_bytes_per_second: float = 50e9
     kv_transfer_bandwidth_low_fraction: float = 0.1
-    # KVCacheRoutingImbalance (info): the share of a model's KV-bound waiting requests that the free KV of its
-    # peers (ready pools of the same P/D group and role that queue nothing) could hold, at or above this.
+    # KVCacheRoutingImbalance (info): the share of a model's KV-bound waiting requests that wait on pools whose
+    # peers (ready pools of the same P/D group and role) have headroom (queue nothing, below the low-water mark).
     routing_imbalance_share: float = 0.5
     # Autoscaling: a target that was a pool of a model within this lookback and no longer answers counts as a
     # replica starting (restarting, rescheduled) for that model, so the scale-out signal does not ask for it again.
