@@ -1,0 +1,126 @@
+"""Replicas of one model end to end: simulated vLLM engines -> the exporter -> Prometheus with the shipped rules
+on a clock TIME_SCALE times faster. Each model is a small fleet:
+
+- skewed: a router sends one replica more than it can hold while its peer idles: KVCacheRoutingImbalance fires;
+- balanced: both replicas get the same overload (same scenario, same seed): no imbalance, and the autoscaling
+  signal asks for replicas (every pool is KV-bound);
+- capped: one replica queues behind its running-request cap with KV to spare: the signal asks for nothing;
+- offload: one replica whose offload tier serves its hits: its GPU pool runs full, and the signal asks for nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+import yaml
+
+from devtools import harness
+from devtools.alerting import prometheus_config
+from kvcache_exporter.alerts import generate
+from kvcache_exporter.simulator import scenarios
+from kvcache_exporter.simulator.server import start_engine
+from kvcache_exporter.thresholds import DEFAULT
+
+# 20x: the imbalance alert's 5m `for` is 15 s, the 1m window 3 s.
+TIME_SCALE = 20
+COMPRESSED = generate.compress(DEFAULT, TIME_SCALE)
+INTERVAL = "1s"
+SEED = 7
+DEADLINE = 60.0
+# kv-saturation's load, from the first second and for good: five requests per second against a 1,024-block pool.
+OVERLOAD = {"name": "overload", "duration_s": 600, "arrival_rate": 5,
+            "output_len": {"dist": "lognormal", "median": 240, "sigma": 0.5, "min": 16, "max": 1500}}
+IDLE = {"name": "idle", "duration_s": 600, "arrival_rate": 0.2}
+# offload-tier's small GPU pool and large CPU tier, at a load the pair serves: the GPU pool fills with prefixes and
+# the tier serves them back.
+OFFLOADED = {"name": "offloaded", "duration_s": 600, "arrival_rate": 0.7, "prefix_share": 0.9, "num_prefixes": 16,
+             "prefix_len": 512}
+
+
+def scenario(name: str, phase: dict, engine: dict | None = None) -> scenarios.Scenario:
+    return scenarios.parse_scenario({"then": "hold", "phases": [phase], **({"engine": engine} if engine else {})},
+                                    source=name, name=name)
+
+
+# (model, target) -> scenario.
+FLEET = {
+    ("skewed", "skewed-hot"): scenario("hot", OVERLOAD),
+    ("skewed", "skewed-idle"): scenario("idle", IDLE),
+    ("balanced", "balanced-0"): scenario("overload", OVERLOAD),
+    ("balanced", "balanced-1"): scenario("overload", OVERLOAD),
+    ("capped", "capped-0"): "concurrency-cap",
+    ("offload", "offload-0"): scenario("offloaded", OFFLOADED, {"num_blocks": 256, "offload_blocks": 4096}),
+}
+
+
+def over_run(prom_url: str, expr: str, seconds: int) -> dict[str, float]:
+    """Per model, `expr`'s maximum over the last `seconds`."""
+    return {labels.get("model", ""): value for labels, value in
+            harness.prom_vector(prom_url, f"max by (model) (max_over_time(({expr})[{seconds}s:1s]))")}
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fleet")
+    rules = tmp / "kvcache-rules.yml"
+    assert generate.main(["--time-scale", str(TIME_SCALE), "--output", str(rules)]) == 0
+    engines = {}
+    try:
+        for (model, target), run in FLEET.items():
+            engines[target] = start_engine("vllm-v1", run, speed=TIME_SCALE, seed=SEED, model=model)
+        config = tmp / "exporter.yml"
+        config.write_text(yaml.safe_dump({
+            "poll_interval": INTERVAL, "pressure": dataclasses.asdict(COMPRESSED),
+            "targets": [{"name": target, "url": engine.url, "engine": "vllm"} for target, engine in engines.items()]}))
+        started = time.monotonic()
+        with harness.exporter(tmp, "--config", str(config)) as exporter, \
+                harness.prometheus(tmp / "prom", prometheus_config(
+                    rules, None, [int(exporter.url.rsplit(":", 1)[1])], INTERVAL)) as prom:
+            firing = 'ALERTS{alertname="KVCacheRoutingImbalance",alertstate="firing",model="skewed"}'
+            try:
+                harness.wait_until(lambda: harness.prom_vector(prom.url, firing), timeout=DEADLINE, interval=0.5,
+                                   what="KVCacheRoutingImbalance on the skewed fleet")
+            except TimeoutError as err:
+                seen = harness.prom_vector(prom.url, "kvcache:fleet_requests_waiting_for_kv_peer_headroom:ratio")
+                raise AssertionError(f"{err}\nshare on pools whose peers have headroom: {seen}") from None
+            seconds = int(time.monotonic() - started) + 2
+            result = {
+                "imbalance": over_run(prom.url, 'ALERTS{alertname="KVCacheRoutingImbalance"}', seconds),
+                "share": over_run(prom.url, "kvcache:fleet_requests_waiting_for_kv_peer_headroom:ratio", seconds),
+                "spread": over_run(prom.url, "kvcache:fleet_usage_ratio:spread", seconds),
+                "delta": over_run(prom.url, "kvcache:fleet_replicas:delta", seconds),
+                "min_delta": {m: -v for m, v in over_run(prom.url, "-kvcache:fleet_replicas:delta", seconds).items()},
+                "waiting": over_run(prom.url, "sum by (model) (kvcache_requests_waiting)", seconds),
+                "waiting_for_kv": over_run(prom.url, "sum by (model) (kvcache_requests_waiting_for_kv)", seconds),
+                "usage": over_run(prom.url, "kvcache_usage_ratio", seconds),
+                "backlog": over_run(prom.url, "kvcache:fleet_kv_backlog_tokens:sum", seconds),
+                "tier_hits": over_run(prom.url, f'increase(kvcache_cached_prompt_tokens_total{{source="cpu"}}[{seconds}s])',
+                                      seconds),
+            }
+        yield result
+    finally:
+        for engine in engines.values():
+            engine.stop()
+
+
+def test_a_skewed_router_fires_the_imbalance_and_a_balanced_one_does_not(outcome):
+    assert outcome["imbalance"].get("skewed") == 1
+    assert outcome["share"]["skewed"] >= DEFAULT.routing_imbalance_share
+    assert outcome["spread"]["skewed"] >= 0.5  # one pool full, the other nearly empty
+    # The balanced pair was never even pending, though both its pools queued for KV.
+    assert "balanced" not in outcome["imbalance"]
+    assert outcome["waiting_for_kv"]["balanced"] >= 2
+
+
+def test_scale_out_is_asked_only_for_kv_bound_pools(outcome):
+    # Every balanced pool queues for KV and no peer has room: replicas are asked for, sized by its backlog.
+    assert outcome["delta"]["balanced"] >= 1
+    assert outcome["backlog"]["balanced"] > 0
+    # A queue behind the running-request cap, and a full pool whose offload tier keeps up, ask for none (and,
+    # while anything queues or the pool holds more than the low-water mark, give none back).
+    assert outcome["waiting"]["capped"] >= 1 and outcome["waiting_for_kv"]["capped"] == 0
+    assert outcome["delta"]["capped"] == 0 and outcome["min_delta"]["capped"] == 0
+    assert outcome["usage"]["offload"] >= DEFAULT.low_water_ratio and outcome["tier_hits"]["offload"] > 0
+    assert outcome["delta"]["offload"] == 0 and outcome["min_delta"]["offload"] == 0
