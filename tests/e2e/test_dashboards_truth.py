@@ -733,7 +733,10 @@ def test_alerts_fire_where_the_engines_were_in_trouble_and_nowhere_else(run, see
     seconds = int(run.end + LAG_S - run.start)
     result = harness.prom_query(run.prometheus_url, f'max_over_time(ALERTS{{alertstate="firing"}}[{seconds}s])',
                                 time=run.end + LAG_S)["result"]
-    fired = {(a["metric"]["alertname"], a["metric"]["severity"], a["metric"].get("target", "")) for a in result}
+    # The engines of one flavor serve one model and carry different loads by design: the routing imbalance
+    # across a model's replicas (no target; tests/e2e/test_fleet_e2e.py judges it) is left out here.
+    fired = {(a["metric"]["alertname"], a["metric"]["severity"], a["metric"].get("target", "")) for a in result
+             if a["metric"]["alertname"] != "KVCacheRoutingImbalance"}
     must, may = expected_alerts(run.truth, seen)
     assert must <= fired, f"missing: {sorted(must - fired)}"
     assert fired <= may, f"unexpected: {sorted(fired - may)}"
