@@ -15,6 +15,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -96,13 +97,14 @@ class Engine:
 @contextlib.contextmanager
 def serve(log_dir: Path, *, blocks: int, max_num_seqs: int, block_size: int = 32, kv_events: bool = True,
           prefix_caching: bool = True, max_model_len: int = tiny_model.MAX_MODEL_LEN, extra_args: Sequence[str] = (),
-          model_dir: Path = MODEL_DIR, start_timeout: float = START_TIMEOUT) -> Iterator[Engine]:
+          model_dir: Path = MODEL_DIR, start_timeout: float = START_TIMEOUT, dp_size: int = 1) -> Iterator[Engine]:
     """vLLM's OpenAI server on a free loopback port with a pool of `blocks` KV blocks of `block_size` tokens.
 
     `blocks` is --num-gpu-blocks-override: vLLM's num_gpu_blocks, its null block included. CPU attention
     wants a block size that is a multiple of 32; vLLM refuses to start when one request of `max_model_len`
     tokens cannot fit in the pool. Stopped with SIGTERM, then killed, with the engine-core
-    process it started.
+    process it started. `dp_size` > 1 runs that many data-parallel engine cores behind the one server, each
+    with a pool of `blocks`; rank r publishes its KV events on the event and replay ports plus r.
     """
     make_model(model_dir)
     port = harness.free_port()
@@ -113,10 +115,12 @@ def serve(log_dir: Path, *, blocks: int, max_num_seqs: int, block_size: int = 32
         "--block-size", str(block_size), "--num-gpu-blocks-override", str(blocks), "--max-num-seqs", str(max_num_seqs),
         "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
     ]
+    if dp_size > 1:
+        argv += ["--data-parallel-size", str(dp_size)]
     events = replay = None
     if kv_events:
-        events_port = harness.free_port()
-        events, replay = f"tcp://127.0.0.1:{events_port}", f"tcp://127.0.0.1:{harness.free_port()}"
+        events_port, replay_port = free_port_runs(2, dp_size)
+        events, replay = f"tcp://127.0.0.1:{events_port}", f"tcp://127.0.0.1:{replay_port}"
         # vLLM's publisher binds only a wildcard endpoint (`*`) and connects to any other, where nobody
         # listens (vllm/distributed/kv_events.py, _is_bind_endpoint); its replay socket binds what it is given.
         argv += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
@@ -131,6 +135,29 @@ def serve(log_dir: Path, *, blocks: int, max_num_seqs: int, block_size: int = 32
         yield Engine(process, f"http://127.0.0.1:{port}", events, replay)
     finally:
         _stop_with_children(process)
+
+
+def free_port_runs(count: int, length: int) -> list[int]:
+    """The first ports of `count` disjoint runs of `length` consecutive free loopback ports (vLLM's data-parallel
+    rank r binds its event sockets at the configured port plus r)."""
+    taken: set[int] = set()
+    starts: list[int] = []
+    while len(starts) < count:
+        start = harness.free_port()
+        run = range(start, start + length)
+        if start + length <= 65536 and not taken & set(run) and all(_port_free(port) for port in run):
+            starts.append(start)
+            taken |= set(run)
+    return starts
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _stop_with_children(process: harness.Process) -> None:
