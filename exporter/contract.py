@@ -148,6 +148,14 @@ _TABLE = (
     Family("exporter_probe_evictions_total", "counter", "exporter", "",
            "Probed engines forgotten before their staleness period because probe.max_targets others were probed "
            "more recently.", stable=False),
+    Family("exporter_poll_phase_locked", "gauge", "exporter", "",
+           "1 while the polls are phase-locked to a regular scraper of /metrics (each target's poll timed to "
+           "complete just before that scraper's next scrape), 0 on the exporter's own cadence (no regular scraper, "
+           "or its interval no whole multiple of poll_interval).", stable=False),
+    Family("exporter_scrape_interval_seconds", "gauge", "exporter", "seconds",
+           "Interval between the scrapes of /metrics by the scraper the polls lock onto (or would, were it a whole "
+           "multiple of poll_interval), measured from their arrivals; 0 while no client scrapes regularly.",
+           stable=False),
     # Its polls, per target.
     Family("target_up", "gauge", "target", "", "1 if the last poll of the target succeeded and parsed, else 0."),
     Family("target_scrape_duration_seconds", "gauge", "target", "seconds", "Duration of the last poll of the target."),

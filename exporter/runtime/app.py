@@ -40,7 +40,8 @@ class ExporterState:
     def reload_failed(self) -> None:
         self.reload_ok = False
 
-    def lines(self, probed_targets: int, probe_evictions: int) -> dict[str, str]:
+    def lines(self, probed_targets: int, probe_evictions: int, scrape_interval: float = 0.0,
+              phase_locked: bool = False) -> dict[str, str]:
         """Its series by family: one line each, for every family of the contract's `exporter` group."""
         values = {
             "exporter_build_info": (exposition.label_text({"version": __version__}), 1.0),
@@ -48,6 +49,8 @@ class ExporterState:
             "exporter_config_last_reload_success_timestamp_seconds": ("", self.reload_time),
             "exporter_probed_targets": ("", float(probed_targets)),
             "exporter_probe_evictions_total": ("", float(probe_evictions)),
+            "exporter_poll_phase_locked": ("", float(phase_locked)),
+            "exporter_scrape_interval_seconds": ("", scrape_interval),
         }
         return {name: exposition.line(contract.FAMILIES[name].metric, labels, value)
                 for name, (labels, value) in values.items()}
@@ -70,7 +73,7 @@ class Exporter:
             ("GET", "/ready"): self._ready,
             ("POST", "/-/reload"): self._reload_route,
             ("GET", "/"): _static(b"kvcache-exporter: /metrics, /probe?target=URL, /healthz, /ready\n"),
-        }, web)
+        }, web, scrapes=self.scheduler.scrapes)
         self.prober = Prober(lambda: self.config, lambda: self.server.port)
 
     def start(self) -> None:
@@ -114,7 +117,7 @@ class Exporter:
         texts = [t.text for t in self.targets] + self.subscribers.render()  # in the loop: streams change in it
         body = await asyncio.to_thread(
             exposition.render, texts, time.time(), self.config.staleness,
-            self.state.lines(self.prober.probed(), self.prober.evictions))
+            self.state.lines(self.prober.probed(), self.prober.evictions, *self.scheduler.phase_state()))
         return Response(200, body, CONTENT_TYPE)
 
     async def _probe(self, request: Request) -> Response:

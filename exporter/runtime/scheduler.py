@@ -3,66 +3,45 @@
 One thread runs every poll: the fetches wait concurrently, and the reading of each page (parse,
 adapt, derive, render) runs whole as its response arrives. Poll threads (64 of them, in an earlier
 design) spent more CPU handing the GIL to each other than on the polls: futex calls by the
-hundred per poll (docs/performance.md). Each target keeps a fixed phase within the interval, from
-a hash of its name, as Prometheus spreads its scrapes: the polls of a large fleet arrive in small
-batches over the interval instead of as one burst at its start, and a scrape of /metrics (served
-in this loop, rendered in a worker thread) never waits behind a burst.
+hundred per poll (docs/performance.md). On its own cadence each target keeps a fixed phase within
+the interval, from a hash of its name, as Prometheus spreads its scrapes: the polls of a large fleet
+arrive in small batches over the interval instead of as one burst at its start, and a scrape of
+/metrics (served in this loop, rendered in a worker thread) never waits behind a burst. Once a
+scraper of /metrics comes regularly (exporter/runtime/phase.py), each target's poll is timed to
+complete just before its next scrape instead: the same cadence, another phase.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
-import hashlib
 import logging
 import threading
 import time
+from collections import deque
 from typing import Awaitable, Iterable, TypeVar
 
+from . import phase
 from .target import Target
 
 log = logging.getLogger(__name__)
 # The scheduler wakes every TICK seconds (a quarter of the interval if that is shorter) and starts
-# the polls whose phase has come: their pages are then read back to back, while the interpreter's
-# caches are warm. Shorter ticks cost more CPU per poll, longer ones no less (bench/tick.py,
-# docs/performance.md).
+# the polls due before its next wake-up: their pages are then read back to back, while the
+# interpreter's caches are warm. Shorter ticks cost more CPU per poll, longer ones no less
+# (bench/tick.py, docs/performance.md).
 TICK = 0.25
 T = TypeVar("T")
-
-
-def phase_of(name: str) -> float:
-    """Where in the interval a target is polled, as a fraction of it: stable across restarts and reloads."""
-    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
-
-
-class Phases:
-    """Targets sorted by phase, and which of them fall due between two instants."""
-
-    def __init__(self, targets: list[Target]):
-        pairs = sorted(((phase_of(t.name), i) for i, t in enumerate(targets)))
-        self.phases = [phase for phase, _ in pairs]
-        self.targets = [targets[i] for _, i in pairs]
-
-    def due(self, start: float, end: float) -> list[Target]:
-        """Targets with a phase in (start, end], both in intervals since the epoch (a whole interval or
-        more gives every target once: a process that was suspended catches up with one poll each)."""
-        if end - start >= 1.0:
-            return list(self.targets)
-        low, high = start % 1.0, end % 1.0
-        first, last = bisect.bisect_right(self.phases, low), bisect.bisect_right(self.phases, high)
-        if low <= high:
-            return self.targets[first:last]
-        return self.targets[first:] + self.targets[:last]
 
 
 class Scheduler:
     def __init__(self, targets: list[Target], interval: float):
         self.interval = interval
+        self.scrapes = phase.ScrapeClock()  # fed by the HTTP server, read by the loop: both in the loop's thread
         self._loop = asyncio.new_event_loop()
         self._stopping = False
         self._busy: set[str] = set()  # targets with a poll running
         self._tasks: set[asyncio.Task] = set()
+        self.timetable = phase.Timetable(self.scrapes)
+        self._cpu: deque[tuple[float, float]] = deque()  # (monotonic, the loop thread's CPU seconds) per tick
         self.replace_targets(targets)
         self._thread = threading.Thread(target=self._main, name="poll-loop", daemon=True)
 
@@ -82,9 +61,9 @@ class Scheduler:
             self._loop.close()
 
     def replace_targets(self, targets: list[Target]) -> None:
-        """Poll these from now on (a reload); a target object kept keeps its state and its phase."""
+        """Poll these from now on (a reload); a target kept keeps its state and its timing, a new one is
+        polled at the next tick."""
         self.targets = list(targets)
-        self._phases = Phases(self.targets)
 
     def discard(self, targets: Iterable[Target]) -> None:
         """Close these targets' connections, in the loop that owns them."""
@@ -95,6 +74,10 @@ class Scheduler:
     def run(self, work: Awaitable[T]) -> T:
         """Run `work` in the loop and wait for it, from another thread."""
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+
+    def phase_state(self) -> tuple[float, bool]:
+        """(the measured interval of the scraper locked to, or of the one it would be, 0 if none; locked?)"""
+        return self.scrapes.seen_interval, self.scrapes.locked is not None
 
     def _main(self) -> None:
         try:
@@ -113,26 +96,39 @@ class Scheduler:
             task.add_done_callback(self._tasks.discard)
 
     async def _poll(self, target: Target) -> None:
+        started = time.monotonic()
         try:
             await target.poll()
         finally:
             self._busy.discard(target.name)
+            self.timetable.finished(target.name, time.monotonic() - started)
+
+    def _measure_cpu(self, now: float) -> None:
+        """The loop thread's CPU over the last interval or so: how long the fleet's polls keep it busy."""
+        self._cpu.append((now, time.thread_time()))
+        while len(self._cpu) > 2 and now - self._cpu[1][0] >= self.interval:
+            self._cpu.popleft()
+        (first, cpu_first), (last, cpu_last) = self._cpu[0], self._cpu[-1]
+        busy = (cpu_last - cpu_first) / (last - first) * self.interval if last > first else 0.0
+        self.timetable.spread = phase.spread_window(busy, self.interval)
 
     async def _run(self) -> None:
-        # Everyone once at the start, then each target at its phase.
-        self._start_polls(self.targets)
-        position = 0.0  # intervals since the start, up to which polls have been started
-        clock = time.monotonic()
+        scheduled: list[Target] | None = None  # the target list the tables were last pruned for
         try:
             while not self._stopping:
-                await asyncio.sleep(min(TICK, self.interval / 4))
-                # Counted in intervals, step by step, so that a reload changing the interval moves no phase.
+                tick = min(TICK, self.interval / 4)
                 now = time.monotonic()
-                following = position + (now - clock) / self.interval
-                clock = now
-                if following > 1.0 and not self._stopping:  # the first round stood for the first interval
-                    self._start_polls(self._phases.due(max(position, 1.0), following))
-                position = following
+                targets = self.targets
+                if targets is not scheduled:
+                    self.timetable.keep_only(t.name for t in targets)
+                    scheduled = targets
+                self._measure_cpu(now)
+                self.scrapes.update(self.interval, now)
+                # A poll due before the next tick starts now: at most a tick early, never late.
+                due = self.timetable.due(targets, now, now + tick, self.interval)
+                if due:
+                    self._start_polls(due)
+                await asyncio.sleep(tick)
         finally:
             for task in self._tasks:
                 task.cancel()

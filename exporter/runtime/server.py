@@ -17,6 +17,11 @@ cost little (docs/robustness.md has the figures). What a connection may hold is 
 
 CPU work that takes milliseconds (rendering /metrics, gzip, bcrypt) runs in worker threads, so
 the loop's polls and other clients' requests do not wait behind it.
+
+Every authorized GET of /metrics is reported to the scheduler's ScrapeClock (exporter/runtime/phase.py)
+with the time its first byte was read, its client's address and User-Agent, and whether it carries
+Prometheus' scrape timeout header: the polls lock onto a regular scraper. A dictionary lookup and an
+append per scrape; what a client can do with it is bounded there.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from email.utils import formatdate
 from typing import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
+from .phase import ScrapeClock
+from .probe import SCRAPE_TIMEOUT_HEADER
 from .webconfig import WebConfig
 
 log = logging.getLogger(__name__)
@@ -47,6 +54,7 @@ MAX_BODY_BYTES = 64 * 1024  # no route reads a body; a small one is read and dro
 MAX_CONNECTIONS = 1024
 BACKLOG = 1024
 SERVER = "kvcache-exporter"  # no version of Python or of the exporter: nothing to fingerprint
+SCRAPE_PATH = "/metrics"  # the route whose requests are scrapes
 
 
 @dataclass
@@ -124,8 +132,9 @@ class _Connection:
 
 class MetricsServer:
     def __init__(self, listen: str, routes: dict[tuple[str, str], Route], web: WebConfig | None = None,
-                 max_connections: int = MAX_CONNECTIONS):
+                 max_connections: int = MAX_CONNECTIONS, scrapes: ScrapeClock | None = None):
         self.listen = listen
+        self.scrapes = scrapes
         self.routes = routes
         self.web = web or WebConfig()
         self.max_connections = max_connections
@@ -209,6 +218,7 @@ class MetricsServer:
                 start = await reader.read(1)
             if not start:
                 return False
+            arrived = time.monotonic()
             async with asyncio.timeout(HEAD_TIMEOUT):
                 head = start + await reader.readuntil(b"\r\n\r\n")
                 method, target, version, headers = _parse_head(head)
@@ -221,17 +231,22 @@ class MetricsServer:
             return False
         connection.waiting_since = None
         keep_alive = version == "HTTP/1.1" and "close" not in headers.get("connection", "").lower()
-        response = await self._respond(method, target, headers)
+        response = await self._respond(method, target, headers, writer, arrived)
         await self._send(writer, connection, method, response, close=not keep_alive)
         return keep_alive
 
-    async def _respond(self, method: str, target: str, headers: dict[str, str]) -> Response:
+    async def _respond(self, method: str, target: str, headers: dict[str, str], writer: asyncio.StreamWriter,
+                       arrived: float) -> Response:
         url = urlsplit(target)
         if self.web.users:
             authorized = await asyncio.get_running_loop().run_in_executor(
                 self._auth_pool, self.web.authorized, headers.get("authorization"))
             if not authorized:
                 return Response(401, b"unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="kvcache-exporter"'})
+        if self.scrapes is not None and url.path == SCRAPE_PATH and method == "GET":
+            peer = writer.get_extra_info("peername")
+            client = f"{peer[0] if peer else ''} {headers.get('user-agent', '')}"
+            self.scrapes.observe(client, arrived, SCRAPE_TIMEOUT_HEADER in headers)
         route = self.routes.get(("GET" if method == "HEAD" else method, url.path))
         if route is None:
             known = any(path == url.path for _, path in self.routes)

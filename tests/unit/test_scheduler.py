@@ -1,4 +1,5 @@
-"""exporter.runtime.scheduler: every target once per interval, spread over the interval by its phase."""
+"""exporter.runtime.scheduler and its timetable (exporter.runtime.phase.Timetable): every target once per
+interval, spread over the interval by its phase, or timed for the scraper the polls lock onto."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import random
 import time
 from collections import Counter
 
-from kvcache_exporter.runtime.scheduler import Phases, Scheduler, phase_of
+import pytest
+
+from kvcache_exporter.runtime import phase
+from kvcache_exporter.runtime.phase import ScrapeClock, Timetable, phase_of
+from kvcache_exporter.runtime.scheduler import Scheduler
 
 
 class FakeTarget:
@@ -38,21 +43,76 @@ def test_a_phase_depends_on_the_name_only():
     assert 0.0 <= phase_of("engine-7") < 1.0
 
 
+def run_timetable(timetable: Timetable, targets: list, start: float, end: float, interval: float,
+                  rng: random.Random, on_tick=None) -> dict[str, list[float]]:
+    """Ticks at random steps from `start` to `end`, as the loop does; the start times of each target's polls."""
+    starts: dict[str, list[float]] = {t.name: [] for t in targets}
+    now = start
+    while now < end:
+        tick = rng.uniform(0.0005, 0.3)
+        if on_tick is not None:
+            on_tick(now)
+        for target in timetable.due(targets, now, now + tick, interval):
+            starts[target.name].append(now)
+        now += tick
+    return starts
+
+
 def test_every_target_falls_due_once_per_interval_however_the_time_is_cut():
     targets = [FakeTarget(f"t{i}") for i in range(500)]
-    phases = Phases(targets)
-    rng = random.Random(3)
-    position, counts = 1.0, Counter()
-    while position < 5.0:
-        following = min(position + rng.uniform(0.0005, 0.3), 5.0)
-        counts.update(t.name for t in phases.due(position, following))
-        position = following
-    assert counts == Counter({t.name: 4 for t in targets})
+    starts = run_timetable(Timetable(ScrapeClock()), targets, 1000.0, 1020.0, 1.0, random.Random(3))
+    # The first round at once, then one per interval at the target's phase: 20 or 21 in 20 intervals.
+    assert {len(times) for times in starts.values()} <= {20, 21}
+    for name, times in starts.items():
+        assert times[0] == 1000.0
+        # Every later poll a tick (0.3 s) early at most, never late, at its phase of the interval.
+        assert all(0.0 <= (phase_of(name) - t) % 1.0 <= 0.3 + 1e-9 for t in times[1:]), name
 
 
-def test_a_window_of_a_whole_interval_or_more_gives_everyone_once():
+def test_a_locked_timetable_starts_each_poll_its_lead_before_the_scrape():
+    """Prometheus scrapes every 2 s at 0.7 s past the second; polls every 1 s: each poll of each target
+    starts within a tick before (scrape time - its lead) on the lattice of the poll interval."""
+    clock = ScrapeClock()
+    scrapes = [100.7 + 2.0 * i for i in range(40)]
+    timetable = Timetable(clock)
+    timetable.spread = 0.2
     targets = [FakeTarget(f"t{i}") for i in range(50)]
-    assert sorted(t.name for t in Phases(targets).due(2.3, 5.9)) == sorted(t.name for t in targets)
+    for target in targets:
+        for _ in range(phase.DURATIONS):
+            timetable.finished(target.name, 0.03)
+    fed = iter(scrapes)
+    pending = [next(fed)]
+
+    def on_tick(now: float) -> None:
+        while pending[0] <= now:  # the scrapes that came by now
+            clock.observe("10.0.0.9 Prometheus/2.53.0", pending[0], True)
+            pending[0] = next(fed)
+        clock.update(1.0, now)
+
+    starts = run_timetable(timetable, targets, 100.0, 170.0, 1.0, random.Random(5), on_tick)
+    assert clock.locked is not None and clock.locked.lattice.multiple_of(1.0) == 2
+    for target in targets:
+        lead = phase.lead([0.03], phase_of(target.name), 0.2, 1.0)
+        locked = [t for t in starts[target.name] if t > 130.0]
+        # Each start a tick (0.3 s) early at most, never late, on the lattice point `lead` before a scrape.
+        assert all(0.0 <= (0.7 - lead - t) % 1.0 <= 0.3 + 1e-9 for t in locked), target.name
+        assert 39 <= len(locked) <= 41  # 40 intervals: one poll each, the lock adds none
+
+
+def test_a_new_target_is_polled_at_once_and_a_removed_one_forgotten():
+    timetable = Timetable(ScrapeClock())
+    kept, removed, added = FakeTarget("kept"), FakeTarget("removed"), FakeTarget("added")
+    assert timetable.due([kept, removed], 10.0, 10.25, 5.0) == [kept, removed]
+    timetable.keep_only(["kept"])
+    assert timetable.due([kept, added], 10.3, 10.55, 5.0) == [added]
+
+
+def test_a_suspended_process_resumes_with_one_poll_each():
+    timetable = Timetable(ScrapeClock())
+    targets = [FakeTarget(f"t{i}") for i in range(20)]
+    timetable.due(targets, 0.0, 0.25, 1.0)
+    assert len(timetable.due(targets, 60.0, 60.25, 1.0)) == 20  # a minute later: everyone once
+    assert timetable.due(targets, 60.25, 60.5, 1.0) == []  # and nobody again a tick later
 
 
 def test_a_hanging_target_is_skipped_while_the_others_go_on():
