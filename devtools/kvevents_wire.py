@@ -56,22 +56,32 @@ ENCODINGS = ("vllm-v1-early", "vllm-array", "vllm-map", "vllm-map-envelope", "sg
 NO_DEFAULT = object()
 
 
-def _stored_fields(encoding: str, hashes, parent, tokens, block_size, medium, group_idx, salt):
+def _stored_fields(encoding: str, hashes, parent, tokens, block_size, medium, group_idx, salt, lora_name):
     """(name, value, default or NO_DEFAULT) of BlockStored's fields in declaration order."""
     base = [("block_hashes", hashes, NO_DEFAULT), ("parent_block_hash", parent, NO_DEFAULT),
             ("token_ids", tokens, NO_DEFAULT), ("block_size", block_size, NO_DEFAULT), ("lora_id", None, NO_DEFAULT)]
     if encoding in ("vllm-v1-early", "sglang-early"):
         return base
     if encoding.startswith("vllm"):
-        return base + [("medium", medium, NO_DEFAULT), ("lora_name", None, NO_DEFAULT),
-                       ("extra_keys", [None] * len(hashes) if group_idx is not None else None, None),
+        return base + [("medium", medium, NO_DEFAULT), ("lora_name", lora_name, NO_DEFAULT),
+                       ("extra_keys", _extra_keys(hashes, group_idx, salt), None),
                        ("group_idx", group_idx, None),
                        ("kv_cache_spec_kind", "full_attention" if group_idx is not None else None, None),
                        ("kv_cache_spec_sliding_window", None, None)]
     fields = base + [("medium", medium, None)]
     if encoding == "sglang-map" and salt is not None:
         fields.append(("cache_salt", salt, None))
+    if encoding == "sglang-map" and lora_name is not None:
+        fields.append(("lora_name", lora_name, None))
     return fields
+
+
+def _extra_keys(hashes, group_idx, salt):
+    """vLLM's extra_keys: one entry per block; a salt as the typed CacheSaltKey (tag "cache_salt", RFC
+    vllm#55487; the struct's array form assumed) on the request's first block only, as vLLM salts it."""
+    if salt is not None:
+        return [[["cache_salt", salt]]] + [None] * (len(hashes) - 1)
+    return [None] * len(hashes) if group_idx is not None else None
 
 
 def _removed_fields(encoding: str, hashes, medium, group_idx):
@@ -93,11 +103,11 @@ def _event(encoding: str, tag: str, fields: list, trailing: list | None = None):
 
 
 def stored(encoding: str, hashes: list, parent=None, block_size: int = 16, medium: str | None = "GPU",
-           group_idx: int | None = None, salt: str | None = None):
+           group_idx: int | None = None, salt: str | None = None, lora_name: str | None = None):
     tokens = list(range(block_size * len(hashes)))
     if encoding in ("vllm-v1-early", "sglang-early"):
         medium = None
-    fields = _stored_fields(encoding, hashes, parent, tokens, block_size, medium, group_idx, salt)
+    fields = _stored_fields(encoding, hashes, parent, tokens, block_size, medium, group_idx, salt, lora_name)
     trailing = [{"cache_salt": salt}] if encoding == "sglang-medium" and salt is not None else None
     return _event(encoding, "BlockStored", fields, trailing)
 

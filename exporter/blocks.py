@@ -10,6 +10,11 @@ distance ratio r (distance / capacity) is a hit for a pool (1 + r) times as larg
 eviction in between instead overstates the distance by the blocks that came back meanwhile (14 % too
 few hits predicted for a pool twice as large on the simulator's LRU workload). docs/kv-events.md says
 where the approximation fails.
+
+Each resident block also has a holder, its LoRA adapter and its tenant (a keyed hash of the cache
+salt, exporter.sources.kvevents.tenant_of), and `HolderCounts` keeps per adapter and per tenant the
+blocks resident, stored, evicted and missed for capacity: who holds the pool, and whose blocks come
+back after an eviction (who loses it). `top_holders` bounds what is shown.
 """
 
 from __future__ import annotations
@@ -28,6 +33,39 @@ GHOST_FACTOR = math.ceil(DISTANCE_BUCKETS[-1])
 # as if the pool were this large.
 DEFAULT_CAPACITY = 65536
 GPU_MEDIA = (None, "GPU")
+BASE_MODEL = "base"  # the adapter label of blocks stored without a LoRA adapter
+NO_TENANT = "none"  # the tenant label of blocks stored without a cache salt
+OTHER = "other"  # the holders beyond the top N, summed
+RESIDENT, STORED_BLOCKS, EVICTED, MISSES = range(4)  # the positions in a holder's counts
+
+
+class HolderCounts:
+    """Per holder (an adapter or a tenant): [resident, stored, evicted, capacity misses] in blocks."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[int]] = {}
+
+    def add(self, holder: str, what: int, n: int = 1) -> None:
+        counts = self.counts.get(holder)
+        if counts is None:
+            counts = self.counts[holder] = [0, 0, 0, 0]
+        counts[what] += n
+
+    def clear_resident(self) -> None:
+        for counts in self.counts.values():
+            counts[RESIDENT] = 0
+
+    def top(self, n: int) -> tuple[dict[str, list[int]], int]:
+        """The n holders with the most resident blocks (ties: the most stored, then by name) and `other`
+        with the rest summed (only when there is a rest), and how many holders went into `other`."""
+        ranked = sorted(self.counts.items(), key=lambda item: (-item[1][RESIDENT], -item[1][STORED_BLOCKS], item[0]))
+        shown = {holder: list(counts) for holder, counts in ranked[:n]}
+        rest = ranked[n:]
+        if rest:
+            shown[OTHER] = [sum(counts[i] for _, counts in rest) for i in range(4)]
+        return shown, len(rest)
 
 
 class Histogram:
@@ -102,6 +140,7 @@ class PoolState:
         self.ignored: dict[str, int] = {"other_medium": 0, "other_group": 0}
         self.distance = Histogram(DISTANCE_BUCKETS)
         self.residency = Histogram(RESIDENCY_BUCKETS)
+        self.adapters, self.tenants = HolderCounts(), HolderCounts()
         self.reset()
         self.set_capacity(capacity)
 
@@ -110,6 +149,11 @@ class PoolState:
         # hash -> store time (of its first copy); duplicates (the same content in two physical blocks) in _copies
         self.resident: dict[int, float] = {}
         self._copies: dict[int, int] = {}
+        # hash -> (adapter, tenant) of resident blocks and of the ghosts (whose misses they will be)
+        self.holders: dict[int, tuple[str, str]] = {}
+        self._ghost_holders: dict[int, tuple[str, str]] = {}
+        self.adapters.clear_resident()
+        self.tenants.clear_resident()
         # The ghost list: hash -> its position in the order of evictions (the last copy's), and the hashes
         # in that order (the oldest at `_ghost_end - len`). Under LRU the evicted blocks lie below the pool
         # in the order they left it; a position whose block came back since is marked in `_restored`.
@@ -143,21 +187,36 @@ class PoolState:
                 self.ignored["other_group"] += len(event.hashes)
                 continue
             if event.kind == STORED:
-                self._store(ts, event.hashes)
+                self._store(ts, event)
             elif event.kind == REMOVED:
                 self._remove(ts, event.hashes)
 
-    def _store(self, ts: float, hashes: list[int]) -> None:
-        resident, ghost = self.resident, self.ghost
+    def _store(self, ts: float, event: BlockEvent) -> None:
+        resident, ghost, holders = self.resident, self.ghost, self.holders
+        hashes = event.hashes
         self.stored += len(hashes)
+        adapter = event.adapter or BASE_MODEL
+        tenant = event.tenant
+        if tenant is None:  # vLLM salts a request's first block only: a later block is its parent's tenant's
+            parent = holders.get(event.parent) if event.parent is not None else None
+            tenant = parent[1] if parent is not None else NO_TENANT
+        holder = (adapter, tenant)
+        self.adapters.add(adapter, STORED_BLOCKS, len(hashes))
+        self.tenants.add(tenant, STORED_BLOCKS, len(hashes))
         for key in hashes:
             if key in resident:
                 self._copies[key] = self._copies.get(key, 1) + 1
                 continue
             resident[key] = ts
+            holders[key] = holder
+            self.adapters.add(adapter, RESIDENT)
+            self.tenants.add(tenant, RESIDENT)
             position = ghost.pop(key, None)
             if position is not None:
+                self._ghost_holders.pop(key, None)
                 self.capacity_misses += 1
+                self.adapters.add(adapter, MISSES)
+                self.tenants.add(tenant, MISSES)
                 if self.capacity:
                     self.distance.observe(self._depth(position) / self.capacity)
                 self._restored.set(position, True)
@@ -174,6 +233,10 @@ class PoolState:
         resident, copies = self.resident, self._copies
         for key in hashes:
             self.evicted += 1
+            holder = self.holders.get(key)
+            if holder is not None:
+                self.adapters.add(holder[0], EVICTED)
+                self.tenants.add(holder[1], EVICTED)
             count = copies.get(key)
             if count is not None:  # another physical copy stays resident
                 if count > 2:
@@ -184,6 +247,11 @@ class PoolState:
             stored_at = resident.pop(key, None)
             if stored_at is not None:  # else stored before the stream was joined: residency unknown
                 self.residency.observe(max(0.0, ts - stored_at))
+            if holder is not None:
+                del self.holders[key]
+                self._ghost_holders[key] = holder
+                self.adapters.add(holder[0], RESIDENT, -1)
+                self.tenants.add(holder[1], RESIDENT, -1)
             position = self.ghost[key] = self._ghost_end
             self._ghost_end = position + 1
             self._restored.set(position, False)  # the slot of the entry the trim below drops
@@ -197,3 +265,4 @@ class PoolState:
             oldest = keys.popleft()
             if ghost.get(oldest) == position:  # not re-stored (and evicted again) since
                 del ghost[oldest]
+                self._ghost_holders.pop(oldest, None)

@@ -56,6 +56,7 @@ class ConfigError(Exception):
 
 
 DEFAULT_MAX_EVENT_MESSAGE_BYTES = 16 * 1024 * 1024
+DEFAULT_TOP_HOLDERS = 10  # adapters and tenants shown per pool; the rest summed as `other`
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class KVEventsConfig:
     topic: str = ""
     dp_ranks: int = 1
     max_message_bytes: int = DEFAULT_MAX_EVENT_MESSAGE_BYTES
+    top_holders: int = DEFAULT_TOP_HOLDERS
 
     def endpoints(self) -> list[tuple[int, str, str | None]]:
         """(rank, endpoint, replay endpoint) of each DP rank."""
@@ -379,7 +381,7 @@ def _kv_events(source: str, section: Any, key: str) -> KVEventsConfig | None:
     if section is None:
         return None
     reader = _Reader(source, section, key)
-    reader.reject_unknown({"endpoint", "replay_endpoint", "topic", "dp_ranks", "max_message_bytes"})
+    reader.reject_unknown({"endpoint", "replay_endpoint", "topic", "dp_ranks", "max_message_bytes", "top_holders"})
     endpoint = reader.get("endpoint", _zmq_endpoint)
     if endpoint is None:
         raise ConfigError(source, reader.key("endpoint"), "is required (the engine's --kv-events-config endpoint, "
@@ -387,7 +389,8 @@ def _kv_events(source: str, section: Any, key: str) -> KVEventsConfig | None:
     events = KVEventsConfig(
         endpoint=endpoint, replay_endpoint=reader.get("replay_endpoint", _zmq_endpoint),
         topic=reader.get("topic", _topic, ""), dp_ranks=reader.get("dp_ranks", _positive_int, 1),
-        max_message_bytes=reader.get("max_message_bytes", parse_size, DEFAULT_MAX_EVENT_MESSAGE_BYTES))
+        max_message_bytes=reader.get("max_message_bytes", parse_size, DEFAULT_MAX_EVENT_MESSAGE_BYTES),
+        top_holders=reader.get("top_holders", _positive_int, DEFAULT_TOP_HOLDERS))
     for rank_key, value in (("endpoint", events.endpoint), ("replay_endpoint", events.replay_endpoint)):
         if value is not None and int(value.rpartition(":")[2]) + events.dp_ranks - 1 > 65535:
             raise ConfigError(source, reader.key(rank_key), f"port plus dp_ranks - 1 ({events.dp_ranks - 1}) "

@@ -129,6 +129,8 @@ WHAT_IF_FACTORS = (1.25, 1.5, 2.0, 4.0)
 
 _POLLED = "Polled from the engine's /metrics and cached until the next poll."
 _STREAMED = "Folded from the engine's KV event stream (ZMQ), GPU pool only."
+_HOLDERS = ("The top kv_events.top_holders by resident blocks, the rest summed as `other` (whose members change "
+            "as the ranking does). " + _STREAMED)
 _TIER = "`tier` is " + ", ".join(TIERS) + ". "
 _KV_TRANSFER = "Disaggregated prefill/decode only (absent without a KV connector). "
 _TRANSFER = _TIER + "`direction` is " + ", ".join(f"{d} ({what})" for d, what in TRANSFER_DIRECTIONS.items()) + ". "
@@ -332,6 +334,22 @@ _TABLE = (
            "the target's `kv_events:` endpoints); the envelope's rank labels the pool's series."),
     Family("events_last_message_timestamp_seconds", "gauge", "events", "seconds",
            "Unix time the exporter received the pool's last event batch."),
+    # Per pool and holder, from the stream's stores: the LoRA adapter (`base` without one) and the tenant (a
+    # keyed hash of the request's cache salt, `none` without one); the top kv_events.top_holders holders by
+    # resident blocks, the rest summed as `other`.
+    *(Family(f"{holder}_{name}", type, "events", "blocks", f"{what} {holder_help} " + _HOLDERS, (holder,),
+             stable=False)
+      for holder, holder_help in (("adapter", "By LoRA adapter (`base`: none)."),
+                                  ("tenant", "By tenant (a keyed hash of the cache salt; `none`: no salt)."))
+      for name, type, what in (
+          ("blocks_resident", "gauge", "Blocks resident in the pool."),
+          ("blocks_stored_total", "counter", "Blocks the pool cached (BlockStored)."),
+          ("blocks_evicted_total", "counter", "Blocks the pool evicted (BlockRemoved) that the stream saw stored."),
+          ("capacity_miss_blocks_total", "counter", "Blocks stored again while in the list of recent evictions "
+                                                    "(who loses the pool)."))),
+    Family("events_holders_folded", "gauge", "events", "",
+           "Holders (adapters or tenants, by `holder`) beyond the top kv_events.top_holders by resident blocks, "
+           "summed into the `other` series.", ("holder",), stable=False),
 )
 FAMILIES: dict[str, Family] = {family.name: family for family in _TABLE}
 

@@ -4,7 +4,9 @@ Layout as the engines write it today: a batch `[ts, events, dp_rank]` of tagged 
 hashes unsigned 64-bit, SGLang's signed (the same 64 bits). A block's hash comes from its content key,
 so the same prefix block has the same hash in every request, as a real prefix cache's chained hash.
 One batch per scheduler step that stored or evicted blocks; a restart (a new generation of the model)
-sends AllBlocksCleared, as the real pool is empty after it.
+sends AllBlocksCleared, as the real pool is empty after it. A store names its blocks' LoRA adapter
+(`lora_name`) and tenant (the cache salt: SGLang's `cache_salt` key, vLLM's typed extra_keys entry
+on the first block), after simulator.workload.holder.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import threading
 import msgpack
 
 from .model import STORED, BlockKey
+from .workload import holder
 
 SIGNED_HASHES = {"sglang"}  # flavors whose hashes are signed int64; the rest publish vLLM's unsigned form
 
@@ -24,19 +27,29 @@ def block_hash(key: BlockKey) -> int:
 
 
 def events(journal: list[tuple[str, BlockKey]], block_size: int, signed: bool) -> list[dict]:
-    """The journal as tagged-map events: consecutive stores in one BlockStored, each eviction its own
-    BlockRemoved (as vLLM's pool emits them)."""
+    """The journal as tagged-map events: consecutive stores of one holder in one BlockStored, each
+    eviction its own BlockRemoved (as vLLM's pool emits them)."""
     out: list[dict] = []
+    last_holder = None
     for kind, key in journal:
         value = block_hash(key)
         if signed and value >= 1 << 63:
             value -= 1 << 64
         if kind == STORED:
-            if out and out[-1]["type"] == "BlockStored":
+            adapter, salt = holder(key)
+            if out and out[-1]["type"] == "BlockStored" and last_holder == (adapter, salt):
                 out[-1]["block_hashes"].append(value)
+                if not signed:
+                    out[-1]["extra_keys"].append(None)
                 continue
-            out.append({"type": "BlockStored", "block_hashes": [value], "parent_block_hash": None,
-                        "token_ids": [], "block_size": block_size, "lora_id": None, "medium": "GPU"})
+            last_holder = (adapter, salt)
+            event = {"type": "BlockStored", "block_hashes": [value], "parent_block_hash": None, "token_ids": [],
+                     "block_size": block_size, "lora_id": None, "medium": "GPU", "lora_name": adapter}
+            if signed:
+                event["cache_salt"] = salt
+            else:
+                event["extra_keys"] = [[["cache_salt", salt]]]
+            out.append(event)
         else:
             out.append({"type": "BlockRemoved", "block_hashes": [value], "medium": "GPU"})
     return out

@@ -9,7 +9,19 @@ import math
 import random
 from dataclasses import dataclass
 
-from .model import Request
+from .model import BlockKey, Request
+
+# Who the simulated requests are: the LoRA adapters they name (None: the base model) and the tenants
+# whose cache salts ("tenant-0", ...) they carry, in the engines' KV events (simulator/kvevents.py).
+ADAPTERS = (None, "sql-lora", "chat-lora")
+TENANTS = 4
+
+
+def holder(key: BlockKey) -> tuple[str | None, str]:
+    """The adapter and cache salt of a block by its content key: a shared prefix is one tenant's (salted
+    prompts share blocks only within a tenant), a request's own blocks its id's."""
+    owner = key[1] if key[0] == "prefix" else key[0]
+    return ADAPTERS[owner % len(ADAPTERS)], f"tenant-{owner % TENANTS}"
 
 
 @dataclass(frozen=True)

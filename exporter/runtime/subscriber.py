@@ -43,6 +43,8 @@ QUEUE_BYTES = 64 * 1024 * 1024
 REPLAY_MAX = 10_000  # the engines' default replay buffer (buffer_steps): a longer gap is not asked for
 REPLAY_TIMEOUT = 2.0  # seconds for a whole replay
 RECEIVE_HWM = 10_000  # messages libzmq buffers for the reader
+# The holder families' names after `adapter_`/`tenant_`, in the order of blocks.HolderCounts' counts.
+HOLDER_FAMILIES = ("blocks_resident", "blocks_stored_total", "blocks_evicted_total", "capacity_miss_blocks_total")
 
 
 class EventStream:
@@ -268,10 +270,23 @@ class EventStream:
         labelled = {"events_dropped_total": self.dropped, "events_ignored_total": {**self.ignored, **pool.ignored}}
         histograms = {"capacity_miss_distance_ratio": _buckets(pool.distance),
                       "block_residency_seconds": _buckets(pool.residency)}
-        values = RankValues(
-            gauges, {name: float(count) for name, count in counters.items()}, histograms,
-            {name: {(reason,): float(count) for reason, count in counts.items()} for name, counts in labelled.items()})
+        labelled_values = {name: {(reason,): float(count) for reason, count in counts.items()}
+                           for name, counts in labelled.items()}
+        labelled_values.update(_holder_series(pool, self.config.top_holders))
+        values = RankValues(gauges, {name: float(count) for name, count in counters.items()}, histograms,
+                            labelled_values)
         return exposition.render_pool(labels, values, self._prefixes)
+
+
+def _holder_series(pool: PoolState, top_holders: int) -> dict[str, dict[tuple[str, ...], float]]:
+    """The per-adapter and per-tenant families of a pool: its top holders by resident blocks and `other`."""
+    series: dict[str, dict[tuple[str, ...], float]] = {"events_holders_folded": {}}
+    for holder, counts in (("adapter", pool.adapters), ("tenant", pool.tenants)):
+        shown, folded = counts.top(top_holders)
+        series["events_holders_folded"][(holder,)] = float(folded)
+        for position, name in enumerate(HOLDER_FAMILIES):
+            series[f"{holder}_{name}"] = {(label,): float(values[position]) for label, values in shown.items()}
+    return series
 
 
 def _buckets(histogram: Histogram) -> Buckets:

@@ -12,11 +12,19 @@ is accepted (docs/kv-events.md names the engine versions):
 - block hash: an unsigned or signed 64-bit int, or the digest's bytes; all become one unsigned 64-bit
   key (vLLM's int form is the digest's last 8 bytes read big-endian, so a digest folds to the same key).
 
+A store also names who holds its blocks: the LoRA adapter (`lora_name`, else the deprecated `lora_id`)
+and the tenant, the request's `cache_salt` (SGLang's `cache_salt` key or `metadata`, vLLM's typed
+`extra_keys` entry tagged "cache_salt"; vLLM puts the salt on a request's first block only, so the
+pool state lets the later blocks inherit their parent's tenant). A salt never leaves this module in
+clear: `tenant_of` turns it into a keyed hash (docs/kv-events.md, "Who holds the KV").
+
 Nothing here knows about pools: exporter.blocks folds the events into pool state.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 
 import msgpack
@@ -26,6 +34,7 @@ STORED, REMOVED, CLEARED = "BlockStored", "BlockRemoved", "AllBlocksCleared"
 # Positions of the fields the tracker reads in the array form of each event (index 0 is the tag).
 _ARRAY_MEDIUM = {STORED: 6, REMOVED: 2}
 _ARRAY_GROUP = {STORED: 9, REMOVED: 3}
+_ARRAY_PARENT, _ARRAY_LORA_ID, _ARRAY_LORA_NAME, _ARRAY_EXTRA_KEYS = 2, 5, 7, 8
 _ARRAY_FIELDS = {STORED: 12, REMOVED: 4, CLEARED: 1}  # the longest array of each seen (vLLM, 2026)
 # Map keys known per event type: vLLM's and SGLang's fields, newest versions included.
 _KNOWN_KEYS = {
@@ -38,6 +47,21 @@ _KNOWN_KEYS = {
 END_SEQ = MASK64  # the replay stream's last reply carries seq -1 as 8 bytes
 
 
+# A salt is the tenant's isolation key, often low in entropy (a tenant id): an unkeyed short hash of it
+# could be reversed by hashing candidate ids. Keyed by a random key per exporter process, the label
+# tells tenants apart and reveals nothing; the price: a tenant's label changes when the exporter restarts.
+_TENANT_KEY = os.urandom(16)
+TENANT_HEX_DIGITS = 12  # 48 bits: no collision expected below millions of tenants per pool
+
+
+def tenant_of(salt) -> str | None:
+    """The tenant label of a cache salt: a keyed BLAKE2b digest, never the salt."""
+    if salt is None or salt == "" or salt == b"":
+        return None
+    data = salt if isinstance(salt, bytes) else str(salt).encode()
+    return hashlib.blake2b(data, key=_TENANT_KEY, digest_size=TENANT_HEX_DIGITS // 2).hexdigest()
+
+
 class DecodeError(Exception):
     """A message that is not a KV event batch; the reason is for the log, never for a label."""
 
@@ -48,6 +72,9 @@ class BlockEvent:
     hashes: list[int]  # unsigned 64-bit keys; empty for CLEARED
     medium: str | None = None  # None where the engine sends none (the GPU pool)
     group_idx: int | None = None  # KV cache group of hybrid models (vLLM); None for the one group
+    parent: int | None = None  # a store's parent block (its chain's previous block), as a key
+    adapter: str | None = None  # a store's LoRA adapter; None for the base model
+    tenant: str | None = None  # a store's tenant (tenant_of its cache salt); None where no salt is sent
 
 
 @dataclass(slots=True)
@@ -122,6 +149,15 @@ def _decode_events(raw_events: list, out: Batch) -> None:
             if len(raw) > _ARRAY_FIELDS[kind]:
                 out.unknown_fields += 1
             hashes = raw[1]
+            if kind == STORED:
+                lora_name = raw[_ARRAY_LORA_NAME] if len(raw) > _ARRAY_LORA_NAME else None
+                lora_id = raw[_ARRAY_LORA_ID] if len(raw) > _ARRAY_LORA_ID else None
+                extra = raw[_ARRAY_EXTRA_KEYS] if len(raw) > _ARRAY_EXTRA_KEYS else None
+                # SGLang's salted stores: the 7-field array plus a trailing {cache_salt} map
+                salt = raw[7].get("cache_salt") if len(raw) == 8 and isinstance(raw[7], dict) else None
+                if isinstance(lora_name, dict):
+                    lora_name = None
+                parent = raw[_ARRAY_PARENT] if len(raw) > _ARRAY_PARENT else None
         elif isinstance(raw, dict):
             kind = raw.get("type")
             known = _KNOWN_KEYS.get(kind)
@@ -134,13 +170,41 @@ def _decode_events(raw_events: list, out: Batch) -> None:
                 append(BlockEvent(CLEARED, []))
                 continue
             hashes, medium, group = raw.get("block_hashes"), raw.get("medium"), raw.get("group_idx")
+            if kind == STORED:
+                lora_name, lora_id, extra = raw.get("lora_name"), raw.get("lora_id"), raw.get("extra_keys")
+                metadata = raw.get("metadata")
+                salt = raw.get("cache_salt") or (metadata.get("cache_salt") if isinstance(metadata, dict) else None)
+                parent = raw.get("parent_block_hash")
         else:
             raise DecodeError(f"event is neither a tagged array nor a tagged map: {type(raw).__name__}")
         if medium is not None and not isinstance(medium, str):
             raise DecodeError(f"{kind} medium {medium!r} is not a string")
         if group is not None and (not isinstance(group, int) or isinstance(group, bool)):
             raise DecodeError(f"{kind} group_idx {group!r} is not an integer")
-        append(BlockEvent(kind, normalise_hashes(hashes), medium, group))
+        if kind == REMOVED:
+            append(BlockEvent(kind, normalise_hashes(hashes), medium, group))
+            continue
+        adapter = lora_name if isinstance(lora_name, str) and lora_name else (
+            str(lora_id) if isinstance(lora_id, int) and not isinstance(lora_id, bool) else None)
+        if salt is None:
+            salt = _typed_salt(extra)
+        parent_key = normalise_hashes([parent])[0] if parent is not None else None
+        append(BlockEvent(kind, normalise_hashes(hashes), medium, group, parent_key, adapter, tenant_of(salt)))
+
+
+def _typed_salt(extra_keys):
+    """The cache salt among vLLM's typed extra_keys (a tagged `cache_salt` entry, as an array or a map).
+    The untyped tuples of earlier versions mix the LoRA name, multi-modal hashes and the salt with no
+    tag to tell them apart: read as no tenant."""
+    if not isinstance(extra_keys, list):
+        return None
+    for block_keys in extra_keys:
+        for entry in block_keys if isinstance(block_keys, (list, tuple)) else ():
+            if isinstance(entry, list) and len(entry) >= 2 and entry[0] == "cache_salt":
+                return entry[1]
+            if isinstance(entry, dict) and entry.get("type") == "cache_salt":
+                return entry.get("cache_salt", entry.get("salt", entry.get("value")))
+    return None
 
 
 def normalise_hashes(hashes) -> list[int]:

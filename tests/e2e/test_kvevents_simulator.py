@@ -14,7 +14,7 @@ from kvcache_exporter.sources.kvevents import CLEARED, decode_message
 
 from kvcache_exporter.simulator.server import start_engine
 from devtools import harness
-from devtools.harness import scrape, value
+from devtools.harness import scrape, series, value
 
 SPEED = 40.0
 
@@ -53,6 +53,7 @@ def test_simulated_engines_streams_reach_the_exporter(tmp_path):
                 assert value(samples, "kvcache_capacity_miss_distance_ratio_count", **labels) == value(
                     samples, "kvcache_capacity_miss_blocks_total", **labels)
                 assert value(samples, "kvcache_block_residency_seconds_count", **labels) > 0
+                check_holders(samples, labels, harness.http_get(exporter.url + "/metrics")[1])
     finally:
         for engine in engines:
             engine.stop()
@@ -111,3 +112,19 @@ def test_one_stream_per_dp_rank_on_port_plus_rank(tmp_path):
             harness.wait_until(both_ranks, 20, interval=0.5, what="stores on both ranks' streams")
     finally:
         engine.stop()
+
+
+def check_holders(samples: dict, labels: dict, body: str) -> None:
+    """Every store and capacity miss the pool counts is some adapter's and some tenant's, in one scrape;
+    the simulator's adapters by name, its four tenants as keyed hashes, their salts nowhere."""
+    for holder in ("adapter", "tenant"):
+        for family, pool_family in (("blocks_stored_total", "events_blocks_stored_total"),
+                                    ("capacity_miss_blocks_total", "capacity_miss_blocks_total")):
+            by_holder = series(samples, f"kvcache_{holder}_{family}", **labels)
+            assert sum(by_holder.values()) == value(samples, f"kvcache_{pool_family}", **labels) > 0
+        assert value(samples, "kvcache_events_holders_folded", holder=holder, **labels) == 0
+    adapters = {dict(key[1])["adapter"] for key in series(samples, "kvcache_adapter_blocks_resident", **labels)}
+    assert adapters == {"base", "sql-lora", "chat-lora"}
+    tenants = {dict(key[1])["tenant"] for key in series(samples, "kvcache_tenant_blocks_resident", **labels)}
+    assert len(tenants) == 4 and all(len(t) == 12 and int(t, 16) >= 0 for t in tenants)
+    assert "tenant-" not in body

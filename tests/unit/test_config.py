@@ -69,13 +69,13 @@ def test_kv_events_one_endpoint_per_dp_rank(tmp_path):
         targets:
           - url: http://a:1/metrics
             kv_events: {endpoint: "tcp://10.0.0.1:5557", replay_endpoint: "tcp://10.0.0.1:6557", dp_ranks: 3,
-                        topic: kv@a@m, max_message_bytes: 1MiB}
+                        topic: kv@a@m, max_message_bytes: 1MiB, top_holders: 3}
     """)
     events = load(["--config", str(path)]).targets[0].kv_events
     assert events.endpoints() == [(0, "tcp://10.0.0.1:5557", "tcp://10.0.0.1:6557"),
                                   (1, "tcp://10.0.0.1:5558", "tcp://10.0.0.1:6558"),
                                   (2, "tcp://10.0.0.1:5559", "tcp://10.0.0.1:6559")]
-    assert (events.topic, events.max_message_bytes) == ("kv@a@m", 2**20)
+    assert (events.topic, events.max_message_bytes, events.top_holders) == ("kv@a@m", 2**20, 3)
 
 
 def test_defaults_from_targets_alone():
@@ -171,6 +171,8 @@ def test_listen_origin_names_where_the_address_came_from(tmp_path):
      "targets[0].kv_events.endpoint", "port plus dp_ranks - 1 (1) is above 65535"),
     ("targets: [{url: 'http://a:1/m', kv_events: {endpoint: 'tcp://a:5557', topic: 7}}]",
      "targets[0].kv_events.topic", "must be a string"),
+    ("targets: [{url: 'http://a:1/m', kv_events: {endpoint: 'tcp://a:5557', top_holders: 0}}]",
+     "targets[0].kv_events.top_holders", "must be a positive whole number, got 0"),
     ("targets: [{url: 'http://a:1/m', kv_events: {endpoint: 'tcp://a:5557', hwm: 7}}]",
      "targets[0].kv_events.hwm", "unknown key"),
     ("targets: [{url: 'http://a:1/m', role: consumer}]", "targets[0].role",

@@ -29,7 +29,7 @@ def test_every_encoding_and_hash_form_decodes_to_the_same_events(encoding, form)
     has_rank = encoding not in ("vllm-v1-early", "sglang-early")
     assert batch.dp_rank == (3 if has_rank else None)
     medium = None if encoding in ("vllm-v1-early", "sglang-early") else "GPU"
-    assert batch.events == [BlockEvent(STORED, KEYS, medium), BlockEvent(REMOVED, KEYS[1:3], medium),
+    assert batch.events == [BlockEvent(STORED, KEYS, medium, parent=KEYS[0]), BlockEvent(REMOVED, KEYS[1:3], medium),
                             BlockEvent(CLEARED, [])]
     assert (batch.unknown_types, batch.unknown_fields) == (0, 0)
 

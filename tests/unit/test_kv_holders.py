@@ -1,0 +1,101 @@
+"""Who holds the KV: per-adapter and per-tenant counts folded from decoded event streams, against
+hand-counted arithmetic; tenants only as keyed hashes; the top N plus `other` under 10,000 salts."""
+
+from __future__ import annotations
+
+from kvcache_exporter import exposition
+from kvcache_exporter.blocks import PoolState
+from kvcache_exporter.runtime.subscriber import _holder_series
+from kvcache_exporter.snapshot import RankValues
+from kvcache_exporter.sources.kvevents import STORED, BlockEvent, decode_message, tenant_of
+from devtools import kvevents_wire as wire
+
+LIMIT = 1 << 20
+
+
+def holders(pool: PoolState, top: int = 10) -> dict[str, dict[str, float]]:
+    return {family: {labels[0]: value for labels, value in series.items()}
+            for family, series in _holder_series(pool, top).items()}
+
+
+def test_each_engines_form_names_the_adapter_and_the_tenant_hash():
+    events = [wire.stored("vllm-map", [1, 2], lora_name="sql", salt="acme"),
+              wire.stored("vllm-array", [3], lora_name="chat", salt="beta"),
+              wire.stored("sglang-map", [-4], salt="acme", lora_name="sql"),
+              wire.stored("sglang-medium", [-5], salt="gamma"),
+              wire.stored("vllm-v1-early", [6]),
+              wire.stored("vllm-map", [7], parent=2, lora_name="sql")]
+    batch = decode_message(wire.message("vllm-map", 0, 1.0, events), LIMIT)
+    assert [(e.adapter, e.tenant, e.parent) for e in batch.events] == [
+        ("sql", tenant_of("acme"), None), ("chat", tenant_of("beta"), None), ("sql", tenant_of("acme"), None),
+        (None, tenant_of("gamma"), None), (None, None, None), ("sql", None, 2)]
+    assert batch.unknown_fields == 0
+
+
+def test_tenants_are_keyed_hashes_that_never_show_the_salt():
+    label = tenant_of("acme")
+    assert len(label) == 12 and int(label, 16) >= 0 and "acme" not in label
+    assert tenant_of("acme") == label and tenant_of(b"acme") == label and tenant_of("acme2") != label
+    assert tenant_of(None) is None and tenant_of("") is None
+    pool = PoolState(capacity=8)
+    pool.apply(0.0, decode_message(wire.message("vllm-map", 0, 1.0, [wire.stored("vllm-map", [1], salt="acme")]),
+                                   LIMIT).events)
+    values = RankValues({}, {}, {}, _holder_series(pool, 10))
+    text = b"".join(exposition.render_pool({"target": "t"}, values, exposition.Prefixes()).status.values())
+    assert f'tenant="{label}"'.encode() in text and b"acme" not in text
+
+
+def test_counts_per_adapter_and_tenant_on_a_hand_counted_sequence():
+    acme, beta = tenant_of("acme"), tenant_of("beta")
+    pool = PoolState(capacity=4)
+    pool.apply(0.0, [BlockEvent(STORED, [1, 2], adapter="sql", tenant=acme)])
+    pool.apply(1.0, [BlockEvent(STORED, [3], parent=2, adapter="sql")])  # no salt: its parent's tenant
+    pool.apply(2.0, [BlockEvent(STORED, [4], tenant=beta)])  # no adapter: the base model
+    pool.apply(3.0, [BlockEvent("BlockRemoved", [1, 3])])
+    pool.apply(4.0, [BlockEvent(STORED, [1], adapter="sql", tenant=acme)])  # back after its eviction: a miss
+    pool.apply(5.0, [BlockEvent(STORED, [4], tenant=beta)])  # a second copy of block 4
+    pool.apply(6.0, [BlockEvent("BlockRemoved", [4])])  # one copy goes, the other stays resident
+    pool.apply(7.0, [BlockEvent(STORED, [9])])  # no salt and no parent
+    assert (pool.stored, pool.evicted, pool.capacity_misses) == (7, 3, 1)
+    got = holders(pool)
+    # stored: sql 2+1+1, base 1+1+1; resident: sql {1,2}, base {4,9}; evicted: sql 1 and 3, base a copy of 4
+    assert got["adapter_blocks_stored_total"] == {"sql": 4.0, "base": 3.0}
+    assert got["adapter_blocks_resident"] == {"sql": 2.0, "base": 2.0}
+    assert got["adapter_blocks_evicted_total"] == {"sql": 2.0, "base": 1.0}
+    assert got["adapter_capacity_miss_blocks_total"] == {"sql": 1.0, "base": 0.0}
+    assert got["tenant_blocks_stored_total"] == {acme: 4.0, beta: 2.0, "none": 1.0}
+    assert got["tenant_blocks_resident"] == {acme: 2.0, beta: 1.0, "none": 1.0}
+    assert got["tenant_blocks_evicted_total"] == {acme: 2.0, beta: 1.0, "none": 0.0}
+    assert got["tenant_capacity_miss_blocks_total"] == {acme: 1.0, beta: 0.0, "none": 0.0}
+    assert got["events_holders_folded"] == {"adapter": 0.0, "tenant": 0.0}
+    assert sum(got["tenant_blocks_resident"].values()) == len(pool.resident) == 4
+
+
+def test_a_clear_empties_residency_and_keeps_the_counters():
+    pool = PoolState(capacity=4)
+    pool.apply(0.0, [BlockEvent(STORED, [1, 2], adapter="sql")])
+    pool.apply(1.0, [BlockEvent("AllBlocksCleared", [])])
+    got = holders(pool)
+    assert got["adapter_blocks_resident"] == {"sql": 0.0}
+    assert got["adapter_blocks_stored_total"] == {"sql": 2.0}
+
+
+def test_ten_thousand_salts_show_the_top_n_and_other_with_the_rest_counted():
+    pool = PoolState(capacity=65536)
+    key = 0
+    for tenant in range(10_000):
+        blocks = 100 + tenant if tenant < 15 else 1  # tenants 0..14 hold 100..114 blocks, the rest one each
+        pool.apply(float(tenant), [BlockEvent(STORED, list(range(key, key + blocks)), tenant=tenant_of(f"t{tenant}"))])
+        key += blocks
+    got = holders(pool, top=10)
+    resident = got["tenant_blocks_resident"]
+    assert len(resident) == 11  # N + other
+    assert sorted(v for k, v in resident.items() if k != "other") == [float(b) for b in range(105, 115)]
+    assert resident["other"] == sum(range(100, 105)) + 9_985  # tenants 0..4 and the 9,985 single-block ones
+    assert got["events_holders_folded"]["tenant"] == 10_000 - 10
+    assert sum(resident.values()) == len(pool.resident)
+    for family in ("tenant_blocks_stored_total", "tenant_blocks_evicted_total", "tenant_capacity_miss_blocks_total"):
+        assert got[family].keys() == resident.keys()
+    values = RankValues({}, {}, {}, _holder_series(pool, 10))
+    text = exposition.render_pool({"target": "t"}, values, exposition.Prefixes()).status
+    assert text["tenant_blocks_resident"].count(b"\n") == 11
