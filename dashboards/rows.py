@@ -15,5 +15,5 @@ def cache_rows(v: View) -> list[Row]:
                               (offload.transfer_bytes(v), offload.transfer_tokens(v),
                                offload.load_seconds_per_token(v)))),
         Row("What more KV would buy", ((what_if.capacity_miss_share(v), what_if.projected_hit_ratio(v),
-                                         what_if.residency(v)),)),
+                                         what_if.residency(v)), (what_if.who_holds(v), what_if.who_loses(v)))),
     ]

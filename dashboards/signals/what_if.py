@@ -7,7 +7,7 @@ from __future__ import annotations
 from kvcache_exporter.contract import WHAT_IF_FACTORS
 from kvcache_exporter.dashboards import bands, promql
 from kvcache_exporter.dashboards.panels import Query, describe, timeseries
-from kvcache_exporter.dashboards.view import RATIO, SECONDS, View, percent
+from kvcache_exporter.dashboards.view import BLOCKS, RATIO, SECONDS, View, percent
 
 MISSES = "kvcache_capacity_miss_blocks_total"
 DISTANCE = "kvcache_capacity_miss_distance_ratio"
@@ -17,6 +17,9 @@ HIT = "kvcache_prefix_cache_hit_tokens_total"
 QUERIED = "kvcache_prefix_cache_queried_tokens_total"
 STREAM_ONLY = ("Present only for targets whose KV event stream the exporter reads (`kv_events:` in its "
                "configuration, docs/kv-events.md).")
+HOLDERS = ("Per adapter (LoRA, `base` without one) and per tenant (a keyed hash of the request's cache salt, "
+           "`none` without one; labels change when the exporter restarts); each pool shows its top "
+           "kv_events.top_holders and sums the rest as `other` (docs/kv-events.md).")
 FACTORS = ("A pool twice as large is what an fp8 KV cache gives on the same GPUs (x2 tokens per byte, "
            "docs/kv-math.md); 1.25x and 1.5x a larger GPU memory share or offload, 4x more tensor-parallel "
            "ranks or GPUs with more memory.")
@@ -92,3 +95,27 @@ def residency(v: View):
         bands.neutral(),
         v.drill_down,
     )
+
+
+def who_holds(v: View):
+    by_holder = [Query(promql.total(v.scope, f"kvcache_{holder}_blocks_resident", (holder,)),
+                       f"{holder} {{{{{holder}}}}}") for holder in ("adapter", "tenant")]
+    return timeseries(
+        "Who holds the KV",
+        describe("Blocks resident in the GPU pools of the selection, by adapter and by tenant. " + HOLDERS + " "
+                 + STREAM_ONLY,
+                 "no red band. One tenant or adapter holding most of the pool while others' capacity misses "
+                 "grow (next panel) is one workload evicting the others' prefixes."),
+        BLOCKS, by_holder, bands.neutral())
+
+
+def who_loses(v: View):
+    by_holder = [Query(promql.rate(v.scope, f"kvcache_{holder}_capacity_miss_blocks_total", (holder,)),
+                       f"{holder} {{{{{holder}}}}}") for holder in ("adapter", "tenant")]
+    return timeseries(
+        "Who loses the KV: capacity misses by holder",
+        describe("Blocks per second stored again after an eviction for room, by the adapter and the tenant "
+                 "whose blocks they are. " + HOLDERS + " " + STREAM_ONLY,
+                 "no red band. Misses concentrated on the holders with little residency: they lose the pool "
+                 "to the ones that hold it (previous panel)."),
+        BLOCKS + "/s", by_holder, bands.neutral())
