@@ -15,6 +15,7 @@ from .rates import RateWindow
 from .source import CAPACITY_MISSES, Frame
 
 STATES = contract.PRESSURE_STATES  # mildest first
+TOP_HOLDERS = 3  # adapters and tenants --json lists per pool, most resident blocks first
 TARGET_MIN_WIDTH = 8
 USAGE_BAR_WIDTH = 8
 
@@ -44,6 +45,10 @@ def build_rows(frame: Frame, window: RateWindow) -> list[dict[str, Any]]:
         })
         if CAPACITY_MISSES in pool.counters:  # the key exists only where the exporter has the series
             rows[-1]["capacity_misses_per_min"] = rates.capacity_misses_per_min
+        if pool.holders:  # the pool's KV event stream names who holds its blocks
+            rows[-1]["top_holders"] = {
+                holder: [[name, blocks] for name, blocks in sorted(by.items(), key=lambda item: -item[1])[:TOP_HOLDERS]]
+                for holder, by in pool.holders.items()}
     return rows
 
 

@@ -25,10 +25,13 @@ P = contract.PREFIX
 TTFT = "time_to_first_token_seconds"
 STATE = "pressure_state"
 CAPACITY_MISSES = "capacity_miss_blocks_total"
+HOLDERS = ("adapter", "tenant")  # who holds a pool's blocks: kvcache_{adapter,tenant}_blocks_resident
+_RESIDENT = {holder: f"{holder}_blocks_resident" for holder in HOLDERS}
 _GAUGES = contract.names(group="pool", type="gauge")
 _COUNTERS = contract.names(group="pool", type="counter") + (CAPACITY_MISSES,)
 _LAST_SUCCESS = "target_last_success_timestamp_seconds"
-WANTED = frozenset(P + name for name in (*_GAUGES, *_COUNTERS, STATE, "target_up", _LAST_SUCCESS, TTFT + "_bucket"))
+WANTED = frozenset(P + name for name in (*_GAUGES, *_COUNTERS, STATE, "target_up", _LAST_SUCCESS, TTFT + "_bucket",
+                                         *_RESIDENT.values()))
 _IDENTITY = contract.GROUPS["pool"].identity
 
 
@@ -50,6 +53,8 @@ class Pool:
     counters: dict[str, float] = field(default_factory=dict)
     ttft: list[tuple[float, float]] = field(default_factory=list)  # (le, cumulative count), ascending
     state: str | None = None
+    # blocks resident by adapter and by tenant, where the exporter reads the pool's KV event stream
+    holders: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -91,6 +96,9 @@ def read_frame(text: str, read_at: float) -> Frame:
     for sample in samples.get(P + TTFT + "_bucket", ()):
         labels = sample.labels
         pool_of(labels).ttft.append((float(labels.get("le", "nan")), sample.value))
+    for holder, name in _RESIDENT.items():
+        for sample in samples.get(P + name, ()):
+            pool_of(sample.labels).holders.setdefault(holder, {})[sample.labels.get(holder, "")] = sample.value
     for pool in pools.values():
         pool.ttft.sort()
     return Frame(read_at, pools, targets_up)

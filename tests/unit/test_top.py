@@ -68,3 +68,16 @@ def test_the_columns_fit_the_width_and_the_state_stays(width):
     everything = top_rows.fit(recorded_rows(), None, bar=True)
     if sum(w for _, w in everything) + len(everything) - 1 <= width:
         assert len(layout) == len(everything)
+
+
+def test_json_rows_name_each_pools_top_holders_by_resident_blocks():
+    labels = 'target="t",engine="vllm",model="m",dp_rank="0",role="unified"'
+    page = "".join(f'kvcache_tenant_blocks_resident{{{labels},tenant="{tenant}"}} {blocks}\n'
+                   for tenant, blocks in (("aa", 5), ("other", 40), ("bb", 90), ("cc", 1)))
+    page += f'kvcache_adapter_blocks_resident{{{labels},adapter="base"}} 136\n'
+    page += f'kvcache_usage_ratio{{{labels}}} 0.5\n'
+    plain = 'kvcache_usage_ratio{target="u",engine="vllm",model="m",dp_rank="0",role="unified"} 0.5\n'
+    rows = top_rows.build_rows(source.read_frame(page + plain, 0.0), RateWindow())
+    assert rows[0]["top_holders"] == {"tenant": [["bb", 90.0], ["other", 40.0], ["aa", 5.0]],
+                                      "adapter": [["base", 136.0]]}
+    assert "top_holders" not in rows[1]  # no KV event stream: no key
