@@ -201,25 +201,26 @@ class PoolState:
             parent = holders.get(event.parent) if event.parent is not None else None
             tenant = parent[1] if parent is not None else NO_TENANT
         holder = (adapter, tenant)
-        self.adapters.add(adapter, STORED_BLOCKS, len(hashes))
-        self.tenants.add(tenant, STORED_BLOCKS, len(hashes))
+        new = misses = 0
         for key in hashes:
             if key in resident:
                 self._copies[key] = self._copies.get(key, 1) + 1
                 continue
             resident[key] = ts
             holders[key] = holder
-            self.adapters.add(adapter, RESIDENT)
-            self.tenants.add(tenant, RESIDENT)
+            new += 1
             position = ghost.pop(key, None)
             if position is not None:
                 self._ghost_holders.pop(key, None)
-                self.capacity_misses += 1
-                self.adapters.add(adapter, MISSES)
-                self.tenants.add(tenant, MISSES)
+                misses += 1
                 if self.capacity:
                     self.distance.observe(self._depth(position) / self.capacity)
                 self._restored.set(position, True)
+        self.capacity_misses += misses
+        for counts, name in ((self.adapters, adapter), (self.tenants, tenant)):
+            counts.add(name, STORED_BLOCKS, len(hashes))
+            counts.add(name, RESIDENT, new)
+            counts.add(name, MISSES, misses)
 
     def _depth(self, position: int) -> int:
         """How far below the pool's last block a ghost lies under LRU: the evictions after its own whose
@@ -230,13 +231,16 @@ class PoolState:
         return last - first + 1 - self._restored.count(first, last)
 
     def _remove(self, ts: float, hashes: list[int]) -> None:
-        resident, copies = self.resident, self._copies
+        resident, copies, holders, ghost_holders = self.resident, self._copies, self.holders, self._ghost_holders
+        gone: dict[tuple[str, str], list[int]] = {}  # holder -> [blocks evicted, blocks no longer resident]
         for key in hashes:
             self.evicted += 1
-            holder = self.holders.get(key)
+            holder = holders.get(key)
             if holder is not None:
-                self.adapters.add(holder[0], EVICTED)
-                self.tenants.add(holder[1], EVICTED)
+                tally = gone.get(holder)
+                if tally is None:
+                    tally = gone[holder] = [0, 0]
+                tally[0] += 1
             count = copies.get(key)
             if count is not None:  # another physical copy stays resident
                 if count > 2:
@@ -248,14 +252,17 @@ class PoolState:
             if stored_at is not None:  # else stored before the stream was joined: residency unknown
                 self.residency.observe(max(0.0, ts - stored_at))
             if holder is not None:
-                del self.holders[key]
-                self._ghost_holders[key] = holder
-                self.adapters.add(holder[0], RESIDENT, -1)
-                self.tenants.add(holder[1], RESIDENT, -1)
+                del holders[key]
+                ghost_holders[key] = holder
+                tally[1] += 1
             position = self.ghost[key] = self._ghost_end
             self._ghost_end = position + 1
             self._restored.set(position, False)  # the slot of the entry the trim below drops
             self._ghost_keys.append(key)
+        for (adapter, tenant), (evicted, freed) in gone.items():
+            for counts, name in ((self.adapters, adapter), (self.tenants, tenant)):
+                counts.add(name, EVICTED, evicted)
+                counts.add(name, RESIDENT, -freed)
         self._trim_ghost()
 
     def _trim_ghost(self) -> None:
