@@ -60,8 +60,8 @@ def join(publisher: Publisher, exporter) -> dict[str, float]:
     raise TimeoutError("the exporter never received a message")
 
 
-def start(tmp_path, pub_port, replay_port=None, extra_targets=()):
-    events = {"endpoint": f"tcp://127.0.0.1:{pub_port}", "max_message_bytes": MAX_MESSAGE}
+def start(tmp_path, pub_port, replay_port=None, extra_targets=(), **kv_events):
+    events = {"endpoint": f"tcp://127.0.0.1:{pub_port}", "max_message_bytes": MAX_MESSAGE, **kv_events}
     if replay_port:
         events["replay_endpoint"] = f"tcp://127.0.0.1:{replay_port}"
     server = PageServer({"/metrics": page(PAGE)})
@@ -217,3 +217,35 @@ def test_a_flooding_stream_is_counted_and_leaves_other_targets_fresh(tmp_path):
         samples = scrape(exporter.url)
         assert value(samples, "kvcache_target_up", target="healthy") == 1
         assert series(samples, "kvcache_usage_ratio", target="healthy")
+
+
+def holder_counts(exporter, holder: str) -> dict[str, tuple[float, ...]]:
+    samples = scrape(exporter.url)
+    out: dict[str, list[float]] = {}
+    for name in ("blocks_resident", "blocks_stored_total", "blocks_evicted_total", "capacity_miss_blocks_total"):
+        for key, found in series(samples, f"kvcache_{holder}_{name}", target="engine").items():
+            out.setdefault(dict(key[1])[holder], []).append(found)
+    out["folded"] = [value(samples, "kvcache_events_holders_folded", target="engine", holder=holder)]
+    return {label: tuple(counts) for label, counts in out.items()}
+
+
+def test_adapters_and_tenants_top_two_and_other_through_the_socket(tmp_path):
+    pub_port = harness.free_port()
+    server, exporter_context = start(tmp_path, pub_port, top_holders=2)
+    with server, Publisher(pub_port) as publisher, exporter_context as exporter:
+        base = join(publisher, exporter)
+        publisher.send(batch(wire.stored(ENC, [1, 2], lora_name="sql", salt="acme"),
+                             wire.stored(ENC, [3], parent=2, lora_name="sql"),  # vLLM salts the first block only
+                             wire.stored(ENC, [4], salt="beta"), wire.stored(ENC, [5], salt="gamma"),
+                             wire.stored(ENC, [6, 7], lora_name="chat", salt="delta")))
+        publisher.send(batch(wire.removed(ENC, [1, 3]), wire.stored(ENC, [1], lora_name="sql", salt="acme")))
+        stored = base["events_blocks_stored_total"] + 8
+        settle(exporter, "both batches", lambda c: c["events_blocks_stored_total"] == stored)
+        # (resident, stored, evicted, capacity misses): sql/acme hold {1, 2} after 1 and 3 left and 1 came back
+        adapters = holder_counts(exporter, "adapter")
+        # ties at 2 resident go to the most stored (sql), then by name (base before chat)
+        assert adapters == {"sql": (2, 4, 2, 1), "base": (2, 2, 0, 0), "other": (2, 2, 0, 0), "folded": (1,)}
+        tenants = holder_counts(exporter, "tenant")
+        assert tenants.pop("folded") == (2,) and tenants.pop("other") == (2, 2, 0, 0)  # beta and gamma
+        assert sorted(tenants.values()) == [(2, 2, 0, 0), (2, 4, 2, 1)]  # delta and acme, as keyed hashes
+        assert not {"acme", "delta"} & set(tenants)
