@@ -130,6 +130,16 @@ def _age_query(path: str) -> str:
     return "max(time() - kvcache_target_last_success_timestamp_seconds)"
 
 
+def _ages_at_scrape(prometheus_url: str, path: str, seconds: float) -> list[float]:
+    """The age of the engine data each scrape of the last `seconds` read: 0 for A (the scrape reads the
+    page); for B and probe the scrape's timestamp minus the exporter's last successful poll it read.
+    Phase-locked polling (exporter/runtime/phase.py) shrinks it in B; probe mode polls at the scrape."""
+    if path == "direct":
+        return [0.0]
+    data = harness.prom_query(prometheus_url, f"kvcache_target_last_success_timestamp_seconds[{int(seconds)}s]")
+    return [float(at) - float(value) for series in data["result"] for at, value in series["values"]]
+
+
 def _own_metrics(prometheus_url: str) -> dict[str, float]:
     with urllib.request.urlopen(prometheus_url + "/metrics", timeout=30) as response:
         text = response.read().decode()
@@ -205,6 +215,9 @@ def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path) -> dict:
             url = processes.prometheus.url
             harness.wait_until(lambda: scalar(url, _up_query(path)) == plan.targets,
                                timeout=90 + 10 * plan.interval, interval=1.0, what=f"every engine up ({path})")
+            if path in ("exporter", "replay"):  # eight regular scrapes lock the polls to Prometheus' phase
+                harness.wait_until(lambda: scalar(url, "max(kvcache_exporter_poll_phase_locked)") == 1.0,
+                                   timeout=20 * plan.interval, interval=1.0, what=f"the polls phase-locked ({path})")
             time.sleep(plan.warmup_cycles * plan.interval)
             return _window(processes, fleet, plan, path)
     finally:
@@ -226,6 +239,7 @@ def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
         ages.append(scalar(url, _age_query(path)))
     time.sleep(max(0.0, plan.cycles * plan.interval - (time.monotonic() - started)))
     wall = time.monotonic() - started
+    at_scrape = sorted(_ages_at_scrape(url, path, wall))
     cpu = {name: procstat.cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
     server_cpu = procstat.cpu_seconds(fleet.pid) - server_before
     machine = procstat.machine_busy_seconds() - machine_before
@@ -244,6 +258,10 @@ def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
         "wal_mb_per_hour": (disk_after - disk_before) / wall * 3600 / MB,
         "oldest_age_s": max(ages),
         "oldest_age_median_s": sorted(ages)[len(ages) // 2],
+        "age_at_scrape_max_s": at_scrape[-1],
+        "age_at_scrape_median_s": at_scrape[len(at_scrape) // 2],
+        "phase_locked": scalar(url, "max(kvcache_exporter_poll_phase_locked)") == 1.0 if path in ("exporter", "replay")
+        else None,
         "engines_up": scalar(url, _up_query(path)),
     }
     if processes.exporter is not None:
@@ -259,6 +277,10 @@ def tsdb_bytes_per_hour(block: dict, samples_per_s: float) -> float:
     an index (Prometheus cuts a block, with its own index, every two hours)."""
     bytes_per_sample = block["chunk_bytes"] / block["samples"] if block["samples"] else 0.0
     return samples_per_s * 3600 * bytes_per_sample + block["index_bytes"] / 2
+
+
+def _locked(figures: dict) -> str:
+    return {True: " (phase-locked)", False: " (own cadence)", None: ""}[figures.get("phase_locked")]
 
 
 def arguments(argv: list[str]) -> argparse.Namespace:
@@ -309,6 +331,8 @@ def main(argv: list[str]) -> int:
                     print(f"{workload} N={size} {path}: {figures['monitoring_cores']:.3f} cores, "
                           f"{figures['samples_per_s']:,.0f} samples/s, {figures['head_series']:,.0f} series, "
                           f"Prometheus {figures['prometheus_rss_mb']:.0f} MB, oldest {figures['oldest_age_s']:.1f} s, "
+                          f"at scrape {figures['age_at_scrape_median_s']:.2f} s median, "
+                          f"{figures['age_at_scrape_max_s']:.2f} s max{_locked(figures)}, "
                           f"other load {figures['other_load_cores']:.2f} ({time.monotonic() - started:.0f} s)",
                           flush=True)
                 results["runs"].append(run)

@@ -30,9 +30,17 @@ def _rules(rules: dict) -> str:
     return f"{rules['recording_s']:.2f} + {rules['alerting_s']:.2f} ({rules['alerts_active']:,})"
 
 
+def _at_scrape(figures: dict) -> str:
+    """Absent from results taken before phase-locked polling (issue #33)."""
+    if "age_at_scrape_median_s" not in figures:
+        return "-"
+    return f"{figures['age_at_scrape_median_s']:.2f}, {figures['age_at_scrape_max_s']:.2f}"
+
+
 def path_table(runs: list[dict], paths: list[str]) -> str:
     head = ["workload", "N", "path", "CPU, cores (Prometheus + exporter)", "samples/s", "head series",
-            "Prometheus RSS MB", "TSDB MB/hour", "WAL MB/hour", "oldest data s (median)", "engines up",
+            "Prometheus RSS MB", "TSDB MB/hour", "WAL MB/hour", "oldest data s (median)",
+            "data age at scrape s: median, max", "engines up",
             "rules s/evaluation: recording + alerting (alerts active)", "other load, cores"]
     rows = []
     for run in runs:
@@ -43,6 +51,7 @@ def path_table(runs: list[dict], paths: list[str]) -> str:
             rows.append([run["workload"], f"{run['targets']:,}", path, _cores(f), f"{f['samples_per_s']:,.0f}",
                          f"{f['head_series']:,.0f}", f"{f['prometheus_rss_mb']:,.0f}", f"{f['tsdb_mb_per_hour']:,.1f}",
                          f"{f['wal_mb_per_hour']:,.0f}", f"{f['oldest_age_s']:.1f} ({f['oldest_age_median_s']:.1f})",
+                         _at_scrape(f),
                          f"{f['engines_up']:,.0f}", _rules(f["rules"]), f"{f['other_load_cores']:.2f}"])
     return table(head, rows)
 
