@@ -136,11 +136,13 @@ def test_the_waiting_split_adds_up_to_the_queue(timeline, name):
     checked = 0
     for sample in timeline[name]:
         for rank, waiting in sample.waiting.items():
-            if rank in sample.for_kv:
-                assert sample.for_kv[rank] + sample.with_room[rank] == waiting
-                assert sample.for_kv[rank] >= 0 and sample.with_room[rank] >= 0
-                checked += 1
-    assert checked >= 100
+            assert rank in sample.for_kv and rank in sample.with_room  # every queue reading comes with its split
+            assert sample.for_kv[rank] + sample.with_room[rank] == waiting
+            assert sample.for_kv[rank] >= 0 and sample.with_room[rank] >= 0
+            checked += 1
+    # How many reads fit in WALL_SECONDS depends on the machine's load (about 200 idle, 84 seen with the second
+    # core busy); 40 still spans every phase of the scenario.
+    assert checked >= 40
 
 
 @pytest.mark.parametrize("name", ["vllm-steady-dp2", "vllm-steady-dp2-tokens"])
