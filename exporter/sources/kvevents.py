@@ -144,20 +144,16 @@ def _decode_events(raw_events: list, out: Batch) -> None:
             if len(raw) < 2:
                 raise DecodeError(f"{kind} without block_hashes")
             medium_at, group_at = _ARRAY_MEDIUM[kind], _ARRAY_GROUP[kind]
-            medium = raw[medium_at] if len(raw) > medium_at else None
-            group = raw[group_at] if len(raw) > group_at else None
+            medium, group = _at(raw, medium_at), _at(raw, group_at)
             if len(raw) > _ARRAY_FIELDS[kind]:
                 out.unknown_fields += 1
             hashes = raw[1]
             if kind == STORED:
-                lora_name = raw[_ARRAY_LORA_NAME] if len(raw) > _ARRAY_LORA_NAME else None
-                lora_id = raw[_ARRAY_LORA_ID] if len(raw) > _ARRAY_LORA_ID else None
-                extra = raw[_ARRAY_EXTRA_KEYS] if len(raw) > _ARRAY_EXTRA_KEYS else None
-                # SGLang's salted stores: the 7-field array plus a trailing {cache_salt} map
-                salt = raw[7].get("cache_salt") if len(raw) == 8 and isinstance(raw[7], dict) else None
-                if isinstance(lora_name, dict):
-                    lora_name = None
-                parent = raw[_ARRAY_PARENT] if len(raw) > _ARRAY_PARENT else None
+                # SGLang's salted stores: its 7 fields plus a {cache_salt} map where vLLM has lora_name
+                salted = isinstance(_at(raw, _ARRAY_LORA_NAME), dict)
+                salt = raw[_ARRAY_LORA_NAME].get("cache_salt") if salted else None
+                lora_name = None if salted else _at(raw, _ARRAY_LORA_NAME)
+                lora_id, extra, parent = _at(raw, _ARRAY_LORA_ID), _at(raw, _ARRAY_EXTRA_KEYS), _at(raw, _ARRAY_PARENT)
         elif isinstance(raw, dict):
             kind = raw.get("type")
             known = _KNOWN_KEYS.get(kind)
@@ -190,6 +186,11 @@ def _decode_events(raw_events: list, out: Batch) -> None:
             salt = _typed_salt(extra)
         parent_key = normalise_hashes([parent])[0] if parent is not None else None
         append(BlockEvent(kind, normalise_hashes(hashes), medium, group, parent_key, adapter, tenant_of(salt)))
+
+
+def _at(raw: list, index: int):
+    """Field `index` of an array event; None where the array is shorter (a version without the field)."""
+    return raw[index] if len(raw) > index else None
 
 
 def _typed_salt(extra_keys):
