@@ -97,7 +97,8 @@ class Engine:
 @contextlib.contextmanager
 def serve(log_dir: Path, *, blocks: int, max_num_seqs: int, block_size: int = 32, kv_events: bool = True,
           prefix_caching: bool = True, max_model_len: int = tiny_model.MAX_MODEL_LEN, extra_args: Sequence[str] = (),
-          model_dir: Path = MODEL_DIR, start_timeout: float = START_TIMEOUT, dp_size: int = 1) -> Iterator[Engine]:
+          model_dir: Path = MODEL_DIR, start_timeout: float = START_TIMEOUT, dp_size: int = 1,
+          same_ports_as: Engine | None = None) -> Iterator[Engine]:
     """vLLM's OpenAI server on a free loopback port with a pool of `blocks` KV blocks of `block_size` tokens.
 
     `blocks` is --num-gpu-blocks-override: vLLM's num_gpu_blocks, its null block included. CPU attention
@@ -105,9 +106,10 @@ def serve(log_dir: Path, *, blocks: int, max_num_seqs: int, block_size: int = 32
     tokens cannot fit in the pool. Stopped with SIGTERM, then killed, with the engine-core
     process it started. `dp_size` > 1 runs that many data-parallel engine cores behind the one server, each
     with a pool of `blocks`; rank r publishes its KV events on the event and replay ports plus r.
+    `same_ports_as`: an engine (since killed) whose HTTP, event and replay ports this one takes over.
     """
     make_model(model_dir)
-    port = harness.free_port()
+    port = _port_of(same_ports_as.url) if same_ports_as else harness.free_port()
     argv = [
         str(PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
@@ -119,7 +121,8 @@ def serve(log_dir: Path, *, blocks: int, max_num_seqs: int, block_size: int = 32
         argv += ["--data-parallel-size", str(dp_size)]
     events = replay = None
     if kv_events:
-        events_port, replay_port = free_port_runs(2, dp_size)
+        events_port, replay_port = ((_port_of(same_ports_as.events_endpoint), _port_of(same_ports_as.replay_endpoint))
+                                    if same_ports_as else free_port_runs(2, dp_size))
         events, replay = f"tcp://127.0.0.1:{events_port}", f"tcp://127.0.0.1:{replay_port}"
         # vLLM's publisher binds only a wildcard endpoint (`*`) and connects to any other, where nobody
         # listens (vllm/distributed/kv_events.py, _is_bind_endpoint); its replay socket binds what it is given.
@@ -135,6 +138,19 @@ def serve(log_dir: Path, *, blocks: int, max_num_seqs: int, block_size: int = 32
         yield Engine(process, f"http://127.0.0.1:{port}", events, replay)
     finally:
         _stop_with_children(process)
+
+
+def _port_of(url: str) -> int:
+    return int(url.rpartition(":")[2])
+
+
+def kill(engine: Engine) -> None:
+    """SIGKILL the server and every process it started, as a crash would: nothing shuts down in order."""
+    processes = [engine.process.proc.pid, *_descendants(engine.process.proc.pid)]
+    for pid in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    engine.process.proc.wait()
 
 
 def free_port_runs(count: int, length: int) -> list[int]:
