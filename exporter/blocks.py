@@ -42,10 +42,13 @@ RESIDENT, STORED_BLOCKS, EVICTED, MISSES = range(4)  # the positions in a holder
 class HolderCounts:
     """Per holder (an adapter or a tenant): [resident, stored, evicted, capacity misses] in blocks."""
 
-    __slots__ = ("counts",)
+    __slots__ = ("counts", "_retired")
 
     def __init__(self) -> None:
         self.counts: dict[str, list[int]] = {}
+        # The counts of holders forgotten once they held no block and ranked below the top: memory stays
+        # bounded by the holders with blocks resident, and `other` keeps what they had counted.
+        self._retired = [0, 0, 0, 0]
 
     def add(self, holder: str, what: int, n: int = 1) -> None:
         counts = self.counts.get(holder)
@@ -59,13 +62,19 @@ class HolderCounts:
 
     def top(self, n: int) -> tuple[dict[str, list[int]], int]:
         """The n holders with the most resident blocks (ties: the most stored, then by name) and `other`
-        with the rest summed (only when there is a rest), and how many holders went into `other`."""
+        with the rest summed (once there is a rest), and how many holders with blocks resident went into
+        `other`; the rest that hold no block are retired."""
         ranked = sorted(self.counts.items(), key=lambda item: (-item[1][RESIDENT], -item[1][STORED_BLOCKS], item[0]))
         shown = {holder: list(counts) for holder, counts in ranked[:n]}
         rest = ranked[n:]
-        if rest:
-            shown[OTHER] = [sum(counts[i] for _, counts in rest) for i in range(4)]
-        return shown, len(rest)
+        for holder, counts in rest:
+            if not counts[RESIDENT]:
+                self._retired = [a + b for a, b in zip(self._retired, counts)]
+                del self.counts[holder]
+        if rest or any(self._retired):
+            shown[OTHER] = [sum(counts[i] for _, counts in rest if counts[RESIDENT]) + self._retired[i]
+                            for i in range(4)]
+        return shown, sum(1 for _, counts in rest if counts[RESIDENT])
 
 
 class Histogram:

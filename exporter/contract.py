@@ -348,8 +348,9 @@ _TABLE = (
           ("capacity_miss_blocks_total", "counter", "Blocks stored again while in the list of recent evictions "
                                                     "(who loses the pool)."))),
     Family("events_holders_folded", "gauge", "events", "",
-           "Holders (adapters or tenants, by `holder`) beyond the top kv_events.top_holders by resident blocks, "
-           "summed into the `other` series.", ("holder",), stable=False),
+           "Holders (adapters or tenants, by `holder`) with blocks resident beyond the top kv_events.top_holders, "
+           "summed into the `other` series (which also keeps the counts of holders that left the pool).",
+           ("holder",), stable=False),
 )
 FAMILIES: dict[str, Family] = {family.name: family for family in _TABLE}
 

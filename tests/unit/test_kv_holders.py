@@ -99,3 +99,19 @@ def test_ten_thousand_salts_show_the_top_n_and_other_with_the_rest_counted():
     values = RankValues({}, {}, {}, _holder_series(pool, 10))
     text = exposition.render_pool({"target": "t"}, values, exposition.Prefixes()).status
     assert text["tenant_blocks_resident"].count(b"\n") == 11
+
+
+def test_holders_that_left_the_pool_are_retired_into_other_which_keeps_their_counts():
+    pool = PoolState(capacity=8)
+    pool.apply(0.0, [BlockEvent(STORED, [1, 2], tenant="a"), BlockEvent(STORED, [3], tenant="b")])
+    pool.apply(1.0, [BlockEvent("BlockRemoved", [3])])
+    got = holders(pool, top=1)  # b holds nothing and ranks below a: retired into other
+    assert got["tenant_blocks_stored_total"] == {"a": 2.0, "other": 1.0}
+    assert got["tenant_blocks_evicted_total"] == {"a": 0.0, "other": 1.0}
+    assert got["events_holders_folded"]["tenant"] == 0 and "b" not in pool.tenants.counts
+    pool.apply(2.0, [BlockEvent(STORED, [3], tenant="b")])  # b again: a capacity miss, counted from 0
+    got = holders(pool, top=1)
+    assert got["tenant_blocks_resident"] == {"a": 2.0, "other": 1.0}
+    assert got["tenant_blocks_stored_total"] == {"a": 2.0, "other": 2.0}  # never down: retired 1 + live 1
+    assert got["tenant_capacity_miss_blocks_total"] == {"a": 0.0, "other": 1.0}
+    assert got["events_holders_folded"]["tenant"] == 1
