@@ -40,15 +40,23 @@ RESIDENT, STORED_BLOCKS, EVICTED, MISSES = range(4)  # the positions in a holder
 
 
 class HolderCounts:
-    """Per holder (an adapter or a tenant): [resident, stored, evicted, capacity misses] in blocks."""
+    """Per holder (an adapter or a tenant): [resident, stored, evicted, capacity misses] in blocks.
 
-    __slots__ = ("counts", "_retired")
+    What a render shows stays a counter under any reranking: a holder's series counts what it gained while
+    shown, and `other` what the holders beyond the top gained while not shown. A holder moving into the top
+    therefore starts its series instead of taking its past out of `other` (a drop that rate() would read as a
+    reset, and so as a burst the size of `other`), and one moving out takes nothing with it.
+    """
+
+    __slots__ = ("counts", "_seen", "_shown", "_other")
 
     def __init__(self) -> None:
-        self.counts: dict[str, list[int]] = {}
-        # The counts of holders forgotten once they held no block and ranked below the top: memory stays
-        # bounded by the holders with blocks resident, and `other` keeps what they had counted.
-        self._retired = [0, 0, 0, 0]
+        self.counts: dict[str, list[int]] = {}  # the totals, which rank the holders
+        self._seen: dict[str, list[int]] = {}  # each holder's totals at the last render
+        self._shown: dict[str, list[int]] = {}  # the counters each shown holder's series holds
+        # What `other` holds: counters only (its resident blocks are summed afresh at each render). Holders
+        # beyond the top that hold no block are forgotten, so memory stays bounded by those with blocks.
+        self._other = [0, 0, 0, 0]
 
     def add(self, holder: str, what: int, n: int = 1) -> None:
         counts = self.counts.get(holder)
@@ -62,19 +70,30 @@ class HolderCounts:
 
     def top(self, n: int) -> tuple[dict[str, list[int]], int]:
         """The n holders with the most resident blocks (ties: the most stored, then by name) and `other`
-        with the rest summed (once there is a rest), and how many holders with blocks resident went into
-        `other`; the rest that hold no block are retired."""
+        for the rest (once there is a rest), and how many holders with blocks resident went into `other`."""
         ranked = sorted(self.counts.items(), key=lambda item: (-item[1][RESIDENT], -item[1][STORED_BLOCKS], item[0]))
-        shown = {holder: list(counts) for holder, counts in ranked[:n]}
-        rest = ranked[n:]
-        for holder, counts in rest:
-            if not counts[RESIDENT]:
-                self._retired = [a + b for a, b in zip(self._retired, counts)]
+        shown: dict[str, list[int]] = {}
+        other_resident = folded = 0
+        for place, (holder, counts) in enumerate(ranked):
+            seen = self._seen.get(holder, (0, 0, 0, 0))
+            gained = [now - before for now, before in zip(counts, seen)]
+            if place < n:
+                series = self._shown.get(holder, [0, 0, 0, 0])
+                shown[holder] = [counts[RESIDENT], *(a + b for a, b in zip(series[1:], gained[1:]))]
+                self._seen[holder] = list(counts)
+                continue
+            self._other = [0, *(a + b for a, b in zip(self._other[1:], gained[1:]))]
+            if counts[RESIDENT]:
+                other_resident += counts[RESIDENT]
+                folded += 1
+                self._seen[holder] = list(counts)
+            else:
                 del self.counts[holder]
-        if rest or any(self._retired):
-            shown[OTHER] = [sum(counts[i] for _, counts in rest if counts[RESIDENT]) + self._retired[i]
-                            for i in range(4)]
-        return shown, sum(1 for _, counts in rest if counts[RESIDENT])
+                self._seen.pop(holder, None)
+        self._shown = shown
+        if len(ranked) > n or any(self._other[1:]):
+            shown = {**shown, OTHER: [other_resident, *self._other[1:]]}
+        return shown, folded
 
 
 class Histogram:

@@ -4,7 +4,7 @@ hand-counted arithmetic; tenants only as keyed hashes; the top N plus `other` un
 from __future__ import annotations
 
 from kvcache_exporter import exposition
-from kvcache_exporter.blocks import PoolState
+from kvcache_exporter.blocks import OTHER, RESIDENT, STORED_BLOCKS, HolderCounts, PoolState
 from kvcache_exporter.runtime.subscriber import _holder_series
 from kvcache_exporter.snapshot import RankValues
 from kvcache_exporter.sources.kvevents import STORED, BlockEvent, decode_message, tenant_of
@@ -115,3 +115,26 @@ def test_holders_that_left_the_pool_are_retired_into_other_which_keeps_their_cou
     assert got["tenant_blocks_stored_total"] == {"a": 2.0, "other": 2.0}  # never down: retired 1 + live 1
     assert got["tenant_capacity_miss_blocks_total"] == {"a": 0.0, "other": 1.0}
     assert got["events_holders_folded"]["tenant"] == 1
+
+
+def test_reranking_keeps_every_shown_counter_from_going_down():
+    """A holder that climbs into the top starts its own series and leaves `other` as it was; one that drops out takes
+    nothing with it: each counter series only grows, and the series add up to every block stored."""
+    counts = HolderCounts()
+    counts.add("a", RESIDENT, 5)
+    counts.add("a", STORED_BLOCKS, 5)
+    counts.add("b", RESIDENT, 1)
+    counts.add("b", STORED_BLOCKS, 1)
+    first, _ = counts.top(1)
+    assert first == {"a": [5, 5, 0, 0], OTHER: [1, 1, 0, 0]}
+    # b grows past a: b's series starts with the 8 stored since the last render; `other` keeps b's first block.
+    counts.add("b", RESIDENT, 8)
+    counts.add("b", STORED_BLOCKS, 8)
+    counts.add("a", STORED_BLOCKS, 2)
+    second, folded = counts.top(1)
+    assert second == {"b": [9, 8, 0, 0], OTHER: [5, 1 + 2, 0, 0]}
+    assert folded == 1
+    third, _ = counts.top(1)
+    assert third == second
+    total_stored = 5 + 1 + 8 + 2
+    assert sum(series[STORED_BLOCKS] for series in second.values()) + 5 == total_stored  # a's 5 stay in a's old series
