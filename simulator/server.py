@@ -3,6 +3,16 @@
 The model advances in a background thread and publishes an immutable `EngineState` after each
 tick; scrapes (each in its own thread) render the latest published state, so a scrape never
 blocks the model and the model never blocks a scrape. Several engines may run in one process.
+
+A request for some series only (`?name[]=NAME`, prometheus_client's filter) is answered as the
+engine answers it (NAME_FILTERS): vLLM's /metrics is prometheus-fastapi-instrumentator's route,
+which ignores the query (vLLM 0.32: `Instrumentator.expose`, registered before the `make_asgi_app`
+mount); SGLang and trtllm-serve mount prometheus_client's ASGI app on a multiprocess registry made
+without `support_collectors_without_names`, which from prometheus_client 0.23 (the first whose ASGI
+app reads the query) answers a filtered request with no series at all. `restrict` is prometheus_client
+honouring it: the samples of the names asked for, with their families' HELP and TYPE (LMDeploy's
+api_server on the default registry; SGLang or trtllm-serve with the registry prometheus_client 0.25's
+documentation recommends).
 """
 
 from __future__ import annotations
@@ -13,9 +23,10 @@ import threading
 import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector
+from prometheus_client.registry import RestrictedRegistry
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
@@ -26,6 +37,8 @@ from .scenarios import Scenario, ScenarioRun, load_scenario, override_engine
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.05  # wall seconds between model advances
+NAME_FILTERS = ("ignore", "empty", "restrict")  # how a request for some series only is answered (above)
+ENGINE_NAME_FILTER = {"sglang": "empty", "trtllm": "empty"}  # by flavor; other flavors (vLLM) ignore it
 MAX_WORK_PER_TICK_S = 0.25  # a model that falls behind still publishes this often
 
 
@@ -34,7 +47,7 @@ class SimulatedEngine:
 
     def __init__(self, flavor: Flavor, scenario: Scenario, *, host: str, port: int, speed: float,
                  seed: int, model_name: str, tp: int, dp: int, kv_events_endpoint: str | None = None,
-                 served_history: int = 0):
+                 served_history: int = 0, name_filter: str = "ignore"):
         self.flavor = flavor.name
         self.scenario = scenario
         self.speed = speed
@@ -52,7 +65,9 @@ class SimulatedEngine:
         self._state = self._build_state()
         self._stopping = threading.Event()
 
-        self.registry = CollectorRegistry()
+        # Collectors without names (the simulator's, the multiprocess one) take part in a filtered answer only
+        # when the registry says so: prometheus_client answers no series from them otherwise.
+        self.registry = CollectorRegistry(support_collectors_without_names=name_filter == "restrict")
         if flavor.python_collectors:
             GCCollector(registry=self.registry)
             PlatformCollector(registry=self.registry)
@@ -61,7 +76,7 @@ class SimulatedEngine:
         self._served: deque[tuple[float, EngineState]] = deque(maxlen=served_history)
         self.registry.register(flavor.make_collector(self._serve if served_history else self.state, seed))
 
-        self._http = ThreadingHTTPServer((host, port), _handler_for(self.registry, flavor.metrics_path))
+        self._http = ThreadingHTTPServer((host, port), _handler_for(self.registry, flavor.metrics_path, name_filter))
         self._http.daemon_threads = True
         self.host, self.port = self._http.server_address[:2]
         self.url = f"http://{self.host}:{self.port}{flavor.metrics_path}"
@@ -150,7 +165,7 @@ class SimulatedEngine:
         )
 
 
-def encode(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
+def encode(registry: CollectorRegistry | RestrictedRegistry, accept: str) -> tuple[bytes, str]:
     """OpenMetrics when the client asks for it, else text 0.0.4: the engines' negotiation."""
     if "application/openmetrics-text" in accept:
         # With its default escaping, prometheus_client 0.26 rewrites the colons of OpenMetrics
@@ -160,13 +175,17 @@ def encode(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_PLAIN_0_0_4
 
 
-def _handler_for(registry: CollectorRegistry, metrics_path: str) -> type[BaseHTTPRequestHandler]:
+def _handler_for(registry: CollectorRegistry, metrics_path: str,
+                 name_filter: str = "ignore") -> type[BaseHTTPRequestHandler]:
     class MetricsHandler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            path = urlsplit(self.path).path
-            if path == metrics_path:
-                self._reply(200, *encode(registry, self.headers.get("Accept", "")))
-            elif path == "/health":
+            url = urlsplit(self.path)
+            if url.path == metrics_path:
+                # prometheus_client's own reading of the query (exposition._bake_output): `name[]`, repeated.
+                names = parse_qs(url.query).get("name[]") if name_filter != "ignore" else None
+                answered = registry.restricted_registry(names) if names else registry
+                self._reply(200, *encode(answered, self.headers.get("Accept", "")))
+            elif url.path == "/health":
                 self._reply(200, b"", "text/plain; charset=utf-8")
             else:
                 self._reply(404, b"Not Found\n", "text/plain; charset=utf-8")
@@ -194,13 +213,15 @@ def _handler_for(registry: CollectorRegistry, metrics_path: str) -> type[BaseHTT
 
 def start_engine(flavor: str, scenario: str | Scenario = "steady", host: str = "127.0.0.1", port: int = 0,
                  speed: float = 1.0, seed: int = 0, model: str | None = None, tp: int = 1, dp: int = 1,
-                 kv_events_endpoint: str | None = None, served_history: int = 0, **overrides) -> SimulatedEngine:
+                 kv_events_endpoint: str | None = None, served_history: int = 0, name_filter: str | None = None,
+                 **overrides) -> SimulatedEngine:
     """Start a simulated engine serving GET /metrics and /health; returns once it is listening.
 
     `scenario` is a built-in name, a YAML file path or a `Scenario`; `overrides` replace fields
     of the scenario's engine sizing (`num_blocks=2048`, `max_num_seqs=8`, ...). `kv_events_endpoint`
     (tcp://HOST:PORT) publishes the prefix cache's KV events there, rank r on PORT + r. `served_history`
-    keeps the states the last that many scrapes rendered (`SimulatedEngine.served`). Raises
+    keeps the states the last that many scrapes rendered (`SimulatedEngine.served`). `name_filter` (one of
+    NAME_FILTERS) says how a request for some series only is answered; None: as the flavor's engine does. Raises
     ValueError (ScenarioError for scenario and override problems) on bad arguments.
     """
     if flavor not in FLAVORS:
@@ -212,11 +233,14 @@ def start_engine(flavor: str, scenario: str | Scenario = "steady", host: str = "
         raise ValueError(f"tp and dp must be >= 1, got tp={tp!r} dp={dp!r}")
     if spec.max_dp is not None and dp > spec.max_dp:
         raise ValueError(f"flavor {flavor} supports dp <= {spec.max_dp}, got {dp}")
+    name_filter = name_filter or ENGINE_NAME_FILTER.get(flavor, "ignore")
+    if name_filter not in NAME_FILTERS:
+        raise ValueError(f"name_filter must be one of {', '.join(NAME_FILTERS)}, got {name_filter!r}")
     if isinstance(scenario, str):
         scenario = load_scenario(scenario)
     if overrides:
         scenario = override_engine(scenario, overrides)
     return SimulatedEngine(spec, scenario, host=host, port=port, speed=speed, seed=seed,
                            model_name=model or spec.default_model, tp=tp, dp=dp, kv_events_endpoint=kv_events_endpoint,
-                           served_history=served_history)
+                           served_history=served_history, name_filter=name_filter)
 

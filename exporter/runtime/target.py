@@ -1,4 +1,13 @@
-"""One target's pipeline: fetch -> parse -> adapt -> derive -> render, and the state it leaves."""
+"""One target's pipeline: fetch -> parse -> adapt -> derive -> render, and the state it leaves.
+
+Reading less: after a whole page, a target asks its engine for the series its adapter reads only
+(`?name[]=`, prometheus_client's filter; docs/performance.md says which engines honour it). The answer
+is judged, never trusted: one that holds other series is a whole page (the engine ignored the
+filter); one that lacks a series the whole page held, or every series, is refused and the whole page
+fetched at once (a multiprocess registry answers a filter with nothing). Either way the target asks
+for whole pages from then on, until a failed poll (an engine restart is one: engines take far longer
+than a poll interval to start), after which it reads a whole page and tries the filter again.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +22,8 @@ from ..sources.fetch import FetchError, Fetcher, FetchSettings
 from ..thresholds import Thresholds
 
 log = logging.getLogger(__name__)
+# What a target's engine does with a request for only the series its adapter reads.
+UNTRIED, HONOURED, IGNORED = "untried", "honoured", "ignored"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +54,9 @@ class Target:
                                    role=config.role or "unified")
         self._histories: dict[str, derive.History] = {}
         self._last_reason: str | None = None
+        self.name_filter = UNTRIED
+        # The adapter and the wanted names the last whole page held; None: read a whole page next.
+        self._whole: tuple[adapters.Adapter, frozenset[str]] | None = None
         self.update(config, thresholds, static_labels)
 
     def update(self, config: TargetConfig, thresholds: Thresholds, static_labels: dict) -> None:
@@ -65,7 +79,7 @@ class Target:
         started = time.monotonic()
         previous = self.outcome
         try:
-            adapter, samples = self._read(await self.fetcher.fetch(timeout))
+            adapter, samples = await self._fetch_and_read(timeout)
             try:
                 snapshot = adapter.adapt(samples)
             except parser.ParseError as err:  # a bad label set, found when the adapter reads it
@@ -96,24 +110,48 @@ class Target:
         self.text = exposition.render_target(self.name, self.labels, self.config.url, self.outcome, self.failures,
                                              self._prefixes)
 
-    def _read(self, body: bytes):
+    async def _fetch_and_read(self, timeout: float | None) -> tuple[adapters.Adapter, dict]:
+        """The adapter and the samples it wants: from a filtered answer where the engine honours the
+        filter, else from the whole page."""
+        deadline = time.monotonic() + (self.fetcher.settings.timeout if timeout is None else timeout)
+        if self._whole is None or self.name_filter == IGNORED:
+            return self._read_whole(_text(await self.fetcher.fetch(timeout)))
+        adapter, held = self._whole
         try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise PollFailed("parse", "page is not UTF-8") from None
+            text = _text(await self.fetcher.fetch(timeout, adapter.wanted))
+        except FetchError as err:
+            if err.status is None or not 400 <= err.status < 500:
+                raise
+            # Refused (a URL too long, a query not understood): the filter's fault.
+            log.info("target %s: a filtered request failed (%s); reading whole pages", self.name, err)
+            self.name_filter = IGNORED
+            return self._read_whole(_text(await self.fetcher.fetch(_remaining(deadline))))
+        if parser.holds_other_samples(text, adapter.wanted):
+            self.name_filter = IGNORED  # the whole page, as if unasked
+            return self._read_whole(text)
+        samples = _parse(text, adapter)
+        if not samples or not held <= samples.keys():
+            log.info("target %s: the engine's answer to a filtered request lacks series its whole page holds; "
+                     "reading whole pages", self.name)
+            self.name_filter = IGNORED
+            return self._read_whole(_text(await self.fetcher.fetch(_remaining(deadline))))
+        self.name_filter = HONOURED
+        return adapter, samples
+
+    def _read_whole(self, text: str) -> tuple[adapters.Adapter, dict]:
         engine = self.config.engine
         adapter = adapters.ADAPTERS[engine] if engine != "auto" else adapters.detect(text)
         if adapter is None:
             if parser.has_samples(text):
                 raise PollFailed("unknown_engine", f"no {adapters.titles()} series on the page")
             raise PollFailed("parse", "page is not Prometheus exposition text")
-        try:
-            return adapter, parser.parse(text, adapter.wanted)
-        except parser.ParseError as err:
-            raise PollFailed("parse", str(err)) from None
+        samples = _parse(text, adapter)
+        self._whole = adapter, frozenset(samples)
+        return adapter, samples
 
     def _failed(self, previous: PollOutcome, reason: str, detail: str, started: float) -> PollOutcome:
         self.failures[reason] += 1
+        self._whole, self.name_filter = None, UNTRIED  # a whole page next, then the filter tried again
         if reason != self._last_reason:  # log a change of state, not every failed poll
             log.warning("target %s: poll failed (%s): %s", self.name, reason, detail)
             self._last_reason = reason
@@ -124,6 +162,24 @@ class Target:
     def close(self) -> None:
         """In the event loop thread that polls the target (its connection belongs to that loop)."""
         self.fetcher.close()
+
+
+def _text(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PollFailed("parse", "page is not UTF-8") from None
+
+
+def _parse(text: str, adapter: adapters.Adapter) -> dict:
+    try:
+        return parser.parse(text, adapter.wanted)
+    except parser.ParseError as err:
+        raise PollFailed("parse", str(err)) from None
+
+
+def _remaining(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
 
 
 def fetch_settings(config: Config, target: TargetConfig) -> FetchSettings:

@@ -16,7 +16,8 @@ import os
 import ssl
 import zlib
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from typing import AbstractSet
+from urllib.parse import urlencode, urljoin, urlsplit
 
 # Text 0.0.4 only: prometheus_client ignores q-values and answers OpenMetrics to any Accept that
 # names it, and its recent versions then rewrite `vllm:` to `vllm_` on sample lines.
@@ -30,10 +31,11 @@ _REDIRECTS = (301, 302, 303, 307, 308)
 
 
 class FetchError(Exception):
-    def __init__(self, reason: str, detail: str):
+    def __init__(self, reason: str, detail: str, status: int | None = None):
         super().__init__(detail)  # the log line names the reason apart
         self.reason = reason
         self.detail = detail
+        self.status = status  # the HTTP status of an `http_status` failure
 
 
 @dataclass(frozen=True)
@@ -82,18 +84,22 @@ class Fetcher:
         self._token = SecretFile(settings.bearer_token_file) if settings.bearer_token_file else None
         self._password = SecretFile(settings.basic_auth_password_file) if settings.basic_auth_password_file else None
         self._stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._filtered: tuple[AbstractSet[str], str] | None = None  # (names, the URL asking for them only)
 
     def close(self) -> None:
         if self._stream is not None:
             self._stream[1].close()
             self._stream = None
 
-    async def fetch(self, timeout: float | None = None) -> bytes:
+    async def fetch(self, timeout: float | None = None, names: AbstractSet[str] | None = None) -> bytes:
+        """The page; with `names`, asked for those series only (`?name[]=...`, which prometheus_client's
+        exposition honours: it filters by sample name, a counter's `_total` and a histogram's `_bucket`,
+        `_sum` and `_count` included). Whether the engine honoured it is for the caller to judge."""
         headers = self._headers()
         timeout = self.settings.timeout if timeout is None else timeout
         try:
             async with asyncio.timeout(timeout):
-                return await self._follow(headers)
+                return await self._follow(headers, self.url if names is None else self._filtered_url(names))
         except TimeoutError:  # the deadline covers everything: connect, a trickled head, a trickled body
             self.close()
             raise FetchError("timeout", f"no complete response within {timeout:g}s") from None
@@ -113,8 +119,13 @@ class Fetcher:
             raise FetchError("credentials", f"cannot read {path}: {problem}") from None
         return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
 
-    async def _follow(self, headers: str) -> bytes:
-        url = self.url
+    def _filtered_url(self, names: AbstractSet[str]) -> str:
+        if self._filtered is None or self._filtered[0] is not names:
+            query = urlencode([("name[]", name) for name in sorted(names)])
+            self._filtered = names, self.url + ("&" if urlsplit(self.url).query else "?") + query
+        return self._filtered[1]
+
+    async def _follow(self, headers: str, url: str) -> bytes:
         for _ in range(MAX_REDIRECTS + 1):
             status, response_headers = await self._exchange(url, headers)
             if status in _REDIRECTS:
@@ -127,7 +138,7 @@ class Fetcher:
                 continue
             if status != 200:
                 await self._drain(status, response_headers)
-                raise FetchError("http_status", f"HTTP {status}")
+                raise FetchError("http_status", f"HTTP {status}", status)
             return await self._body(status, response_headers, self.settings.max_bytes)
         raise FetchError("http_status", "too many redirects")
 

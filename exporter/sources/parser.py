@@ -150,6 +150,17 @@ def _parse_exact(page: str, names: frozenset[str]) -> dict[str, list[Sample]]:
 _new_sample = tuple.__new__  # Sample(...) without the Python-level __new__ of a NamedTuple: the hot loop
 
 
+@lru_cache(maxsize=128)
+def _foreign(names: frozenset[str]) -> re.Pattern[str]:
+    # A sample line whose name is not one of `names`: the first one ends the search.
+    return re.compile(r"^[ \t]*+(?!(?:" + _trie_pattern(names) + r")[{ \t])[a-zA-Z_:]", re.MULTILINE)
+
+
+def holds_other_samples(text: str, names: frozenset[str]) -> bool:
+    """Whether the page holds a sample line of a name not in `names`: a server that ignored a filter."""
+    return _foreign(names).search(text) is not None
+
+
 def has_samples(text: str) -> bool:
     """Whether the page holds any sample line at all (exposition text rather than, say, HTML)."""
     return _ANY_SAMPLE.search(text) is not None
