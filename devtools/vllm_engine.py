@@ -87,11 +87,31 @@ class Engine:
             raise ValueError(f"vLLM's /metrics answered {status}")
         return body
 
+    def own_samples(self) -> dict[tuple[str, tuple], float]:
+        """vLLM's own families on its page (`vllm:`), without the process's, which move on their own."""
+        return {key: value for key, value in harness.samples_of(self.page()).items() if key[0].startswith("vllm:")}
+
     def healthy(self) -> bool:
         try:
             return harness.http_get(f"{self.url}/health", timeout=2.0)[0] == 200
         except OSError:
             return False
+
+
+# The contract's `source` of cached prompt tokens -> vLLM's (vllm/v1/metrics/cache_hit_source.py).
+HIT_SOURCES = {"gpu": "device", "cpu": "host", "disk": "disk", "peer": "p2p", "other": "external_unspecified"}
+
+
+def write_exporter_config(path: Path, target: str, engine: Engine, poll_interval: float, dp_ranks: int = 1) -> Path:
+    """The exporter's configuration file for one target: `engine`'s page and its KV event stream."""
+    import yaml
+
+    events = {"endpoint": engine.events_endpoint, "replay_endpoint": engine.replay_endpoint}
+    if dp_ranks > 1:
+        events["dp_ranks"] = dp_ranks
+    path.write_text(yaml.safe_dump({"poll_interval": f"{poll_interval:g}s", "targets": [
+        {"name": target, "url": engine.metrics_url, "engine": "vllm", "kv_events": events}]}))
+    return path
 
 
 @contextlib.contextmanager

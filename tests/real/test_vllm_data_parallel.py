@@ -15,7 +15,6 @@ import re
 import time
 
 import pytest
-import yaml
 
 from devtools import harness, vllm_engine
 
@@ -37,28 +36,19 @@ def data_parallel(tmp_path_factory):
     started = time.monotonic()
     with vllm_engine.serve(work, **POOL) as engine:
         up = time.monotonic() - started
-        config = work / "exporter.yml"
-        config.write_text(yaml.safe_dump({"poll_interval": f"{POLL:g}s", "targets": [{
-            "name": TARGET, "url": engine.metrics_url, "engine": "vllm",
-            "kv_events": {"endpoint": engine.events_endpoint, "replay_endpoint": engine.replay_endpoint,
-                          "dp_ranks": DP_SIZE}}]}))
+        config = vllm_engine.write_exporter_config(work / "exporter.yml", TARGET, engine, POLL, dp_ranks=DP_SIZE)
         with harness.exporter(work, "--config", str(config)) as exporter:
             harness.wait_until(lambda: harness.series(harness.scrape(exporter.url), "kvcache_capacity_blocks",
                                                       target=TARGET), timeout=10 * POLL, what="the first poll")
             outcomes = vllm_engine.Load(engine, vllm_engine.completions(**LOAD, seed=3), concurrency=IN_FLIGHT,
                                         time_limit=120).wait()
             time.sleep(3 * POLL)  # the exporter polls the idle engine and takes the last batches
-            page = engine_samples(engine)
+            page = engine.own_samples()
             ours = harness.scrape(exporter.url)
-            assert engine_samples(engine) == page, "vLLM's page moved after the load"
+            assert engine.own_samples() == page, "vLLM's page moved after the load"
         log = engine.process.log_path.read_text(errors="replace")
     print(f"\ndata parallel: engine up in {up:.0f} s, whole scenario {time.monotonic() - started:.0f} s")
     return dict(outcomes=outcomes, page=page, ours=ours, log=log)
-
-
-def engine_samples(engine: vllm_engine.Engine) -> dict:
-    """vLLM's own families on its page (the process's CPU time and such move on their own)."""
-    return {key: v for key, v in harness.samples_of(engine.page()).items() if key[0].startswith("vllm:")}
 
 
 def per_rank_from_log(log: str, pattern: str) -> dict[str, float]:

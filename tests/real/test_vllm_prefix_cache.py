@@ -17,7 +17,6 @@ import math
 import time
 
 import pytest
-import yaml
 
 from devtools import harness, vllm_engine
 
@@ -34,21 +33,15 @@ MIRRORED = {
     "kvcache_prefix_cache_hit_tokens_total": "vllm:prefix_cache_hits_total",
     "kvcache_prompt_tokens_total": "vllm:prompt_tokens_total",
 }
-# The contract's `source` of cached prompt tokens -> vLLM's (vllm/v1/metrics/cache_hit_source.py).
-HIT_SOURCES = {"gpu": "device", "cpu": "host", "disk": "disk", "peer": "p2p", "other": "external_unspecified"}
 pytestmark = pytest.mark.timeout(600)
-
-
-def engine_samples(engine: vllm_engine.Engine) -> dict:
-    return {key: v for key, v in harness.samples_of(engine.page()).items() if key[0].startswith("vllm:")}
 
 
 def both_sides(engine: vllm_engine.Engine, exporter_url: str) -> tuple[dict, dict]:
     """vLLM's page and the exporter's, once the exporter has polled the idle engine."""
     time.sleep(3 * POLL)
-    page = engine_samples(engine)
+    page = engine.own_samples()
     ours = harness.scrape(exporter_url)
-    assert engine_samples(engine) == page, "vLLM's page moved while idle"
+    assert engine.own_samples() == page, "vLLM's page moved while idle"
     return page, ours
 
 
@@ -58,10 +51,7 @@ def phases(tmp_path_factory):
     work = tmp_path_factory.mktemp("prefix")
     started = time.monotonic()
     with vllm_engine.serve(work, **POOL) as engine:
-        config = work / "exporter.yml"
-        config.write_text(yaml.safe_dump({"poll_interval": f"{POLL:g}s", "targets": [{
-            "name": TARGET, "url": engine.metrics_url, "engine": "vllm",
-            "kv_events": {"endpoint": engine.events_endpoint, "replay_endpoint": engine.replay_endpoint}}]}))
+        config = vllm_engine.write_exporter_config(work / "exporter.yml", TARGET, engine, POLL)
         with harness.exporter(work, "--config", str(config)) as exporter:
             sides = {"start": both_sides(engine, exporter.url)}
             outcomes = {}
@@ -91,7 +81,7 @@ def test_prefix_cache_counters_equal_vllms(phases, phase):
     page, exporter = sides[phase]
     for name, engine_name in MIRRORED.items():
         assert ours(exporter, name) == harness.value(page, engine_name), name
-    for source, engine_source in HIT_SOURCES.items():
+    for source, engine_source in vllm_engine.HIT_SOURCES.items():
         assert ours(exporter, "kvcache_cached_prompt_tokens_total", source=source) == \
             harness.value(page, "vllm:prompt_tokens_cached_by_source_total", source=engine_source), source
 

@@ -76,8 +76,7 @@ MIRRORED = {
 MIRRORED_WITH_LABELS = {
     "kvcache_kv_transfer_prompt_tokens_total": ("vllm:prompt_tokens_cached_by_source_total", {"source": "p2p"}),
 }
-# The contract's `source` of cached prompt tokens -> vLLM's (vllm/v1/metrics/cache_hit_source.py).
-HIT_SOURCES = {"gpu": "device", "cpu": "host", "disk": "disk", "peer": "p2p", "other": "external_unspecified"}
+HIT_SOURCES = vllm_engine.HIT_SOURCES
 # Counters the exporter keeps of its own (polls) or folds from the KV event stream: no counterpart on the page.
 NOT_MIRRORED_PREFIXES = ("kvcache_exporter_", "kvcache_target_", "kvcache_events_", "kvcache_capacity_miss_",
                          "kvcache_block_residency_")

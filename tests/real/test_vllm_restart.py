@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import yaml
 
 from devtools import harness, vllm_engine
 from devtools.alerting import prometheus_config
@@ -62,10 +61,7 @@ def restart(tmp_path_factory):
     started = time.monotonic()
     exporter_port = harness.free_port()
     with vllm_engine.serve(work / "life1", **POOL) as first:
-        config = work / "exporter.yml"
-        config.write_text(yaml.safe_dump({"poll_interval": f"{POLL:g}s", "targets": [{
-            "name": TARGET, "url": first.metrics_url, "engine": "vllm",
-            "kv_events": {"endpoint": first.events_endpoint, "replay_endpoint": first.replay_endpoint}}]}))
+        config = vllm_engine.write_exporter_config(work / "exporter.yml", TARGET, first, POLL)
         with harness.exporter(work, "--config", str(config), port=exporter_port) as exporter, \
                 harness.prometheus(work / "prom", prometheus_config(work / "rules.yml", None, [exporter_port],
                                                                     interval=f"{POLL:g}s")) as prom:
