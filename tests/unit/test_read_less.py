@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from devtools import harness
+from devtools import harness, name_filter
 from kvcache_exporter import adapters
 from kvcache_exporter.config import Config, TargetConfig
 from kvcache_exporter.runtime.target import HONOURED, IGNORED, UNTRIED, new_target
@@ -54,23 +54,6 @@ class Recorder:
         self._answer(names)(handler)
 
 
-def only(text: str, names) -> str:
-    """What prometheus_client answers to `name[]=` names: their sample lines, with their families' HELP and TYPE."""
-    kept, family_lines = [], []
-    for line in text.splitlines(keepends=True):
-        if line.startswith("# HELP") or line.startswith("# TYPE"):
-            family_lines.append(line)
-        elif line.strip() and not line.startswith("#"):
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in names:
-                kept.extend(family_lines)
-                kept.append(line)
-                family_lines = []
-        if line.startswith("# HELP"):
-            family_lines = [line]
-    return "".join(kept)
-
-
 @pytest.mark.parametrize("flavor", ["sglang", "vllm-v1", "trtllm"])
 def test_an_engine_that_honours_the_filter_is_read_from_its_filtered_answers(flavor):
     with start_engine(flavor, speed=SLOW, name_filter="restrict") as honouring, \
@@ -95,10 +78,12 @@ def test_the_simulators_filtered_answer_holds_the_names_asked_for_and_nothing_el
         asked = sorted(adapter.wanted)[:40]
         query = "&".join(f"name[]={name}" for name in asked)
         answer = harness.http_get(f"{engine.url}?{query}")[1]
-    on_page = set(parser.parse(whole, frozenset(asked)))
-    assert on_page and set(parser.parse(answer, frozenset(asked))) == on_page
-    assert not parser.holds_other_samples(answer, frozenset(asked))
-    assert parser.holds_other_samples(whole, frozenset(asked))
+    on_page = parser.parse(whole, frozenset(asked))
+    answered = parser.parse(answer, frozenset(asked))
+    assert on_page and answered.keys() == on_page.keys()
+    assert parser.unread_lines(answer, answered) == 0
+    assert parser.unread_lines(whole, on_page) > 0
+    assert answer == name_filter.answer(whole, set(asked))  # the tests' page servers answer as prometheus_client
     assert len(answer) < len(whole)
 
 
@@ -127,7 +112,8 @@ def test_a_filter_honoured_in_part_is_refused():
     """An answer that lacks a series the whole page held (a registry with some collectors unnamed)."""
     adapter = adapters.ADAPTERS["vllm"]
     held = sorted(set(parser.parse(VLLM_PAGE, adapter.wanted)))
-    recorder = Recorder(lambda names: harness.page(VLLM_PAGE if names is None else only(VLLM_PAGE, held[1:])))
+    recorder = Recorder(lambda names: harness.page(
+        VLLM_PAGE if names is None else name_filter.answer(VLLM_PAGE, set(held[1:]))))
     with harness.PageServer({"/metrics": recorder}) as server:
         seen = poll(target_for(server.url("/metrics")), 3)
     assert [state for _, state in seen] == [UNTRIED, IGNORED, IGNORED]
@@ -137,12 +123,13 @@ def test_a_filter_honoured_in_part_is_refused():
 
 def test_a_server_honouring_the_whole_filter_is_read_from_the_part_it_sends():
     adapter = adapters.ADAPTERS["vllm"]
-    recorder = Recorder(lambda names: harness.page(VLLM_PAGE if names is None else only(VLLM_PAGE, set(names))))
+    recorder = Recorder(lambda names: harness.page(
+        VLLM_PAGE if names is None else name_filter.answer(VLLM_PAGE, set(names))))
     with harness.PageServer({"/metrics": recorder}) as server:
         target = target_for(server.url("/metrics"), engine="vllm")
         seen = poll(target, 3)
     assert [state for _, state in seen] == [UNTRIED, HONOURED, HONOURED]
-    assert len(only(VLLM_PAGE, adapter.wanted)) < len(VLLM_PAGE) / 2
+    assert len(name_filter.answer(VLLM_PAGE, adapter.wanted)) < len(VLLM_PAGE) / 2
     assert [outcome.ranks.keys() for outcome, _ in seen[1:]] == [seen[0][0].ranks.keys()] * 2
 
 
@@ -164,7 +151,7 @@ def test_after_a_failed_poll_the_filter_is_tried_again():
     def answer(names):
         if honour["down"]:
             return harness.page("starting\n", status=503)
-        return harness.page(only(VLLM_PAGE, set(names)) if names and honour["now"] else VLLM_PAGE)
+        return harness.page(name_filter.answer(VLLM_PAGE, set(names)) if names and honour["now"] else VLLM_PAGE)
 
     recorder = Recorder(answer)
     with harness.PageServer({"/metrics": recorder}) as server:
@@ -176,6 +163,17 @@ def test_after_a_failed_poll_the_filter_is_tried_again():
         states += [state for _, state in poll(target, 3)]
     assert states == [UNTRIED, IGNORED, UNTRIED, UNTRIED, HONOURED, HONOURED]
     assert target.outcome.up
+
+
+@pytest.mark.parametrize("page, other", [
+    ("# HELP a x\n# TYPE a gauge\na 1\n\nb{x=\"1\"} 2\n", 1),
+    ("# HELP a x\n# TYPE a gauge\na 1\na{q=\"2\"} 3", 0),  # no final newline
+    ("\n\na 1\n# EOF\n", 0),
+    ("a 1\r\n\r\n", 1),  # a blank line with a CR counts as unread: the page is read whole, never less
+    ("", 0),
+])
+def test_unread_lines_are_the_lines_of_other_series(page, other):
+    assert parser.unread_lines(page, parser.parse(page, frozenset({"a"}))) == other
 
 
 def test_the_filter_is_added_to_the_targets_own_query():
