@@ -14,6 +14,7 @@ from .report import table
 # Issue 21's goals for the exporter's path against Prometheus scraping the engines.
 MAX_CPU_RATIO = 0.8
 MAX_SAMPLES_RATIO = 0.5
+MAX_AGE_OVER_A_S = 1.0  # issue 33: B's oldest data at most A's + 1 s
 LABELS = {"direct": "A: Prometheus scrapes engines", "exporter": "B: exporter + Prometheus + rules",
           "probe": "probe: Prometheus via /probe + rules", "replay": "B with pages replayed, not read"}
 
@@ -67,7 +68,7 @@ def ratios(run: dict, path: str) -> dict | None:
 
 def ratio_table(runs: list[dict], paths: list[str]) -> str:
     head = ["workload", "N", "path / A", "CPU", "samples/s", "head series", "Prometheus RSS", "TSDB bytes/hour",
-            f"CPU ≤ {MAX_CPU_RATIO} and samples ≤ {MAX_SAMPLES_RATIO}"]
+            f"CPU ≤ {MAX_CPU_RATIO} and samples ≤ {MAX_SAMPLES_RATIO}", f"oldest data ≤ A's + {MAX_AGE_OVER_A_S:g} s"]
     rows = []
     for run in runs:
         for path in paths:
@@ -78,7 +79,9 @@ def ratio_table(runs: list[dict], paths: list[str]) -> str:
             rows.append([run["workload"], f"{run['targets']:,}", path,
                          *(f"{r[key]:.2f}" for key in ("monitoring_cores", "samples_per_s", "head_series",
                                                         "prometheus_rss_mb", "tsdb_mb_per_hour")),
-                         "yes" if met else "NO"])
+                         "yes" if met else "NO",
+                         "yes" if run[path]["oldest_age_s"] <= run["direct"]["oldest_age_s"] + MAX_AGE_OVER_A_S
+                         else "NO"])
     return table(head, rows)
 
 
