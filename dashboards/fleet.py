@@ -28,9 +28,10 @@ def build(thresholds: Thresholds, static_labels: tuple[str, ...],
     v = View(Scope(labels), split=("target",), per="per target", legend="{{target}}", thresholds=thresholds,
              latency_quantiles=(0.9,), drill_down=(target.drill_down_link(static_labels),), pd_group=pd_group_label)
     rows = [
+        # Four stats a line at most: narrower, Grafana cuts their titles short ("Most pree...").
         Row("Overview", ((exporter_health.targets_up(v), kv.usage_now(v), kv.pools_without_room(v),
-                          pressure.targets_per_state(v), pressure.preemptions_per_minute(v),
-                          prefix_cache.hit_ratio_now(v), pressure.waiting_now(v)),
+                          pressure.targets_per_state(v)),
+                         (pressure.preemptions_per_minute(v), prefix_cache.hit_ratio_now(v), pressure.waiting_now(v)),
                          (triage.pools_needing_help(v),))),
         Row("KV", ((kv.usage(v), kv.headroom(v), kv.time_until_full(v)),
                    (kv.free_tokens(v), kv.live_tokens_per_request(v), kv.capacity(v)))),

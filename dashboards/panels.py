@@ -32,7 +32,14 @@ RED_ADVICE = "When it is red:"
 STAT_HEIGHT = 4
 GRAPH_HEIGHT = 8
 TABLE_HEIGHT = 10  # about eight rows, then it scrolls: the worst pools come first
+# Grafana's table gives each column at least 150 px: nine columns would not fit 1200 px, and the last ones
+# would hide behind a scroll bar. Columns share the width down to this.
+TABLE_COLUMN_MIN_WIDTH = 100
 REF_IDS = "ABCDEFGH"
+# What a stat or a table cell shows where a value is missing (no series, or NaN as histogram_quantile() gives
+# over no requests). Without it Grafana paints an empty cell, and a stat's "No data", in the first band's colour:
+# green reads "fine" for a target whose engine has no source, red "short" for a pool where nothing runs.
+NO_DATA = "No data"
 
 
 def describe(shows: str, when_red: str) -> str:
@@ -100,6 +107,12 @@ def _with_basics(panel, title: str, description: str, unit: str, queries: list[Q
     return panel
 
 
+def missing_value() -> models.ValueMapping:
+    """A missing value as such: NO_DATA on no colour."""
+    return models.SpecialValueMap(models.DashboardSpecialValueMapOptions(
+        match=models.SpecialValueMatch.NULL_AND_NAN, result=models.ValueMappingResult(text=NO_DATA, color="transparent")))
+
+
 def stat(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
          mappings: list[models.ValueMapping] | None = None, min_max: tuple[float, float] | None = None):
     """A current value (the last one in range), coloured by its band."""
@@ -107,8 +120,7 @@ def stat(title: str, description: str, unit: str, queries: list[Query], steps: b
     panel.reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     panel.color_mode(common.BigValueColorMode.BACKGROUND).graph_mode(common.BigValueGraphMode.AREA)
     panel.text_mode(common.BigValueTextMode.VALUE_AND_NAME if len(queries) > 1 else common.BigValueTextMode.AUTO)
-    if mappings:
-        panel.mappings(mappings)
+    panel.mappings([*(mappings or []), missing_value()])
     if min_max:
         panel.min(min_max[0]).max(min_max[1])
     return _with_basics(panel, title, description, unit, queries, steps, links=())
@@ -156,7 +168,7 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
     Every query keeps only the `key` label, so Grafana's merge joins them into one row each;
     the organize step names the value columns (`Value #A` ...) after their headers.
     """
-    panel = table_builders.Panel().height(TABLE_HEIGHT).filterable(True)
+    panel = table_builders.Panel().height(TABLE_HEIGHT).filterable(True).min_width(TABLE_COLUMN_MIN_WIDTH)
     # The SDK writes the pre-12.4 table's `footer` option, which Grafana 12.4's table model no longer
     # has (footers are per field now; @grafana/schema 12.4 rejects the key), and offers no way to unset it.
     panel._internal.options.footer = None
@@ -169,9 +181,8 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
     cells = models.DynamicConfigValue("custom.cellOptions", {"type": "color-background", "mode": "basic"})
     for ref_id, column in zip(REF_IDS, columns):
         properties = [models.DynamicConfigValue("unit", column.unit),
-                      models.DynamicConfigValue("thresholds", bands.config(column.steps).build()), cells]
-        if column.mappings:
-            properties.append(models.DynamicConfigValue("mappings", column.mappings))
+                      models.DynamicConfigValue("thresholds", bands.config(column.steps).build()), cells,
+                      models.DynamicConfigValue("mappings", [*(column.mappings or []), missing_value()])]
         panel.override_by_name(column.header, properties)
     queries = [Query(column.expr, column.header) for column in columns]
     return _with_basics(panel, title, description, "none", queries, bands.neutral(), links,

@@ -10,10 +10,11 @@ import subprocess
 
 import pytest
 
-from devtools import harness
+from devtools import grafana_render, harness
+from devtools.lint_dashboards import panels as panels_of
 
-RENDER = harness.REPO / "devtools" / "grafana-render"
-GENERATED = sorted((harness.REPO / "dashboards" / "generated").glob("*.json"))
+RENDER = grafana_render.RENDER
+GENERATED = sorted(grafana_render.GENERATED.glob("*.json"))
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 
@@ -125,9 +126,7 @@ def demo_dashboard() -> dict:
 @pytest.fixture(scope="module")
 def built_page():
     """The page built as `make dashboards-render` builds it (npm ci and Chromium first when missing)."""
-    result = subprocess.run(["make", "-s", "devtools/grafana-render/dist/index.html"], capture_output=True, text=True,
-                            timeout=900, cwd=harness.REPO)
-    assert result.returncode == 0, result.stdout + result.stderr
+    grafana_render.build_page()
 
 
 @pytest.fixture(scope="module")
@@ -140,11 +139,8 @@ def empty_prometheus(tmp_path_factory):
 def render(prometheus_url: str, dashboard: dict, tmp_path) -> tuple[subprocess.CompletedProcess, dict]:
     path = tmp_path / "dashboard.json"
     path.write_text(json.dumps(dashboard))
-    out = tmp_path / "out"
-    result = node(str(RENDER / "render.mjs"), "--prometheus", prometheus_url, "--out", str(out),
-                  "--panel-timeout", "20s", str(path))
-    displayed = json.loads((out / dashboard["uid"] / "displayed.json").read_text())
-    return result, {p["title"]: p for p in displayed["panels"]}
+    result = grafana_render.render(prometheus_url, tmp_path / "out", [path])
+    return result, grafana_render.displayed(tmp_path / "out", dashboard["uid"])
 
 
 def test_grafana_draws_values_with_units_colours_mappings_and_the_table_worst_first(built_page, empty_prometheus,
@@ -181,3 +177,46 @@ def test_a_failing_query_is_shown_in_its_panel_and_named_in_the_exit(built_page,
     assert 'panel "Broken query" (id 7): bad_data' in result.stderr
     assert "bad_data" in shown["Broken query"]["error"]
     assert [v["text"] for v in shown["Usage"]["values"]] == ["95.3%"]  # the others still draw
+
+
+def missing_values_dashboard() -> dict:
+    """The fleet dashboard's own fullest-pool stat and triage table, fed by vector() queries: pool "a" with every
+    value, pool "b" without headroom (nothing runs), without preemptions (an engine that does not count them) and
+    with a NaN TTFT (histogram_quantile over no requests); the stat with no series at all."""
+    fleet = json.loads((grafana_render.GENERATED / "kvcache-fleet.json").read_text())
+    by_title = {panel["title"]: panel for panel in panels_of(fleet)}
+    stat = copy.deepcopy(by_title["Fullest pool's KV usage"])
+    stat["targets"][0]["expr"] = "kvcache_no_such_series"
+    stat["gridPos"] = {"h": 4, "w": 6, "x": 0, "y": 1}
+    table = copy.deepcopy(by_title["Pools that need help now"])
+    table["gridPos"] = {"h": 6, "w": 24, "x": 0, "y": 5}
+    values = {"State": (3, 0), "KV usage": (0.953, 0.5), "Headroom": (0.5, None), "Waiting for KV": (2, 0),
+              "Waiting with KV room": (0, 0), "Running": (4, 0), "Preemptions/min": (3, None),
+              "TTFT p90": (1.5, "NaN")}
+    for query in table["targets"]:
+        pools = zip("ab", values[query["legendFormat"]])
+        query["expr"] = " or ".join(TABLE_ROW.format(value=f"scalar(vector(0) / 0)" if v == "NaN" else v, name=name)
+                                    for name, v in pools if v is not None)
+    return {"uid": "missing-values", "title": "missing values", "schemaVersion": fleet["schemaVersion"],
+            "time": {"from": "now-15m", "to": "now"}, "templating": {"list": []},
+            "panels": [{"type": "row", "id": 1, "title": "Overview", "collapsed": False,
+                        "gridPos": {"h": 1, "w": 24, "x": 0, "y": 0}, "panels": []}, stat, table]}
+
+
+def test_a_missing_value_reads_no_data_on_no_colour_not_in_a_band(built_page, empty_prometheus, tmp_path):
+    """Without the dashboards' missing-value mapping Grafana paints an empty cell, and a stat's "No data", in the
+    first band's colour (as "Absent" above): an empty green Preemptions/min reads "fine", an empty red Headroom
+    "short". With it a missing value reads "No data" on no colour, and a present one keeps its band."""
+    result, shown = render(empty_prometheus, missing_values_dashboard(), tmp_path)
+    assert (result.returncode, result.stderr) == (0, ""), result.stdout
+    assert [(v["text"], v["colorName"]) for v in shown["Fullest pool's KV usage"]["values"]] == [("No data", None)]
+    table = shown["Pools that need help now"]
+    rows = {row[0]["text"]: {cell["column"]: (cell["text"], cell["colorName"]) for cell in row[1:]}
+            for row in table["rows"]}
+    assert [row[0]["text"] for row in table["rows"]] == ["a", "b"]  # worst state first
+    for column in ("Headroom", "Preemptions/min", "TTFT p90"):
+        assert rows["b"][column] == ("No data", None), column
+        assert rows["a"][column][0] != "No data" and rows["a"][column][1] is not None, column
+    assert rows["a"]["State"] == ("saturated", "red") and rows["b"]["State"] == ("ok", "green")
+    assert rows["a"]["KV usage"] == ("95.3%", "red") and rows["b"]["KV usage"] == ("50%", "green")
+    assert rows["a"]["Headroom"][1] == "red" and rows["a"]["Preemptions/min"][1] != "green"

@@ -1,0 +1,50 @@
+"""The Grafana renderer (devtools/grafana-render/) from Python: build its page, draw dashboards, read what they show.
+
+`make dashboards-render` is the same for a shell. Tests use it to assert on what Grafana 12.4's own code
+displays (displayed.json: each stat's text and colour, each table row in its displayed order, the legends)
+and to ask Prometheus the very queries Grafana sent (each panel's `queries`, with their parameters).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from devtools import harness
+
+RENDER = harness.REPO / "devtools" / "grafana-render"
+PAGE = RENDER / "dist" / "index.html"
+GENERATED = harness.REPO / "dashboards" / "generated"
+
+
+def build_page() -> None:
+    """The page as `make dashboards-render` builds it: Debian's Chromium and `npm ci` first where missing,
+    then Vite where a source is newer than the bundle (make decides)."""
+    result = subprocess.run(["make", "-s", str(PAGE.relative_to(harness.REPO))], capture_output=True, text=True,
+                            timeout=900, cwd=harness.REPO)
+    if result.returncode != 0:
+        raise RuntimeError(f"building {PAGE} failed:\n{result.stdout}{result.stderr}")
+
+
+def render(prometheus_url: str, out: Path, dashboards: list[Path], *, end: float | None = None,
+           range_seconds: float | None = None, scrape_interval_seconds: float | None = None,
+           variables: dict[str, str] | None = None, panel_timeout_seconds: float = 20) -> subprocess.CompletedProcess:
+    """Draws the dashboards into out/<uid>/ (a PNG per panel and per row, displayed.json) over the range ending
+    at `end` (epoch seconds; now by default). Exit 1 names each panel whose query failed."""
+    args = ["--prometheus", prometheus_url, "--out", str(out), "--panel-timeout", f"{panel_timeout_seconds:g}s"]
+    if end is not None:
+        args += ["--end", str(round(end * 1000))]
+    if range_seconds is not None:
+        args += ["--range", f"{round(range_seconds * 1000)}ms"]
+    if scrape_interval_seconds is not None:
+        args += ["--scrape-interval", f"{scrape_interval_seconds:g}s"]
+    for name, value in (variables or {}).items():
+        args += ["--var", f"{name}={value}"]
+    return subprocess.run([harness.require_binary("node"), str(RENDER / "render.mjs"), *args, *map(str, dashboards)],
+                          capture_output=True, text=True, timeout=600, cwd=harness.REPO)
+
+
+def displayed(out: Path, uid: str) -> dict[str, dict]:
+    """What each panel of a drawn dashboard displays, by title."""
+    return {panel["title"]: panel for panel in json.loads((out / uid / "displayed.json").read_text())["panels"]}
