@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test check install deps docs dashboards dashboards-preview dashboards-render alerts kubernetes bench bench-paths fuzz
+.PHONY: demo test check install deps docs dashboards dashboards-render alerts kubernetes bench bench-paths fuzz
 
 demo: install
 	$(PY) -m kvcache_exporter --demo
@@ -53,16 +53,11 @@ dashboards: install
 alerts: install
 	$(PY) -m kvcache_exporter.alerts.generate
 
-# Every panel of both dashboards as PNGs, one per row, from a running Prometheus (no Grafana needed).
-PROMETHEUS ?= http://127.0.0.1:9090
-PREVIEW_DIR ?= dashboard-preview
-dashboards-preview: deps
-	$(PY) -m devtools.preview_dashboards --prometheus $(PROMETHEUS) --out $(PREVIEW_DIR)
-
 # Both dashboards as Grafana 12.4's own frontend code draws them (devtools/grafana-render/, in Debian's
 # Chromium), from a running Prometheus: $(RENDER_DIR)/<dashboard>/<panel>.png, row-NN-<row>.png and
 # displayed.json (what each panel shows). RENDER_ARGS passes more, e.g. --range 10m --var target=NAME.
 # Exits non-zero naming the panel when a dashboard does not validate against @grafana/schema or a query fails.
+PROMETHEUS ?= http://127.0.0.1:9090
 RENDER_DIR ?= dashboard-render
 RENDER_ARGS ?=
 GRAFANA_RENDER := devtools/grafana-render

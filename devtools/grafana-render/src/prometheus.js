@@ -187,18 +187,15 @@ export async function runPanelQueries({ panel, prometheus, variables, timeRange,
     const expr = interpolateBuiltins(interpolateVariables(target.expr, variables), intervals);
     const instant = Boolean(target.instant) && !target.range;
     const to = timeRange.to.valueOf();
-    let body;
-    if (instant) {
-      body = await prometheus.get('/api/v1/query', { query: expr, time: to / 1000 }, signal);
-    } else {
-      body = await prometheus.get('/api/v1/query_range', {
-        query: expr,
-        start: alignToStep(timeRange.from.valueOf(), intervals.stepMs) / 1000,
-        end: alignToStep(to, intervals.stepMs) / 1000,
-        step: intervals.stepMs / 1000,
-      }, signal);
-    }
-    queries.push({ refId: target.refId, expr, instant });
+    // The parameters go into displayed.json as sent: a check can ask Prometheus the very same question.
+    const params = instant ? { query: expr, time: to / 1000 } : {
+      query: expr,
+      start: alignToStep(timeRange.from.valueOf(), intervals.stepMs) / 1000,
+      end: alignToStep(to, intervals.stepMs) / 1000,
+      step: intervals.stepMs / 1000,
+    };
+    const body = await prometheus.get(instant ? '/api/v1/query' : '/api/v1/query_range', params, signal);
+    queries.push({ refId: target.refId, instant, ...params });
     frames.push(...framesFromAnswer(body, target, expr, intervals.stepMs));
   }
   const response = transformV2({ data: frames }, { targets: panel.targets ?? [], app: 'dashboard' }, {});
