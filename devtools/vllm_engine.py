@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import yaml
+
 from devtools import harness, tiny_model
 
 VENV = harness.REPO / ".venv-vllm"
@@ -104,8 +106,6 @@ HIT_SOURCES = {"gpu": "device", "cpu": "host", "disk": "disk", "peer": "p2p", "o
 
 def write_exporter_config(path: Path, target: str, engine: Engine, poll_interval: float, dp_ranks: int = 1) -> Path:
     """The exporter's configuration file for one target: `engine`'s page and its KV event stream."""
-    import yaml
-
     events = {"endpoint": engine.events_endpoint, "replay_endpoint": engine.replay_endpoint}
     if dp_ranks > 1:
         events["dp_ranks"] = dp_ranks

@@ -79,7 +79,7 @@ MIRRORED_WITH_LABELS = {
 HIT_SOURCES = vllm_engine.HIT_SOURCES
 # Counters the exporter keeps of its own (polls) or folds from the KV event stream: no counterpart on the page.
 NOT_MIRRORED_PREFIXES = ("kvcache_exporter_", "kvcache_target_", "kvcache_events_", "kvcache_capacity_miss_",
-                         "kvcache_block_residency_")
+                         "kvcache_block_residency_", "kvcache_adapter_", "kvcache_tenant_")
 
 
 @dataclass
