@@ -132,6 +132,7 @@ class Reading:
     state: str | None  # the exporter's kvcache_pressure_state; None when it did not poll within 5 polls
     exporter_usage: float | None
     healthy: bool  # vLLM's /health answered 200
+    preemptions: tuple[float, float]  # vLLM's num_preemptions_total, first and second read
 
     @property
     def engine_waits_for_capacity(self) -> bool:
@@ -162,7 +163,8 @@ def read_both(engine: vllm_engine.Engine, exporter_url: str, target: str) -> Rea
     return Reading(
         (harness.value(before, waiting, reason="capacity"), harness.value(after, waiting, reason="capacity")),
         harness.value(before, "vllm:kv_cache_usage_perc"), harness.value(before, "vllm:num_requests_running"),
-        states[0] if len(states) == 1 else None, next(iter(usage.values()), None), healthy)
+        states[0] if len(states) == 1 else None, next(iter(usage.values()), None), healthy,
+        (harness.value(before, "vllm:num_preemptions_total"), harness.value(after, "vllm:num_preemptions_total")))
 
 
 def watch(engine: vllm_engine.Engine, exporter_url: str, target: str, until: Callable[[], object],
@@ -245,8 +247,13 @@ def test_kv_bound_reads_saturated_or_thrashing_while_vllm_waits_for_capacity(kv_
     assert max(r.waiting_for_capacity[0] for r in readings) >= KV_IN_FLIGHT - KV_POOL["max_num_seqs"], readings[:5]
     waiting = [r for r in readings if r.engine_waits_for_capacity]
     assert len(waiting) >= 10, kv_bound.diagnostics
-    # Whenever vLLM queued for capacity on both sides of an exporter poll, the exporter read the pool short.
-    assert [(r.state, r.exporter_usage) for r in waiting if r.state not in SHORT] == []
+    # Whenever vLLM queued for capacity on both sides of an exporter poll, the exporter read the pool short;
+    # except where vLLM preempted in between: the preempted requests' blocks are free until the next step
+    # re-admits the queue, and a poll in that instant reads room (seen once: `capped` at usage 0.467).
+    unexplained = [(r.state, r.exporter_usage) for r in waiting
+                   if r.state not in SHORT and r.preemptions[1] == r.preemptions[0]]
+    assert unexplained == []
+    assert len([r for r in waiting if r.state in SHORT]) >= 0.8 * len(waiting), kv_bound.diagnostics
 
 
 def test_kv_bound_shortage_and_preemption_alerts_reach_the_webhook(kv_bound, stack):
