@@ -120,9 +120,12 @@ class Target:
         try:
             text = _text(await self.fetcher.fetch(timeout, adapter.wanted))
         except FetchError as err:
-            if err.status is None or not 400 <= err.status < 500:
+            refused = err.status is not None and 400 <= err.status < 500
+            # Refused (a URL too long, a query not understood), or a first filtered request that broke the
+            # connection (a server choking on the long query): the filter's fault. Once the filter has worked,
+            # a broken request is the engine's, and counted.
+            if not refused and self.name_filter != UNTRIED:
                 raise
-            # Refused (a URL too long, a query not understood): the filter's fault.
             log.info("target %s: a filtered request failed (%s); reading whole pages", self.name, err)
             self.name_filter = IGNORED
             return self._read_whole(_text(await self.fetcher.fetch(_remaining(deadline))))

@@ -196,7 +196,9 @@ def test_exporter_stays_flat_under_a_mix_of_faults(tmp_path):
                 ages = {name: status.received - status.last_success[name] for name in healthy}
                 stale = {name: round(age, 2) for name, age in ages.items() if age >= 2 * INTERVAL}
                 assert not stale, f"healthy targets fell behind: {stale}"
-                assert all(status.up[name] == 1.0 for name in healthy)
+                down = {name: {reason: count for (target, reason), count in status.failures.items() if target == name}
+                        for name in healthy if status.up[name] != 1.0}
+                assert not down, f"healthy targets down, with their failure counts: {down}"
                 flapping_up |= {status.up[name] for name, kind in faulty.items() if kind == "flapping"}
             last = target_status(exporter.url)
             report = "\n".join(f"{t:7.1f}s {u} scrape {took:.2f}s" for t, u, took in samples)
