@@ -121,10 +121,12 @@ class Target:
             text = _text(await self.fetcher.fetch(timeout, adapter.wanted))
         except FetchError as err:
             refused = err.status is not None and 400 <= err.status < 500
+            choked = err.status is None and self.name_filter == UNTRIED
             # Refused (a URL too long, a query not understood), or a first filtered request that broke the
-            # connection (a server choking on the long query): the filter's fault. Once the filter has worked,
-            # a broken request is the engine's, and counted.
-            if not refused and self.name_filter != UNTRIED:
+            # connection (a server choking on the long query): the filter's fault. An error the engine
+            # answered with (5xx), or a broken request once the filter has worked, is the engine's, and
+            # counted: a flapping engine's failures must not hide behind the fallback.
+            if not (refused or choked):
                 raise
             log.info("target %s: a filtered request failed (%s); reading whole pages", self.name, err)
             self.name_filter = IGNORED

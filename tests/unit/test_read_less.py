@@ -186,3 +186,32 @@ def test_the_filter_is_added_to_the_targets_own_query():
                                           "&name%5B%5D=vllm%3Anum_requests_running")
     assert with_query._filtered_url(names).startswith("http://e:8000/t/1?shard=2&name%5B%5D=vllm%3Ae2e")
     assert parse_qs(urlsplit(with_query._filtered_url(names)).query)["name[]"] == sorted(names)
+
+
+def test_an_engine_error_on_the_first_filtered_request_is_counted_not_blamed_on_the_filter():
+    """A flapping engine (a 502 every other request) whose 502 falls on the first filtered request: the
+    poll fails and is counted, and the next poll starts again from a whole page."""
+    turns = iter([None, 502, None, None])
+    recorder = Recorder(lambda names: harness.page("bad gateway\n", status=502) if next(turns) == 502
+                        else harness.page(VLLM_PAGE))
+    with harness.PageServer({"/metrics": recorder}) as server:
+        target = target_for(server.url("/metrics"))
+        seen = poll(target, 3)
+    assert [outcome.up for outcome, _ in seen] == [True, False, True]
+    assert target.failures["http_status"] == 1
+    assert [state for _, state in seen] == [UNTRIED, UNTRIED, UNTRIED]
+    assert [names is not None for names in recorder.queries] == [False, True, False]
+
+
+def test_a_first_filtered_request_that_breaks_the_connection_falls_back_to_the_whole_page():
+    """A server that closes the connection on the long query: the whole page in the same poll, no failure."""
+    recorder = Recorder(lambda names: harness.page(VLLM_PAGE) if names is None else harness.reset_connection())
+    with harness.PageServer({"/metrics": recorder}) as server:
+        target = target_for(server.url("/metrics"))
+        seen = poll(target, 3)
+    assert all(outcome.up for outcome, _ in seen)
+    assert sum(target.failures.values()) == 0
+    assert [state for _, state in seen] == [UNTRIED, IGNORED, IGNORED]
+    # The filtered request broke a kept-alive connection with nothing read: the fetcher tried it once more
+    # on a new one (fetch.py), then the target read the whole page.
+    assert [names is not None for names in recorder.queries] == [False, True, True, False, False]
