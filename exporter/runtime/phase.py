@@ -220,6 +220,10 @@ class Timetable:
             self._next[target.name] = self._following(target.name, now, interval)
         return due
 
+    def earliest(self) -> float:
+        """When the next poll of any target starts (monotonic; infinity with no target)."""
+        return min(self._next.values(), default=math.inf)
+
     def finished(self, name: str, duration: float) -> None:
         durations = self._durations.get(name)
         if durations is None:

@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 # interpreter's caches are warm. Shorter ticks cost more CPU per poll, longer ones no less
 # (bench/tick.py, docs/performance.md).
 TICK = 0.25
+# Locked to a scraper, the loop wakes when the next poll is due and starts those due within this much:
+# a poll started early ages the data the scrape reads by as much, so the tick's batching would spend
+# the lock's gain (a quarter second at worst). At most 1/LOCKED_BATCH wake-ups a second.
+LOCKED_BATCH = 0.02
 T = TypeVar("T")
 
 
@@ -123,12 +127,14 @@ class Scheduler:
                     self.timetable.keep_only(t.name for t in targets)
                     scheduled = targets
                 self._measure_cpu(now)
-                self.scrapes.update(self.interval, now)
-                # A poll due before the next tick starts now: at most a tick early, never late.
-                due = self.timetable.due(targets, now, now + tick, self.interval)
+                locked = self.scrapes.update(self.interval, now) is not None
+                # A poll due before the next wake-up starts now: at most a tick (locked: a batch) early, never late.
+                batch = min(tick, LOCKED_BATCH) if locked else tick
+                due = self.timetable.due(targets, now, now + batch, self.interval)
                 if due:
                     self._start_polls(due)
-                await asyncio.sleep(tick)
+                wake = min(self.timetable.earliest(), now + tick) if locked else now + tick
+                await asyncio.sleep(max(wake - time.monotonic(), 0.001))
         finally:
             for task in self._tasks:
                 task.cancel()

@@ -85,10 +85,11 @@ def test_phase_locked_polls_give_scrapes_fresher_data_at_the_same_cadence(tmp_pa
             assert self_metric(url, "kvcache_exporter_poll_phase_locked", "free") == 0.0
             assert abs(self_metric(url, "kvcache_exporter_scrape_interval_seconds", "free") - 1.3) < 0.05
     assert len(locked_ages) >= TARGETS * (WINDOW_S - 2) and len(free_ages) >= TARGETS * (WINDOW_S / 1.3 - 2)
-    # Locked: 0.1 s + 2 % of the interval of margin, a few ms of poll, a tick early at most: about 0.15 s.
+    # Locked: the margin (0.1 s + 2 % of the interval: 0.12 s), give or take how far a poll's duration
+    # falls below the p90 of its recent ones and 20 ms of batching; 0.08 s of room for a busy machine.
     # Own cadence: spread over the whole interval, half of it on average.
-    assert statistics.median(locked_ages) < 0.3, sorted(locked_ages)
-    assert statistics.mean(locked_ages) < 0.35, sorted(locked_ages)
+    assert statistics.median(locked_ages) < 0.2, sorted(locked_ages)
+    assert statistics.mean(locked_ages) < 0.25, sorted(locked_ages)
     assert statistics.mean(free_ages) > 0.3, sorted(free_ages)
     assert statistics.mean(locked_ages) < statistics.mean(free_ages) / 1.5
     # The same cadence: one poll per target and interval in the window, give or take the one at its edge.

@@ -12,6 +12,7 @@ import pytest
 
 from kvcache_exporter.runtime import phase
 from kvcache_exporter.runtime.phase import ScrapeClock, Timetable, phase_of
+from kvcache_exporter.runtime import scheduler as scheduler_module
 from kvcache_exporter.runtime.scheduler import Scheduler
 
 
@@ -129,6 +130,48 @@ def test_a_hanging_target_is_skipped_while_the_others_go_on():
         scheduler.stop()
     assert time.monotonic() - started < 1.0  # the hanging poll is cancelled, not waited for
     assert all(t.closed == 1 for t in healthy + [stuck])
+
+
+class StartRecordingTarget(FakeTarget):
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.starts: list[float] = []
+
+    async def poll(self) -> None:
+        self.starts.append(time.monotonic())
+
+
+def test_a_locked_loop_starts_each_poll_on_time_not_a_tick_early():
+    """Locked, the loop wakes for each poll's own time: a poll (of no duration, so its lead is the margin
+    and its place in a spread of a few ms) starts at most LOCKED_BATCH early, where a quarter-second tick
+    would start it up to 0.25 s early and age the data the scrape reads by as much."""
+    targets = [StartRecordingTarget(f"t{i}") for i in range(5)]
+    scheduler = Scheduler(targets, interval=1.0)
+    scraper = "10.0.0.9 Prometheus/3.0"
+    first = time.monotonic() + 0.3 - phase.HISTORY  # a scraper every second, HISTORY scrapes so far
+
+    async def scrape_at(at: float) -> None:
+        scheduler.scrapes.observe(scraper, at, True)
+
+    scrapes = [first + i for i in range(phase.HISTORY + 6)]
+    scheduler.start()
+    try:
+        for at in scrapes[:phase.HISTORY]:
+            scheduler.run(scrape_at(at))
+        for at in scrapes[phase.HISTORY:]:
+            time.sleep(max(at - time.monotonic(), 0.0))
+            scheduler.run(scrape_at(at))
+    finally:
+        scheduler.stop()
+    assert scheduler.scrapes.locked is not None
+    ahead = phase.margin(1.0) + scheduler.timetable.spread + scheduler_module.LOCKED_BATCH + 0.005
+    for target in targets:
+        # The last three polls (the lock was fitted a wake after the seeded scrapes; one poll at the
+        # target's own phase may come first): each its lead before a scrape, never more than a batch early.
+        assert len(target.starts) >= 5, target.name
+        for start in target.starts[-3:]:
+            scrape = min(at for at in scrapes if at > start)
+            assert scrape - start <= ahead, (target.name, scrape - start)
 
 
 def test_a_scheduler_with_no_targets_runs_work_given_from_another_thread():
