@@ -14,9 +14,10 @@ test: deps
 	$(PY) -m pytest -q
 
 # For developers: the unit tier (tests/unit/, everything that starts no process and runs no
-# tool) in about a minute. `make test` stays the whole suite, unit, integration and e2e.
+# tool) in about a minute, spread over two pytest workers. `make test` stays the whole suite, unit,
+# integration, e2e and real, in one process.
 check: $(VENV)/.installed-test
-	$(PY) -m pytest -q -m unit tests/unit
+	$(PY) -m pytest -q -n 2 -m unit tests/unit
 
 install: $(VENV)/.installed
 
