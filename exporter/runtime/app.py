@@ -114,7 +114,8 @@ class Exporter:
 
     async def _metrics(self, _: Request) -> Response:
         # Joining every target's text takes milliseconds at a large fleet: in a worker thread, not the poll loop.
-        texts = [t.text for t in self.targets] + self.subscribers.render()  # in the loop: streams change in it
+        texts = [t.text for t in self.targets] + self.subscribers.render(  # in the loop: streams change in it
+            time.monotonic(), self.config.poll_interval)
         body = await asyncio.to_thread(
             exposition.render, texts, time.time(), self.config.staleness,
             self.state.lines(self.prober.probed(), self.prober.evictions, *self.scheduler.phase_state()))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 
@@ -300,6 +301,10 @@ class Subscribers:
     def __init__(self) -> None:
         self.streams: dict[tuple, EventStream] = {}
         self._context: zmq.asyncio.Context | None = None
+        # The streams' text, rendered at most once a poll interval (as a target's is after each poll): ranking
+        # thousands of tenants per scrape would cost every client of /metrics, and a scrape only joins text.
+        self._texts: list[exposition.TargetText] = []
+        self._rendered_at = -math.inf
 
     async def replace(self, targets) -> None:
         """Subscribe to these targets' streams; a stream whose target and settings stay keeps its state."""
@@ -318,6 +323,7 @@ class Subscribers:
                 stream = self.streams[key] = EventStream(target, rank, endpoint, replay, events)
                 stream.start(self._context)
             stream.target = target
+        self._rendered_at = -math.inf
 
     async def close(self) -> None:
         for stream in self.streams.values():
@@ -327,9 +333,15 @@ class Subscribers:
             self._context.destroy(linger=0)
             self._context = None
 
-    def render(self) -> list[exposition.TargetText]:
-        """Every stream's series. Where two streams of a target name the same DP rank, the target's
-        streams keep their configured ranks: one pool's series twice would make the scrape fail."""
+    def render(self, now: float, max_age: float) -> list[exposition.TargetText]:
+        """Every stream's series, as rendered within `max_age` seconds before `now` (monotonic)."""
+        if now - self._rendered_at >= max_age:
+            self._texts, self._rendered_at = self._render_all(), now
+        return self._texts
+
+    def _render_all(self) -> list[exposition.TargetText]:
+        """Where two streams of a target name the same DP rank, the target's streams keep their configured
+        ranks: one pool's series twice would make the scrape fail."""
         by_target: dict[str, list[EventStream]] = {}
         for stream in self.streams.values():
             by_target.setdefault(stream.target.name, []).append(stream)

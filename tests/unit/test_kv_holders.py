@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvcache_exporter import exposition
 from kvcache_exporter.blocks import OTHER, RESIDENT, STORED_BLOCKS, HolderCounts, PoolState
-from kvcache_exporter.runtime.subscriber import _holder_series
+from kvcache_exporter.runtime.subscriber import Subscribers, _holder_series
 from kvcache_exporter.snapshot import RankValues
 from kvcache_exporter.sources.kvevents import STORED, BlockEvent, decode_message, tenant_of
 from devtools import kvevents_wire as wire
@@ -138,3 +138,24 @@ def test_reranking_keeps_every_shown_counter_from_going_down():
     assert third == second
     total_stored = 5 + 1 + 8 + 2
     assert sum(series[STORED_BLOCKS] for series in second.values()) + 5 == total_stored  # a's 5 stay in a's old series
+
+
+def test_the_streams_are_rendered_once_a_poll_interval_however_often_metrics_is_scraped():
+    """Ranking the holders (thousands of tenants) belongs to the poll's cadence, not to every scrape: scrapes
+    within an interval of the last render join the same text; the first one after it renders anew."""
+    class CountingStream:
+        def __init__(self, name: str):
+            self.target = type("Target", (), {"name": name})()
+            self.rank = self.pool_rank = 0
+            self.renders = 0
+
+        def render(self, rank: int):
+            self.renders += 1
+            return (self.target.name, rank, self.renders)
+
+    subscribers = Subscribers()
+    subscribers.streams = {("a",): CountingStream("a"), ("b",): CountingStream("b")}
+    seen = [subscribers.render(at, 5.0) for at in (100.0, 101.0, 104.9, 105.0, 107.0)]
+    assert [stream.renders for stream in subscribers.streams.values()] == [2, 2]
+    assert seen[0] == seen[1] == seen[2] == [("a", 0, 1), ("b", 0, 1)]
+    assert seen[3] == seen[4] == [("a", 0, 2), ("b", 0, 2)]
