@@ -89,11 +89,14 @@ STATE_RULES = {
     "saturated": f"requests wait for capacity (vLLM's `capacity` reason; the whole queue where the engine "
                  f"gives no reason) **and** KV is what is short: usage at `low_water_ratio` "
                  f"({T.low_water_ratio:g}) or above, or fewer free tokens than a live request holds on "
-                 f"average. Engines keep KV back for the output the running requests will still produce "
-                 f"before they admit another one (SGLang's `new_token_ratio`), so a queue waits for KV well "
-                 f"below the high-water mark.",
+                 f"average, or a preemption since the previous poll. Engines keep KV back for the output the "
+                 f"running requests will still produce before they admit another one (SGLang's "
+                 f"`new_token_ratio`), so a queue waits for KV well below the high-water mark; and a preemption "
+                 f"frees the preempted requests' blocks until the next step readmits the queue, so the poll "
+                 f"after one reads room that is not there.",
     "capped": f"requests wait for capacity while KV has room: usage below `low_water_ratio` "
-              f"({T.low_water_ratio:g}) and at least one typical request's worth of free tokens. The "
+              f"({T.low_water_ratio:g}), at least one typical request's worth of free tokens and no "
+              f"preemption since the previous poll. The "
               f"running-request cap or the token budget binds, not KV; vLLM reports that queue under the "
               f"same `capacity` reason and SGLang gives no reason, so this state is what tells the two apart. "
               f"Only TensorRT-LLM exposes its running-request cap as a series (`kvcache_requests_running_max`); "

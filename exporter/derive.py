@@ -123,15 +123,21 @@ def rate(history: History) -> float | None:
     return increase / span if span > 0 else None
 
 
-def kv_is_short(gauges: dict[str, float], thresholds: Thresholds) -> bool:
-    """Whether the KV pool is what would hold a queued request back: usage at or above the low-water
-    mark (the pool no longer has room to spare), or fewer free tokens than one typical live request
-    holds. Not the high-water mark: engines admit a request only if its prompt fits next to a reserve
+def preempted_since_last_poll(history: History) -> bool:
+    """Whether the preemption counter rose between the last two polls (a drop is a restart, not a preemption)."""
+    return len(history) >= 2 and history[-1][1] > history[-2][1]
+
+
+def kv_is_short(gauges: dict[str, float], thresholds: Thresholds, preempted: bool = False) -> bool:
+    """Whether the KV pool is what would hold a queued request back: the engine preempted since the last
+    poll (it does so only when it cannot grow a running request's KV; the blocks it freed make the pool look
+    roomy until the queue is readmitted), usage at or above the low-water mark (the pool no longer has room
+    to spare), or fewer free tokens than one typical live request holds. Not the high-water mark: engines admit a request only if its prompt fits next to a reserve
     for the running requests' future output (SGLang's new_token_ratio), so a queue waits for KV
     already at 80-89 % usage with several typical requests' worth free (the simulator's kv-saturation
     ramp shows it; a queue behind the running cap sits far lower). While nothing runs the typical
     request is unknown and only the mark decides."""
-    if gauges.get("usage_ratio", 0.0) >= thresholds.low_water_ratio:
+    if preempted or gauges.get("usage_ratio", 0.0) >= thresholds.low_water_ratio:
         return True
     free, live = gauges.get("free_tokens"), gauges.get("live_tokens_per_request")
     return free is not None and live is not None and free < live
@@ -143,18 +149,18 @@ def _waiting_for_capacity(gauges: dict[str, float]) -> float:
     return gauges.get("requests_waiting_for_capacity", gauges.get("requests_waiting", 0.0))
 
 
-def waiting_split(gauges: dict[str, float], thresholds: Thresholds) -> dict[str, float]:
+def waiting_split(gauges: dict[str, float], thresholds: Thresholds, preempted: bool = False) -> dict[str, float]:
     """The queue split by cause: waiting for KV (the queue for capacity while KV is short, else 0)
     and waiting with KV room (the rest of the queue). Absent without a usage or a queue reading."""
     waiting = gauges.get("requests_waiting")
     if waiting is None or "usage_ratio" not in gauges:
         return {}
-    for_kv = min(waiting, _waiting_for_capacity(gauges)) if kv_is_short(gauges, thresholds) else 0.0
+    for_kv = min(waiting, _waiting_for_capacity(gauges)) if kv_is_short(gauges, thresholds, preempted) else 0.0
     return {"requests_waiting_for_kv": for_kv, "requests_waiting_with_kv_room": max(0.0, waiting - for_kv)}
 
 
 def transfer_waiting_for_kv(gauges: dict[str, float], labelled: dict[str, dict[tuple[str, ...], float]],
-                            role: str, thresholds: Thresholds) -> dict[str, float]:
+                            role: str, thresholds: Thresholds, preempted: bool = False) -> dict[str, float]:
     """A decode pool's transfers that cannot start for want of KV: its waiting_to_start stage while KV is
     short (kv_is_short), else 0. The decode half of P/D backpressure: the prefill side holds those requests'
     KV (vLLM, until pulled) or waits to compute them (SGLang, until the decode side pre-allocates). Absent on
@@ -162,16 +168,17 @@ def transfer_waiting_for_kv(gauges: dict[str, float], labelled: dict[str, dict[t
     waiting = labelled.get("kv_transfer_requests", {}).get(("waiting_to_start",))
     if role != "decode" or waiting is None or "usage_ratio" not in gauges:
         return {}
-    return {"kv_transfer_requests_waiting_for_kv": waiting if kv_is_short(gauges, thresholds) else 0.0}
+    return {"kv_transfer_requests_waiting_for_kv": waiting if kv_is_short(gauges, thresholds, preempted) else 0.0}
 
 
-def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thresholds: Thresholds) -> str | None:
+def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thresholds: Thresholds,
+                   preempted: bool = False) -> str | None:
     """The KV pressure state of one pool; the first rule that holds wins.
 
     1. thrashing: preemptions/retractions at or above the threshold rate.
     2. saturated: requests wait for capacity (vLLM's `capacity` reason, else the whole queue) AND
-       the KV pool is short (kv_is_short: usage at the low-water mark or above, or fewer free
-       tokens than a typical live request holds).
+       the KV pool is short (kv_is_short: a preemption since the last poll, usage at the low-water
+       mark or above, or fewer free tokens than a typical live request holds).
     3. capped: requests wait for capacity while the KV pool has room (usage below the low-water
        mark and free tokens >= a typical live request): the running-request cap or the token budget
        binds, not KV. vLLM reports `capacity` for the running cap too (reference §7) and SGLang
@@ -187,7 +194,7 @@ def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thre
     if preemption_rate is not None and preemption_rate >= thresholds.thrashing_preemptions_per_second:
         return "thrashing"
     if _waiting_for_capacity(gauges) > 0:
-        return "saturated" if kv_is_short(gauges, thresholds) else "capped"
+        return "saturated" if kv_is_short(gauges, thresholds, preempted) else "capped"
     if usage >= thresholds.high_water_ratio:
         return "tight"
     return "ok"
@@ -207,8 +214,9 @@ def derive(
         )
         new_histories[rank_name] = history
         gauges = kv_gauges(rank, bytes_per_token)
-        gauges.update(waiting_split(gauges, thresholds))
-        gauges.update(transfer_waiting_for_kv(gauges, rank.labelled, role, thresholds))
-        derived[rank_name] = DerivedRank(gauges, rank, pressure_state(gauges, rate(history), thresholds),
+        preempted = preempted_since_last_poll(history)
+        gauges.update(waiting_split(gauges, thresholds, preempted))
+        gauges.update(transfer_waiting_for_kv(gauges, rank.labelled, role, thresholds, preempted))
+        derived[rank_name] = DerivedRank(gauges, rank, pressure_state(gauges, rate(history), thresholds, preempted),
                                          tier_values(rank.labelled))
     return derived, new_histories

@@ -198,3 +198,23 @@ def test_derive_carries_histories_between_polls():
         states.append(ranks["0"].pressure)
     assert states == ["saturated", "saturated", "saturated", "thrashing", "thrashing", "thrashing"]
     assert derive.rate(histories["0"]) == pytest.approx(9 / 25)
+
+
+def test_a_queue_right_after_a_preemption_waits_for_kv_though_the_freed_blocks_look_like_room():
+    """vLLM preempts only when it cannot grow a running request's KV; the preempted requests' blocks are free
+    until the next step readmits the queue, so the poll that follows reads room (usage 0.5) and a queue. One
+    preemption in a minute is under the thrashing rate (1/60 < 0.02/s): the queue reads as waiting for KV,
+    not capped, for that poll; the next poll without a preemption reads the cap again. A restart's drop of the
+    counter is no preemption."""
+    def snapshot(preemptions: float) -> Snapshot:
+        values = rank(usage_ratio=0.5, requests_waiting=2, requests_waiting_for_capacity=2, capacity_blocks=100,
+                      block_size_tokens=16)
+        values.counters["preemptions_total"] = preemptions
+        return Snapshot("vllm", "m", "", {"0": values})
+
+    histories: dict = {}
+    seen = []
+    for t, preemptions in enumerate([7] * 12 + [8, 8, 2]):  # one preemption at poll 12, a restart at poll 14
+        ranks, histories = derive.derive(snapshot(preemptions), histories, t * 5.0, T)
+        seen.append((ranks["0"].pressure, ranks["0"].gauges["requests_waiting_for_kv"]))
+    assert seen[11:] == [("capped", 0), ("saturated", 2), ("capped", 0), ("capped", 0)]
