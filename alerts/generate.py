@@ -322,11 +322,15 @@ def fleet_rules(t: Thresholds, group: str) -> list[dict]:
             f"count {by} (group without (dp_rank) (kvcache_capacity_tokens))")},
         {"record": "kvcache:fleet_replica_capacity_tokens:avg", "expr": (
             f"avg {by} (sum without (dp_rank) (kvcache_capacity_tokens))")},
-        # Starting: configured targets that were a pool of the model within the lookback and do not answer now
-        # (restarting, rescheduled). Counting them keeps the signal from asking for them again (no cascade).
+        # Starting: targets that do not answer now and were a pool of the model within the lookback (restarting,
+        # rescheduled), or are a replica of it by the exporter's word (kvcache_target_replica_info: an
+        # autoscaler's new replica, its model configured or probed) and did answer, or were not there, a lookback
+        # ago (one down since is broken, not starting). Counting them keeps the signal from asking for them again.
         {"record": "kvcache:fleet_replicas_starting:count", "expr": (
-            f"count {by} (\n  group without (dp_rank) (last_over_time(kvcache_capacity_tokens[{start}]))\n"
-            "  unless on (target) kvcache_capacity_tokens\n  and on (target) (kvcache_target_up == 0)\n)")},
+            f"count {by} (\n  group by (target, {group}, role) (\n"
+            f"    group without (dp_rank) (last_over_time(kvcache_capacity_tokens[{start}]))\n"
+            f"    or\n    (kvcache_target_replica_info unless on (target) (kvcache_target_up offset {start} == 0))\n"
+            "  )\n  unless on (target) kvcache_capacity_tokens\n  and on (target) (kvcache_target_up == 0)\n)")},
         # Replicas to add (> 0) for the backlog the peers cannot take, less those starting; or, while the model
         # has queued nothing for the window, replicas to remove (< 0) down to what holds its used KV at the low-water mark (at
         # least one); else 0.

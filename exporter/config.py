@@ -100,6 +100,9 @@ class TargetConfig:
     kv_events: KVEventsConfig | None = None
     # Its pools' disaggregation role where the page does not say it (contract.ROLES); None: unified.
     role: str | None = None
+    # The model it serves, as its engine names it: what it is a replica of before its engine first answers (an
+    # autoscaler's new replica), so that the fleet rules count it as starting. The page's word wins once it answers.
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -308,7 +311,7 @@ def _thresholds(source: str, value: Any) -> Thresholds:
 
 
 _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_auth", "ca_file",
-                "tls_insecure_skip_verify", "model_architecture", "kv_events", "role"}
+                "tls_insecure_skip_verify", "model_architecture", "kv_events", "role", "model"}
 
 _TOP_KEYS = {"poll_interval", "timeout", "staleness", "max_response_bytes", "labels", "pressure", "targets", "listen",
              "log_level", "probe", "pd_group_label"}
@@ -358,6 +361,7 @@ def _target(source: str, item: Any, path: str) -> TargetConfig:
         kv_layout=_kv_layout(source, reader.mapping.get("model_architecture"), reader.key("model_architecture")),
         kv_events=_kv_events(source, reader.mapping.get("kv_events"), reader.key("kv_events")),
         role=reader.get("role", _role),
+        model=reader.get("model", _string),
     )
 
 

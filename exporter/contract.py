@@ -167,6 +167,11 @@ _TABLE = (
            "Failed polls of the target by reason (" + ", ".join(FAILURE_REASONS) + ").", ("reason",)),
     Family("target_info", "gauge", "target", "",
            "1, with the target's URL, detected engine and engine version where known.", ("url", "version")),
+    Family("target_replica_info", "gauge", "target", "",
+           "1, with the model the target serves and its pools' role, whether or not it answers: as its page last "
+           "said them, else as its configuration (`model:`, `role:`) or its probe (`model`, `role` parameters) "
+           "says. What a replica that has not answered yet (an autoscaler's new one) is a replica of: the fleet "
+           "rules count it as starting.", ("model", "role")),
     # Per pool: the KV pool and the queue.
     Family("usage_ratio", "gauge", "pool", "ratio",
            "Fraction (0..1) of the KV pool held by live requests, as the engine reports it; evictable prefix-cache "

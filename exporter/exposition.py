@@ -104,6 +104,8 @@ def render_target(name: str, labels: dict[str, str], url: str, outcome, failures
             for reason, count in failures.items()),
         "target_info": line(P + "target_info", f'{base},url="{_escape(url)}",version="{_escape(outcome.version)}"',
                             1.0),
+        "target_replica_info": line(
+            P + "target_replica_info", f'{base},model="{_escape(outcome.model)}",role="{_escape(outcome.role)}"', 1.0),
     }
     if outcome.duration is not None:
         status["target_scrape_duration_seconds"] = line(P + "target_scrape_duration_seconds", base, outcome.duration)

@@ -25,6 +25,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from ..config import Config, TargetConfig, engines, target_from_url
+from ..contract import ROLES
 from ..sources.fetch import USER_AGENT
 from .target import Target, new_target
 
@@ -60,6 +61,11 @@ class Prober:
             return 403, "a probe cannot probe an exporter's /probe"
         url = (query.get("target") or [""])[0]
         engine = (query.get("engine") or ["auto"])[0]
+        # What the engine is a replica of until its page says (discovery's labels, relabeled to __param_model
+        # and __param_role): a new replica that does not answer yet counts as starting.
+        model, role = (query.get("model") or [None])[0], (query.get("role") or [None])[0]
+        if role is not None and role not in ROLES:
+            return 400, f"role must be one of {', '.join(ROLES)}"
         key = (url, engine)
         known = self._targets.get(key)
         if known is None or known.checked_under is not config:  # checked once per engine and configuration
@@ -70,7 +76,7 @@ class Prober:
                 return refusal
             if known is not None:
                 known.checked_under = config
-        probed = self._entry(key, config)
+        probed = self._entry(key, config, model, role)
         poll = probed.poll
         if poll is None:
             poll = probed.poll = asyncio.get_running_loop().create_task(probed.target.poll(_timeout(config, headers)))
@@ -98,7 +104,7 @@ class Prober:
             return 403, "target is this exporter itself"
         return None
 
-    def _entry(self, key: tuple[str, str], config: Config) -> _Probed:
+    def _entry(self, key: tuple[str, str], config: Config, model: str | None, role: str | None) -> _Probed:
         """The state kept for this engine, made if new; forgets the stale and the least recently probed."""
         now = time.monotonic()
         while self._targets:
@@ -112,7 +118,8 @@ class Prober:
                 self._forget(self._targets.popitem(last=False)[1])
                 self.evictions += 1
             url, engine = key
-            target_config = TargetConfig(name=target_from_url(url).name, url=url, engine=engine)
+            target_config = TargetConfig(name=target_from_url(url).name, url=url, engine=engine, role=role,
+                                         model=model)
             probed = self._targets[key] = _Probed(new_target(target_config, config), config)
         self._targets.move_to_end(key)
         probed.last_probe = now

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import adapters, contract, derive, exposition
 from ..config import Config, TargetConfig
@@ -63,6 +63,8 @@ class Target:
         """A reload that keeps the target: new labels, thresholds or architecture, same state."""
         self.config = config
         self.thresholds = thresholds
+        if self.outcome.last_success is None:  # what it is a replica of, until its page says
+            self.outcome = replace(self.outcome, model=config.model or "", role=config.role or "unified")
         self.labels = {**static_labels, **config.labels}
         self._prefixes = exposition.Prefixes()  # label strings change with the labels
         # KV bytes of one token of the whole model (all TP shards): a pool's tokens span every shard.

@@ -6,11 +6,15 @@ on a clock TIME_SCALE times faster. Each model is a small fleet:
   signal asks for replicas (every pool is KV-bound);
 - capped: one replica queues behind its running-request cap with KV to spare: the signal asks for nothing;
 - offload: one replica whose offload tier serves its hits: its GPU pool runs full, and the signal asks for nothing.
+
+The balanced model also has a new replica that never answers (an autoscaler's, its model configured): it counts as
+starting, so the signal does not ask for it again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 
 import pytest
@@ -67,13 +71,18 @@ def outcome(tmp_path_factory):
     rules = tmp / "kvcache-rules.yml"
     assert generate.main(["--time-scale", str(TIME_SCALE), "--output", str(rules)]) == 0
     engines = {}
+    # Bound and never listening: connections to it are refused, as to a replica still loading its weights.
+    loading = socket.socket()
+    loading.bind(("127.0.0.1", 0))
     try:
         for (model, target), run in FLEET.items():
             engines[target] = start_engine("vllm-v1", run, speed=TIME_SCALE, seed=SEED, model=model)
         config = tmp / "exporter.yml"
         config.write_text(yaml.safe_dump({
             "poll_interval": INTERVAL, "pressure": dataclasses.asdict(COMPRESSED),
-            "targets": [{"name": target, "url": engine.url, "engine": "vllm"} for target, engine in engines.items()]}))
+            "targets": [{"name": target, "url": engine.url, "engine": "vllm"} for target, engine in engines.items()]
+            + [{"name": "balanced-new", "url": f"http://127.0.0.1:{loading.getsockname()[1]}/metrics",
+                "model": "balanced"}]}))
         started = time.monotonic()
         with harness.exporter(tmp, "--config", str(config)) as exporter, \
                 harness.prometheus(tmp / "prom", prometheus_config(
@@ -91,6 +100,7 @@ def outcome(tmp_path_factory):
                 "share": over_run(prom.url, "kvcache:fleet_requests_waiting_for_kv_peer_headroom:ratio", seconds),
                 "spread": over_run(prom.url, "kvcache:fleet_usage_ratio:spread", seconds),
                 "delta": over_run(prom.url, "kvcache:fleet_replicas:delta", seconds),
+                "starting": over_run(prom.url, "kvcache:fleet_replicas_starting:count", seconds),
                 "min_delta": {m: -v for m, v in over_run(prom.url, "-kvcache:fleet_replicas:delta", seconds).items()},
                 "waiting": over_run(prom.url, "sum by (model) (kvcache_requests_waiting)", seconds),
                 "waiting_for_kv": over_run(prom.url, "sum by (model) (kvcache_requests_waiting_for_kv)", seconds),
@@ -101,6 +111,7 @@ def outcome(tmp_path_factory):
             }
         yield result
     finally:
+        loading.close()
         for engine in engines.values():
             engine.stop()
 
@@ -124,3 +135,8 @@ def test_scale_out_is_asked_only_for_kv_bound_pools(outcome):
     assert outcome["delta"]["capped"] == 0 and outcome["min_delta"]["capped"] == 0
     assert outcome["usage"]["offload"] >= DEFAULT.low_water_ratio and outcome["tier_hits"]["offload"] > 0
     assert outcome["delta"]["offload"] == 0 and outcome["min_delta"]["offload"] == 0
+
+
+def test_a_new_replica_that_never_answered_counts_as_starting(outcome):
+    # The one configured replica of balanced that does not answer, and no other (nothing restarted).
+    assert outcome["starting"] == {"balanced": 1}
