@@ -482,18 +482,25 @@ class Publisher:
         self.seq = 0
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._context = zmq.Context()
-        self.pub = self._context.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.SNDHWM, 100_000)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.bind(f"tcp://127.0.0.1:{pub_port}")
         self.replays = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
+        try:
+            self.pub = self._context.socket(zmq.PUB)
+            self.pub.setsockopt(zmq.SNDHWM, 100_000)
+            self.pub.setsockopt(zmq.LINGER, 0)
+            self.pub.bind(f"tcp://127.0.0.1:{pub_port}")
+            if replay_port is not None:
+                self.router = self._context.socket(zmq.ROUTER)
+                self.router.setsockopt(zmq.LINGER, 0)
+                self.router.bind(f"tcp://127.0.0.1:{replay_port}")
+        except zmq.ZMQError:
+            # A port taken meanwhile (callers retry on another): close what was made, or its garbage collection
+            # warns about an unclosed socket in whichever test runs then.
+            self._context.destroy(linger=0)
+            raise
         if replay_port is not None:
-            self.router = self._context.socket(zmq.ROUTER)
-            self.router.setsockopt(zmq.LINGER, 0)
-            self.router.bind(f"tcp://127.0.0.1:{replay_port}")
             self._thread = threading.Thread(target=self._serve_replay, daemon=True)
             self._thread.start()
 
