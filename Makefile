@@ -10,8 +10,12 @@ PY := $(VENV)/bin/python
 demo: install
 	$(PY) -m kvcache_exporter --demo
 
+# The tiers that start no engine or exporter run on two pytest workers; the end-to-end and real-engine
+# tiers, which time processes against each other, run in one. Both runs report before make fails.
 test: deps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 tests/unit tests/integration; first=$$?; \
+	$(PY) -m pytest -q tests/e2e tests/real; second=$$?; \
+	exit $$(( first || second ))
 
 # For developers: the unit tier (tests/unit/, everything that starts no process and runs no
 # tool) in about a minute, spread over two pytest workers. `make test` stays the whole suite, unit,
