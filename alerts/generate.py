@@ -285,6 +285,7 @@ def fleet_rules(t: Thresholds, group: str) -> list[dict]:
     by = f"by ({group}, role)"
     w = format_duration(t.window_seconds)
     start = t.replica_starting_lookback
+    backlog_pools = "ceil(kvcache:fleet_kv_short_tokens:sum / kvcache:fleet_replica_capacity_tokens:avg)"
     return [
         {"record": "kvcache:fleet_usage_ratio:spread", "expr": (
             f"max {by} (kvcache_usage_ratio)\n-\nmin {by} (kvcache_usage_ratio)")},
@@ -331,14 +332,38 @@ def fleet_rules(t: Thresholds, group: str) -> list[dict]:
             f"    group without (dp_rank) (last_over_time(kvcache_capacity_tokens[{start}]))\n"
             f"    or\n    (kvcache_target_replica_info unless on (target) (kvcache_target_up offset {start} == 0))\n"
             "  )\n  unless on (target) kvcache_capacity_tokens\n  and on (target) (kvcache_target_up == 0)\n)")},
-        # Replicas to add (> 0) for the backlog the peers cannot take, less those starting; or, while the model
-        # has queued nothing for the window, replicas to remove (< 0) down to what holds its used KV at the low-water mark (at
-        # least one); else 0.
+        # The flow: requests the model finishes a second, and how fast its queue grows (the arrivals beyond them).
+        {"record": "kvcache:fleet_requests_finished:rate", "expr": (
+            f"sum {by} (rate(kvcache_e2e_request_latency_seconds_count[{w}]))")},
+        {"record": "kvcache:fleet_requests_waiting:deriv", "expr": f"sum {by} (deriv(kvcache_requests_waiting[{w}]))"},
+        # Replicas the flow needs, where the model's completions are known and go on: while the queue does not
+        # shrink, one more than its growth is in ready replicas' worth of completions (that stops it growing, then
+        # drains it); 0 while it drains.
+        {"record": "kvcache:fleet_replicas_flow:count", "expr": (
+            "(\n  floor(\n    kvcache:fleet_replicas_ready:count * kvcache:fleet_requests_waiting:deriv\n"
+            "    / (kvcache:fleet_requests_finished:rate > 0)\n  ) + 1\n"
+            "  and\n  kvcache:fleet_requests_waiting:deriv >= 0\n)\n"
+            "or\n0 * (kvcache:fleet_requests_finished:rate > 0)")},
+        # Replicas the KV shortage needs: the backlog's size in pools (what would hold today's queue at once), no
+        # more than the flow needs. Sized by the backlog alone, a queue that built up while replicas started asks
+        # for replicas to run all of it at once: far more than the load needs once it has drained. The backlog
+        # alone sizes it only where the flow cannot: the engine has no completion count, or the model finished
+        # nothing in the window; while the flow is unknown for want of samples (a gap in the scrapes), nothing.
+        {"record": "kvcache:fleet_replicas_short:count", "expr": (
+            f"(\n  {backlog_pools}\n  <= on ({group}, role)\n  kvcache:fleet_replicas_flow:count\n)\n"
+            f"or on ({group}, role)\n"
+            f"(kvcache:fleet_replicas_flow:count and on ({group}, role) kvcache:fleet_kv_short_tokens:sum)\n"
+            f"or on ({group}, role)\n"
+            f"(\n  {backlog_pools}\n  and on ({group}, role) (kvcache:fleet_requests_finished:rate == 0)\n)\n"
+            f"or on ({group}, role)\n"
+            f"(\n  {backlog_pools}\n"
+            f"  unless on ({group}, role) group {by} (kvcache_e2e_request_latency_seconds_count)\n)")},
+        # Replicas to add (> 0) for the shortage, less those starting; or, while the model has queued nothing for the
+        # window, replicas to remove (< 0) down to what holds its used KV at the low-water mark (at least one); else 0.
         {"record": "kvcache:fleet_replicas:delta", "expr": (
             "(\n  clamp_min(\n"
-            "    (\n      ceil(kvcache:fleet_kv_short_tokens:sum / kvcache:fleet_replica_capacity_tokens:avg)\n"
-            "      - kvcache:fleet_replicas_starting:count\n    )\n"
-            "    or\n    ceil(kvcache:fleet_kv_short_tokens:sum / kvcache:fleet_replica_capacity_tokens:avg),\n"
+            "    (kvcache:fleet_replicas_short:count - kvcache:fleet_replicas_starting:count)\n"
+            "    or\n    kvcache:fleet_replicas_short:count,\n"
             "    0\n  ) > 0\n)\nor\n(\n  0 - clamp_min(\n    kvcache:fleet_replicas_ready:count\n    - clamp_min(\n"
             f"      ceil(\n        sum {by} (kvcache_used_tokens)\n"
             f"        / (kvcache:fleet_replica_capacity_tokens:avg * {number(t.low_water_ratio)})\n      ),\n"

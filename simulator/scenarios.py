@@ -404,6 +404,10 @@ class ScenarioRun:
             if target >= self.segment.end:
                 self._enter(next(self._segments))
 
+    def set_arrival_rate(self, rate: float) -> None:
+        """Poisson arrivals at `rate` from now until the next phase: a router's share of one model's load."""
+        self.arrivals.set_workload(replace(self.arrivals.workload, arrival_rate=rate), self.now)
+
     def _enter(self, segment: Segment) -> None:
         self.segment = segment
         if segment.restart:

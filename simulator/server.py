@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -64,6 +65,7 @@ class SimulatedEngine:
         self._started_unix = time.time()
         self._state = self._build_state()
         self._stopping = threading.Event()
+        self._arrival_rates: queue.SimpleQueue[float] = queue.SimpleQueue()  # set_arrival_rate's, for the model thread
 
         # Collectors without names (the simulator's, the multiprocess one) take part in a filtered answer only
         # when the registry says so: prometheus_client answers no series from them otherwise.
@@ -111,6 +113,11 @@ class SimulatedEngine:
         self._served.append((time.time(), state))
         return state
 
+    def set_arrival_rate(self, rate: float) -> None:
+        """Requests per simulated second from the model's next tick on (until the scenario's next phase): what a
+        router sends this replica of a model."""
+        self._arrival_rates.put(rate)
+
     def stop(self) -> None:
         if self._stopping.is_set():
             return
@@ -134,6 +141,8 @@ class SimulatedEngine:
         while not self._stopping.wait(TICK_S):
             target = (time.monotonic() - self._started_monotonic) * self.speed
             deadline = time.monotonic() + MAX_WORK_PER_TICK_S
+            while not self._arrival_rates.empty():
+                self._run.set_arrival_rate(self._arrival_rates.get())
             # Small slices, so that a model far behind still publishes and notices stop().
             while self._run.now < target and time.monotonic() < deadline and not self._stopping.is_set():
                 self._run.advance_to(min(target, self._run.now + TICK_S * self.speed))

@@ -20,7 +20,7 @@ import time
 import pytest
 import yaml
 
-from devtools import harness
+from devtools import harness, scaling_plots
 from devtools.alerting import prometheus_config
 from kvcache_exporter.alerts import generate
 from kvcache_exporter.simulator import scenarios
@@ -83,7 +83,7 @@ def outcome(tmp_path_factory):
             "targets": [{"name": target, "url": engine.url, "engine": "vllm"} for target, engine in engines.items()]
             + [{"name": "balanced-new", "url": f"http://127.0.0.1:{loading.getsockname()[1]}/metrics",
                 "model": "balanced"}]}))
-        started = time.monotonic()
+        started, unix_started = time.monotonic(), time.time()
         with harness.exporter(tmp, "--config", str(config)) as exporter, \
                 harness.prometheus(tmp / "prom", prometheus_config(
                     rules, None, [int(exporter.url.rsplit(":", 1)[1])], INTERVAL)) as prom:
@@ -101,6 +101,10 @@ def outcome(tmp_path_factory):
                 "spread": over_run(prom.url, "kvcache:fleet_usage_ratio:spread", seconds),
                 "delta": over_run(prom.url, "kvcache:fleet_replicas:delta", seconds),
                 "starting": over_run(prom.url, "kvcache:fleet_replicas_starting:count", seconds),
+                "short": over_run(prom.url, "kvcache:fleet_replicas_short:count", seconds),
+                # How far the delta ever was from the shortage less the one replica starting.
+                "delta_off": over_run(prom.url, "abs(kvcache:fleet_replicas:delta - clamp_min("
+                                                "kvcache:fleet_replicas_short:count - 1, 0))", seconds),
                 "min_delta": {m: -v for m, v in over_run(prom.url, "-kvcache:fleet_replicas:delta", seconds).items()},
                 "waiting": over_run(prom.url, "sum by (model) (kvcache_requests_waiting)", seconds),
                 "waiting_for_kv": over_run(prom.url, "sum by (model) (kvcache_requests_waiting_for_kv)", seconds),
@@ -109,6 +113,7 @@ def outcome(tmp_path_factory):
                 "tier_hits": over_run(prom.url, f'increase(kvcache_cached_prompt_tokens_total{{source="cpu"}}[{seconds}s])',
                                       seconds),
             }
+            scaling_plots.record(prom.url, "fleet", unix_started, TIME_SCALE)
         yield result
     finally:
         loading.close()
@@ -126,8 +131,8 @@ def test_a_skewed_router_fires_the_imbalance_and_a_balanced_one_does_not(outcome
 
 
 def test_scale_out_is_asked_only_for_kv_bound_pools(outcome):
-    # Every balanced pool queues for KV and no peer has room: replicas are asked for, sized by its backlog.
-    assert outcome["delta"]["balanced"] >= 1
+    # Every balanced pool queues for KV and no peer has room: replicas are short.
+    assert outcome["short"]["balanced"] >= 1
     assert outcome["backlog"]["balanced"] > 0
     # A queue behind the running-request cap, and a full pool whose offload tier keeps up, ask for none (and,
     # while anything queues or the pool holds more than the low-water mark, give none back).
@@ -140,3 +145,5 @@ def test_scale_out_is_asked_only_for_kv_bound_pools(outcome):
 def test_a_new_replica_that_never_answered_counts_as_starting(outcome):
     # The one configured replica of balanced that does not answer, and no other (nothing restarted).
     assert outcome["starting"] == {"balanced": 1}
+    # The signal never asks for it again: at every evaluation the delta is the shortage less that one replica.
+    assert outcome["delta_off"]["balanced"] == 0
