@@ -34,10 +34,10 @@ SERIES = {
 }
 # The fleets drawn, by model, with their titles.
 FLEETS = {
-    "balanced": "KV-bound: two replicas overloaded alike",
+    "balanced": "KV-bound: two replicas overloaded alike, a third starting",
     "capped": "Cap-bound: queueing behind the running-request cap",
     "offload": "Offload: a full GPU pool whose CPU tier serves the hits",
-    "converging": "Converging: replicas added and removed as the signal asks",
+    "converging": "Converging: replicas added as the signal asks (the HPA's behaviour)",
 }
 
 
@@ -90,10 +90,10 @@ def draw(traces: Path, out: Path) -> list[Path]:
         line(replicas, "delta", "kvcache:fleet_replicas:delta", linestyle=":")
         for seconds, what in run["events"]:
             replicas.axvline(seconds * minutes, color="grey", alpha=0.3)
-            replicas.annotate(what, (seconds * minutes, replicas.get_ylim()[1]), fontsize=7, rotation=90,
-                              va="top", ha="right", color="grey")
+            replicas.annotate(what, (seconds * minutes, replicas.get_ylim()[0]), fontsize=7, rotation=90,
+                              va="bottom", ha="right", color="grey")
         replicas.axhline(0, color="black", linewidth=0.5)
-        replicas.legend(loc="upper left", fontsize=8)
+        replicas.legend(loc="center right", fontsize=7)
         replicas.set_xlabel("simulated minutes")
         figure.tight_layout()
         path = out / f"{model}.png"
