@@ -358,12 +358,20 @@ def fleet_rules(t: Thresholds, group: str) -> list[dict]:
             f"or on ({group}, role)\n"
             f"(\n  {backlog_pools}\n"
             f"  unless on ({group}, role) group {by} (kvcache_e2e_request_latency_seconds_count)\n)")},
-        # Replicas to add (> 0) for the shortage, less those starting; or, while the model has queued nothing for the
-        # window, replicas to remove (< 0) down to what holds its used KV at the low-water mark (at least one); else 0.
+        # Ready replicas that were not a window ago (new, or back from a restart): the window's queue and
+        # completions do not show what they serve yet.
+        {"record": "kvcache:fleet_replicas_joined:count", "expr": (
+            f"count {by} (\n  group without (dp_rank) (kvcache_capacity_tokens)\n"
+            f"  unless on (target) (kvcache_capacity_tokens offset {w})\n)\n"
+            "or\n0 * kvcache:fleet_replicas_ready:count")},
+        # Replicas to add (> 0) for the shortage, less those starting and those that joined within the window; or,
+        # while the model has queued nothing for the window, replicas to remove (< 0) down to what holds its used KV
+        # at the low-water mark (at least one); else 0.
         {"record": "kvcache:fleet_replicas:delta", "expr": (
             "(\n  clamp_min(\n"
-            "    (kvcache:fleet_replicas_short:count - kvcache:fleet_replicas_starting:count)\n"
-            "    or\n    kvcache:fleet_replicas_short:count,\n"
+            "    (\n      kvcache:fleet_replicas_short:count - kvcache:fleet_replicas_starting:count\n"
+            "      - kvcache:fleet_replicas_joined:count\n    )\n"
+            "    or\n    kvcache:fleet_replicas_short:count - kvcache:fleet_replicas_joined:count,\n"
             "    0\n  ) > 0\n)\nor\n(\n  0 - clamp_min(\n    kvcache:fleet_replicas_ready:count\n    - clamp_min(\n"
             f"      ceil(\n        sum {by} (kvcache_used_tokens)\n"
             f"        / (kvcache:fleet_replica_capacity_tokens:avg * {number(t.low_water_ratio)})\n      ),\n"
