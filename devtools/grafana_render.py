@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
-from devtools import harness
+from kvcache_exporter import units
+from devtools import harness, lint_dashboards
 
 RENDER = harness.REPO / "devtools" / "grafana-render"
 PAGE = RENDER / "dist" / "index.html"
@@ -48,3 +50,41 @@ def render(prometheus_url: str, out: Path, dashboards: list[Path], *, end: float
 def displayed(out: Path, uid: str) -> dict[str, dict]:
     """What each panel of a drawn dashboard displays, by title."""
     return {panel["title"]: panel for panel in json.loads((out / uid / "displayed.json").read_text())["panels"]}
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """One panel as Grafana 12.4's code drew it: its JSON, what it displayed (a stat's texts and colours, a table's
+    rows in their order) and, per query, Prometheus' answer to the very query Grafana sent: (labels, [(t, v)]) per
+    series."""
+
+    panel: dict
+    displayed: dict
+    series: dict[str, list[tuple[dict, list[tuple[float, float]]]]]
+
+    @property
+    def rate_interval(self) -> float:
+        return units.parse_duration(self.displayed["rateInterval"])
+
+
+def answer(prometheus_url: str, query: dict) -> list[tuple[dict, list[tuple[float, float]]]]:
+    """Prometheus' answer to one query Grafana sent, asked with the parameters it sent."""
+    if query["instant"]:
+        result = harness.prom_query(prometheus_url, query["query"], time=query["time"])["result"]
+        return [(item["metric"], [(float(item["value"][0]), float(item["value"][1]))]) for item in result]
+    result = harness.prom_query(prometheus_url, query["query"], path="/api/v1/query_range", start=query["start"],
+                                end=query["end"], step=query["step"])["result"]
+    return [(item["metric"], [(float(t), float(v)) for t, v in item["values"]]) for item in result]
+
+
+def draw(prometheus_url: str, out: Path, dashboard: Path, **options) -> dict[str, Drawn]:
+    """One dashboard drawn into `out` (`render`'s options), each panel as drawn, by title; raises naming the
+    panels whose query failed."""
+    result = render(prometheus_url, out, [dashboard], **options)
+    if result.returncode != 0:
+        raise AssertionError(result.stderr)
+    spec = json.loads(dashboard.read_text())
+    panels = {panel["id"]: panel for panel in lint_dashboards.panels(spec)}
+    return {title: Drawn(panels[record["id"]], record,
+                         {query["refId"]: answer(prometheus_url, query) for query in record["queries"]})
+            for title, record in displayed(out, spec["uid"]).items()}

@@ -254,6 +254,18 @@ def shared_prefix_completions(prefixes: int, rounds: int, prefix_tokens: int, su
             for turn in range(rounds) for index in range(prefixes)]
 
 
+
+def random_prefix_completions(prefixes: int, count: int, prefix_tokens: int, suffix_tokens: int, output_tokens: int,
+                              seed: int = 0) -> list[Completion]:
+    """`count` requests, each one of `prefixes` distinct prefixes drawn uniformly with `seed` (the same list for
+    the same arguments) followed by a suffix of its own: how far back a prefix was last used varies, so a pool
+    keeps some of them and a larger pool more."""
+    rng = random.Random(seed)
+    heads = [prompt(prefix_tokens, seed * 1_000_003 + index) for index in range(prefixes)]
+    return [Completion(f"{heads[rng.randrange(prefixes)]} {prompt(suffix_tokens, -(seed * 1_000_003 + index + 1))}",
+                       output_tokens)
+            for index in range(count)]
+
 @dataclass
 class Load:
     """Completions sent by `concurrency` threads, each answered in full (`ignore_eos`: exactly `max_tokens`

@@ -45,7 +45,7 @@ import yaml
 
 from kvcache_exporter.alerts import generate
 from kvcache_exporter.dashboards import build, fleet, target
-from devtools import grafana_render, lint_dashboards as lint
+from devtools import grafana_render
 from kvcache_exporter.adapters import ADAPTERS
 from kvcache_exporter.contract import PRESSURE_STATES
 from kvcache_exporter import units
@@ -541,19 +541,7 @@ def artifacts_on_failure(run, request, tmp_path):
 
 # --- the dashboards as Grafana draws them -------------------------------------------------------
 
-@dataclass(frozen=True)
-class Drawn:
-    """One panel as Grafana 12.4's code drew it at the run's end (devtools/grafana-render/): its JSON, what it
-    displayed (a stat's texts and colours, a table's rows in their order) and, per query, Prometheus' answer to
-    the very query Grafana sent: (labels, [(t, v)]) per series."""
-
-    panel: dict
-    displayed: dict
-    series: dict[str, list[tuple[dict, list[tuple[float, float]]]]]
-
-    @property
-    def rate_interval(self) -> float:
-        return units.parse_duration(self.displayed["rateInterval"])
+Drawn = grafana_render.Drawn
 
 
 def drawn_at(run: Run) -> float:
@@ -562,21 +550,14 @@ def drawn_at(run: Run) -> float:
     return float(math.floor(run.end + LAG_S))
 
 
-def render(run: Run, out, dashboards, variables: dict[str, str] | None = None):
-    """The dashboards drawn over the run, as they stood at `drawn_at`."""
+def over_the_run(run: Run) -> dict:
+    """The drawing options of the dashboards over the run, as they stood at `drawn_at`."""
     end = drawn_at(run)
-    return grafana_render.render(run.prometheus_url, out, dashboards, end=end, range_seconds=end - run.start,
-                                 scrape_interval_seconds=INTERVAL_S, variables=variables)
+    return dict(end=end, range_seconds=end - run.start, scrape_interval_seconds=INTERVAL_S)
 
 
-def answer(prometheus_url: str, query: dict) -> list[tuple[dict, list[tuple[float, float]]]]:
-    """Prometheus' answer to one query Grafana sent, asked with the parameters it sent."""
-    if query["instant"]:
-        result = harness.prom_query(prometheus_url, query["query"], time=query["time"])["result"]
-        return [(item["metric"], [(float(item["value"][0]), float(item["value"][1]))]) for item in result]
-    result = harness.prom_query(prometheus_url, query["query"], path="/api/v1/query_range", start=query["start"],
-                                end=query["end"], step=query["step"])["result"]
-    return [(item["metric"], [(float(t), float(v)) for t, v in item["values"]]) for item in result]
+def render(run: Run, out, dashboards, variables: dict[str, str] | None = None):
+    return grafana_render.render(run.prometheus_url, out, dashboards, **over_the_run(run), variables=variables)
 
 
 @pytest.fixture(scope="module")
@@ -588,14 +569,8 @@ def grafana(run, tmp_path_factory):
     def draw(name: str, chosen: dict[str, str] | None = None) -> dict[str, Drawn]:
         key = (name, tuple(sorted((chosen or {}).items())))
         if key not in drawn:
-            out = tmp_path_factory.mktemp("grafana")
-            result = render(run, out, [build.GENERATED / name], chosen)
-            assert result.returncode == 0, result.stderr
-            dashboard = json.loads((build.GENERATED / name).read_text())
-            panels = {panel["id"]: panel for panel in lint.panels(dashboard)}
-            drawn[key] = {title: Drawn(panels[record["id"]], record,
-                                       {query["refId"]: answer(run.prometheus_url, query) for query in record["queries"]})
-                          for title, record in grafana_render.displayed(out, dashboard["uid"]).items()}
+            drawn[key] = grafana_render.draw(run.prometheus_url, tmp_path_factory.mktemp("grafana"),
+                                             build.GENERATED / name, **over_the_run(run), variables=chosen)
         return drawn[key]
 
     return draw
