@@ -9,7 +9,9 @@ function of the requests submitted to it (`workload.ArrivalProcess` draws those,
   first, as in vLLM and SGLang.
 - Prefix cache: full blocks get a content key. Blocks that lie wholly inside one of the shared
   prefixes get the same key in every request, so a later request reuses them; other blocks are
-  keyed per request (a preempted request can find its own blocks again).
+  keyed per request (a preempted request can find its own blocks again). As in vLLM, a block is
+  cached when the chunk that fills it is scheduled, so a request admitted later in the same step
+  finds it.
 - Scheduler (vLLM V1-like, FCFS): each step first gives every running request its next chunk
   (prefill chunks or one decode token) within the token budget `max_num_batched_tokens`; a
   running request that needs a block while the pool (free + evictable) is empty preempts the
@@ -433,7 +435,7 @@ class EngineModel:
             chunk = min(request.target - request.computed, budget)
             if not self._reserve_blocks(request, request.computed + chunk, events):
                 break  # it was the last running request and preempted itself
-            batch.append((request, chunk))
+            self._schedule(batch, request, chunk)
             budget -= chunk
             index += 1
         if events.available_at_preemption:
@@ -558,7 +560,7 @@ class EngineModel:
                 events.readmitted.append(request.id)
             self.running.append(request)
             chunk = min(request.target - request.computed, budget)
-            batch.append((request, chunk))
+            self._schedule(batch, request, chunk)
             budget -= chunk
         return None
 
@@ -623,8 +625,6 @@ class EngineModel:
         for request, chunk in batch:
             before = request.computed
             request.computed = before + chunk
-            if config.enable_prefix_caching:
-                self._seal_full_blocks(request, before)
             if request.generated and request.target - before == 1:
                 counters.decode_tokens += 1
             else:
@@ -640,9 +640,16 @@ class EngineModel:
         self.now = end
         self._after_step(prefill_tokens, prefill_hits, finished)
 
-    def _seal_full_blocks(self, request: Request, computed_before: int) -> None:
+    def _schedule(self, batch: list[tuple[Request, int]], request: Request, chunk: int) -> None:
+        """Put `chunk` tokens of `request` in the step's batch. As vLLM's allocate_slots, the blocks the chunk
+        fills are cached when scheduled, not once computed: a request admitted later in the same step finds them."""
+        batch.append((request, chunk))
+        if self.config.enable_prefix_caching:
+            self._seal_full_blocks(request, request.computed, request.computed + chunk)
+
+    def _seal_full_blocks(self, request: Request, start: int, end: int) -> None:
         size = self.config.block_size
-        for index in range(computed_before // size, request.computed // size):
+        for index in range(start // size, end // size):
             if request.blocks[index] is None:
                 key = request.block_key(index, size)
                 if self.pool.seal(key):
