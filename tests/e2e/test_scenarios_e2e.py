@@ -30,6 +30,9 @@ RUNS = {  # target name -> (flavor, scenario, data-parallel ranks)
     "sglang-restart": ("sglang", "restart", 1),
 }
 WALL_SECONDS = 26.0  # 520 simulated seconds: saturation reaches thrashing, the cap binds, both restart at 180 s
+# Reads of every target at least, however busy the machine (about 200 fit in WALL_SECONDS idle, 5 to 20 were
+# seen beside four vLLM engines): the run goes on past WALL_SECONDS until it has them, three times longer at most.
+MIN_READS = 40
 PER_RANK = {  # Sample field -> contract family, read per dp_rank
     "waiting": "kvcache_requests_waiting", "for_kv": "kvcache_requests_waiting_for_kv",
     "with_room": "kvcache_requests_waiting_with_kv_room", "preempted": "kvcache_preemptions_total",
@@ -67,8 +70,9 @@ def run(tmp_path_factory):
         seen: dict[str, list[Sample]] = {name: [] for name in RUNS}
         with harness.exporter(tmp, "--config", str(config)) as exporter:
             harness.wait_until(lambda: harness.http_get(exporter.url + "/ready")[0] == 200, 15, what="ready")
-            deadline = time.monotonic() + WALL_SECONDS
-            while time.monotonic() < deadline:
+            started = time.monotonic()
+            while (time.monotonic() - started < WALL_SECONDS
+                   or min(map(len, seen.values())) < MIN_READS and time.monotonic() - started < 4 * WALL_SECONDS):
                 samples = harness.scrape(exporter.url)
                 for name in RUNS:
                     states = {dict(k[1])["dp_rank"]: dict(k[1])["state"] for k, v in harness.series(
@@ -140,9 +144,7 @@ def test_the_waiting_split_adds_up_to_the_queue(timeline, name):
             assert sample.for_kv[rank] + sample.with_room[rank] == waiting
             assert sample.for_kv[rank] >= 0 and sample.with_room[rank] >= 0
             checked += 1
-    # How many reads fit in WALL_SECONDS depends on the machine's load (about 200 idle, 84 seen with the second
-    # core busy); 40 still spans every phase of the scenario.
-    assert checked >= 40
+    assert checked >= MIN_READS
 
 
 @pytest.mark.parametrize("name", ["vllm-steady-dp2", "vllm-steady-dp2-tokens"])
