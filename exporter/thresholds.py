@@ -60,8 +60,10 @@ class Thresholds:
     # KVCacheRoutingImbalance (info): the share of a model's KV-bound waiting requests that wait on pools whose
     # peers (ready pools of the same P/D group and role) have headroom (queue nothing, below the low-water mark).
     routing_imbalance_share: float = 0.5
-    # Autoscaling: a target that was a pool of a model within this lookback and no longer answers counts as a
-    # replica starting (restarting, rescheduled) for that model, so the scale-out signal does not ask for it again.
+    # Autoscaling: a replica starting for a model, which the scale-out signal does not ask for again, is a target
+    # that was a pool of the model within this lookback and no longer answers (restarting, rescheduled), or one
+    # configured or probed for the model (kvcache_target_replica_info) that does not answer yet; one that was
+    # already down this long ago is broken, not starting.
     replica_starting_lookback: str = "10m"
     # `for:` durations of the alerts.
     shortage_for: str = "2m"
