@@ -191,6 +191,7 @@ class Run:
     engine_pages: tuple[dict, dict] = ({}, {})
     shortage_alerts_seen: list = dataclasses.field(default_factory=list)
     queue_held: bool = False
+    scale_out: dict[str, float] = dataclasses.field(default_factory=dict)  # signal -> its maximum over the run
 
 
 @pytest.fixture(scope="module")
@@ -214,8 +215,25 @@ def kv_bound(stack) -> Run:
         alive = engine.process.proc.poll() is None
         seen = (diagnostics(stack.prometheus.url, KV_TARGET) + timeline(stack.prometheus.url, KV_TARGET, started)
                 + f"\nwebhook: {notified(stack.recorder)}")
+        scale_out = scale_out_over(stack.prometheus.url, started)
     return Run(readings, outcomes, alive, engine.process.log_path.read_text(errors="replace"), seen,
-               exporter_text, (before, after))
+               exporter_text, (before, after), scale_out=scale_out)
+
+
+# The autoscaling signal (docs/scaling.md) for the engines' model: replicas to add, and the replicas' worth of
+# KV-bound backlog before the starting and joined replicas are taken off.
+SCALE_OUT = ("kvcache:fleet_replicas:delta", "kvcache:fleet_replicas_short:count")
+
+
+def scale_out_over(prom_url: str, since: float) -> dict[str, float]:
+    """Each SCALE_OUT signal's maximum for the model since `since` (absent: never recorded)."""
+    seconds = max(1, math.ceil(time.time() - since))
+    out = {}
+    for record in SCALE_OUT:
+        vector = harness.prom_vector(prom_url, f'max_over_time({record}{{model="{vllm_engine.MODEL_NAME}"}}[{seconds}s])')
+        if vector:
+            out[record] = max(value for _, value in vector)
+    return out
 
 
 def timeline(prom_url: str, target: str, since: float) -> str:
@@ -344,6 +362,7 @@ def cap_bound(stack) -> Run:
     with vllm_engine.serve(work, **CAP_POOL) as engine, \
             harness.exporter(work, "--config", str(exporter_config(work / "exporter.yml", CAP_TARGET, engine)),
                              port=stack.exporter_ports[CAP_TARGET]) as exporter:
+        started = time.time()
         load = vllm_engine.Load(engine, vllm_engine.completions(**CAP_LOAD, seed=1), concurrency=CAP_IN_FLIGHT,
                                 time_limit=LOAD_TIME_LIMIT)
         readings = watch(engine, exporter.url, CAP_TARGET, timeout=LOAD_TIME_LIMIT,
@@ -355,9 +374,10 @@ def cap_bound(stack) -> Run:
                                                          f'target="{CAP_TARGET}"}}[10m])')
         alive = engine.process.proc.poll() is None
         report = diagnostics(stack.prometheus.url, CAP_TARGET)
+        scale_out = scale_out_over(stack.prometheus.url, started)
     # The requests still queued when the engine stopped end with a connection error; not waited for.
     return Run(readings, [], alive, engine.process.log_path.read_text(errors="replace"), report,
-               shortage_alerts_seen=seen, queue_held=held)
+               shortage_alerts_seen=seen, queue_held=held, scale_out=scale_out)
 
 
 def test_cap_bound_reads_capped_with_kv_to_spare(cap_bound):
@@ -379,3 +399,15 @@ def test_cap_bound_shortage_alert_stays_silent(cap_bound, stack):
     assert cap_bound.queue_held, cap_bound.diagnostics
     assert cap_bound.shortage_alerts_seen == [], cap_bound.diagnostics
     assert "KVCacheShortageQueueing" not in alerts_received(stack.recorder, CAP_TARGET)
+
+
+def test_the_autoscaling_signal_asks_for_replicas_when_kv_bound_and_none_when_cap_bound(kv_bound, cap_bound):
+    """The shipped scale-out signal on vLLM itself (issue #32): the KV-bound pool (vLLM queueing for capacity with
+    its pool full and preempting) asks for at least one replica; the cap-bound pool (two running, the pool nearly
+    empty, a queue held twice the shortage alert's `for`) has no KV-bound backlog at all, so nothing to ask for
+    even before the KV-bound target, gone by then, is counted as a replica restarting."""
+    assert kv_bound.scale_out.get("kvcache:fleet_replicas:delta", 0) >= 1, (kv_bound.scale_out, kv_bound.diagnostics)
+    assert cap_bound.queue_held, cap_bound.diagnostics
+    # The delta is recorded at every evaluation (0 when nothing is asked); the shortage is 0 or not recorded.
+    assert cap_bound.scale_out.get("kvcache:fleet_replicas:delta") == 0, (cap_bound.scale_out, cap_bound.diagnostics)
+    assert cap_bound.scale_out.get("kvcache:fleet_replicas_short:count", 0) == 0, cap_bound.scale_out
