@@ -37,7 +37,7 @@ POOL = dict(blocks=16, max_num_seqs=16, max_model_len=256)
 BLOCK_SIZE = 32
 LOAD = dict(count=400, prompt_tokens=64, output_tokens=96)
 IN_FLIGHT = 48
-RUN_S = 60.0  # seconds of load drawn
+RUN_S = 40.0  # seconds of load drawn
 SHORT = {PRESSURE_STATES.index(state) for state in ("saturated", "thrashing")}
 pytestmark = pytest.mark.timeout(900)
 
@@ -103,7 +103,9 @@ def run(tmp_path_factory) -> Run:
             load = vllm_engine.Load(engine, requests, concurrency=IN_FLIGHT, time_limit=RUN_S + 60)
             time.sleep(RUN_S)
             end = float(math.floor(time.time()))
-            time.sleep(3 * POLL)  # the scrapes up to `end` are stored
+            harness.wait_until(lambda: harness.prom_vector(
+                prometheus.url, f'timestamp(kvcache_target_up{{target="{TARGET}"}}) > {end}'), 30,
+                what="a scrape after the end stored")
             load.stop()
             loaded = time.monotonic()
             stored = harness.prom_query(
