@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 import time
 
 import pytest
