@@ -21,7 +21,7 @@ import yaml
 
 from . import units
 from .adapters import ADAPTERS
-from .contract import ROLES
+from .contract import ROLES, label_names
 from .kvmath import ArchitectureError, KVLayout, layout_from_mapping
 from .thresholds import Thresholds
 
@@ -32,8 +32,7 @@ DEFAULT_POLL_INTERVAL = 5.0
 MIN_POLL_INTERVAL = 0.1
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 # Labels the exporter sets itself; a static label must not collide with them.
-RESERVED_LABELS = frozenset({"target", "engine", "model", "dp_rank", "role", "state", "reason", "url", "version", "le",
-                             "stage", "kind"})
+RESERVED_LABELS = label_names()
 # The label that groups the pools of one model across prefill and decode roles (`pd_group_label:`).
 DEFAULT_PD_GROUP_LABEL = "model"
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

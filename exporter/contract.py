@@ -367,6 +367,12 @@ def names(group: str | None = None, type: str | None = None, fed_by: str | None 
                  and (fed_by is None or family.fed_by == fed_by))
 
 
+def label_names() -> frozenset[str]:
+    """Every label name the exporter writes on a kvcache_* series: the groups' identities, the families' own
+    labels and a histogram's `le`. A static label of the configuration must take none of them."""
+    return frozenset({"le"}.union(*(family.identity + family.labels for family in FAMILIES.values())))
+
+
 def family_of(series: str) -> Family | None:
     """The family a series name belongs to (`kvcache_x`, or a histogram's `kvcache_x_bucket`); None if none."""
     if not series.startswith(PREFIX):

@@ -178,6 +178,10 @@ def test_listen_origin_names_where_the_address_came_from(tmp_path):
     ("targets: [{url: 'http://a:1/m', role: consumer}]", "targets[0].role",
      "must be one of prefill, decode, unified, got 'consumer'"),
     ("targets: [{url: 'http://a:1/m', labels: {role: decode}}]", "targets[0].labels", "set by the exporter"),
+    # the offload, hit-source and holder families' own labels, which a static label would overwrite
+    ("targets: [{url: 'http://a:1/m', labels: {tier: ssd}}]", "targets[0].labels", "set by the exporter"),
+    ("labels: {source: dc1}\ntargets: [{url: 'http://a:1/m'}]", "labels", "set by the exporter"),
+    ("targets: [{url: 'http://a:1/m', labels: {tenant: acme}}]", "targets[0].labels", "set by the exporter"),
     ("labels: {cluster: a}\npd_group_label: deployment", "pd_group_label",
      "must be 'model' or 'cluster' (the model, or a static label of the configuration), got 'deployment'"),
 ])
