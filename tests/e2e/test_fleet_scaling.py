@@ -196,12 +196,19 @@ def run(tmp_path_factory):
 def test_the_replicas_rise_to_what_the_load_needs_and_stay(run):
     assert NEEDED == 3 and TOTAL_RATE / (NEEDED - 1) > pool_rate(EngineConfig())  # the docstring's arithmetic
     assert run["ready"] == NEEDED, (run["actions"], run["readings"][-10:])
-    # Settled: nothing added or removed for HOLD, and the signal asked for exactly the replicas there were.
+    # Settled: nothing added or removed for HOLD, and the signal asked for no more than the replicas there were.
     last = max(t for t, _ in run["actions"])
     assert run["elapsed"] - last >= HOLD, run["actions"]
     # A gap in the scrapes (a busy machine) leaves no reading: the rules ask for nothing then, never for more.
-    settled = [wanted for t, _, wanted in run["readings"] if t > last + SCALE_UP_WINDOW and wanted is not None]
-    assert len(settled) >= HOLD / TICK / 2 and set(settled) == {NEEDED}, [r for r in run["readings"] if r[0] > last]
+    settled = [(t, wanted) for t, _, wanted in run["readings"] if t > last + SCALE_UP_WINDOW and wanted is not None]
+    after = [r for r in run["readings"] if r[0] > last]
+    assert len(settled) >= HOLD / TICK / 2 and max(wanted for _, wanted in settled) == NEEDED, after
+    # The signal may dip below for a scrape as the pools' usage moves about the low-water mark (a CI run read 2
+    # once, at 73 % of 3 pools); what the shipped HPA scales in on, its highest over the scale-down window, stays.
+    for t, _ in settled:
+        if t > last + SCALE_DOWN_WINDOW:
+            window = [wanted for u, wanted in settled if t - SCALE_DOWN_WINDOW <= u <= t]
+            assert max(window) == NEEDED, (t, after)
 
 
 def test_replicas_starting_are_counted_and_not_asked_for_again(run):
