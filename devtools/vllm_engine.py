@@ -48,6 +48,7 @@ ENGINE_ENV = {
     "VIRTUAL_ENV": str(VENV),
     "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
 }
+EVENT_PORTS_FROM = 20000  # the event and replay ports are drawn from here up to the ephemeral range
 # Seen here: about 20 s from start to /health on 2 idle cores; slower while other tests load them.
 START_TIMEOUT = 180.0
 
@@ -174,23 +175,29 @@ def kill(engine: Engine) -> None:
 
 
 def free_port_runs(count: int, length: int) -> list[int]:
-    """The first ports of `count` disjoint runs of `length` consecutive free loopback ports (vLLM's data-parallel
-    rank r binds its event sockets at the configured port plus r)."""
+    """The first ports of `count` disjoint runs of `length` consecutive free ports (vLLM's data-parallel rank r
+    binds its event sockets at the configured port plus r), below the kernel's ephemeral range: vLLM's engine
+    cores bind their event sockets seconds after start, and by then a port the kernel handed out could be taken
+    by vLLM's own data-parallel sockets, which it opens on ephemeral ports (seen in CI: 'Address already in
+    use' for tcp://*:45465). Nothing takes a port below that range unless asked for it."""
+    lowest_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
     taken: set[int] = set()
     starts: list[int] = []
     while len(starts) < count:
-        start = harness.free_port()
+        start = rng.randrange(EVENT_PORTS_FROM, lowest_ephemeral - length)
         run = range(start, start + length)
-        if start + length <= 65536 and not taken & set(run) and all(_port_free(port) for port in run):
+        if not taken & set(run) and all(_port_free(port) for port in run):
             starts.append(start)
             taken |= set(run)
     return starts
 
 
 def _port_free(port: int) -> bool:
+    """Free on every address: vLLM binds its publisher's wildcard endpoint (`tcp://*`)."""
     with socket.socket() as sock:
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind(("0.0.0.0", port))
         except OSError:
             return False
     return True
@@ -229,6 +236,7 @@ def prompt(tokens: int, seed: int) -> str:
 class Completion:
     prompt: str
     max_tokens: int
+    cache_salt: str | None = None  # the tenant's isolation key (vLLM's `cache_salt`); None: none sent
 
 
 @dataclass(frozen=True)
@@ -299,7 +307,8 @@ class Load:
 
     def _send(self, request: Completion, timeout: float) -> Outcome:
         body = json.dumps({"model": self.engine.model, "prompt": request.prompt, "max_tokens": request.max_tokens,
-                           "ignore_eos": True, "temperature": 0.0}).encode()
+                           "ignore_eos": True, "temperature": 0.0,
+                           **({"cache_salt": request.cache_salt} if request.cache_salt else {})}).encode()
         call = urllib.request.Request(f"{self.engine.url}/v1/completions", data=body,
                                       headers={"Content-Type": "application/json"})
         try:

@@ -13,8 +13,8 @@ is accepted (docs/kv-events.md names the engine versions):
   key (vLLM's int form is the digest's last 8 bytes read big-endian, so a digest folds to the same key).
 
 A store also names who holds its blocks: the LoRA adapter (`lora_name`, else the deprecated `lora_id`)
-and the tenant, the request's `cache_salt` (SGLang's `cache_salt` key or `metadata`, vLLM's typed
-`extra_keys` entry tagged "cache_salt"; vLLM puts the salt on a request's first block only, so the
+and the tenant, the request's `cache_salt` (SGLang's `cache_salt` key or `metadata`, vLLM's `extra_keys`,
+untagged as vLLM 0.32 sends them or tagged "cache_salt"; vLLM puts the salt on a request's first block only, so the
 pool state lets the later blocks inherit their parent's tenant). A salt never leaves this module in
 clear: `tenant_of` turns it into a keyed hash (docs/kv-events.md, "Who holds the KV").
 
@@ -183,7 +183,7 @@ def _decode_events(raw_events: list, out: Batch) -> None:
         adapter = lora_name if isinstance(lora_name, str) and lora_name else (
             str(lora_id) if isinstance(lora_id, int) and not isinstance(lora_id, bool) else None)
         if salt is None:
-            salt = _typed_salt(extra)
+            salt = _salt_of(extra, adapter is not None)
         parent_key = normalise_hashes([parent])[0] if parent is not None else None
         append(BlockEvent(kind, normalise_hashes(hashes), medium, group, parent_key, adapter, tenant_of(salt)))
 
@@ -193,10 +193,12 @@ def _at(raw: list, index: int):
     return raw[index] if len(raw) > index else None
 
 
-def _typed_salt(extra_keys):
-    """The cache salt among vLLM's typed extra_keys (a tagged `cache_salt` entry, as an array or a map).
-    The untyped tuples of earlier versions mix the LoRA name, multi-modal hashes and the salt with no
-    tag to tell them apart: read as no tenant."""
+def _salt_of(extra_keys, with_lora: bool):
+    """The cache salt among vLLM's extra_keys (one entry per block; the salt on a request's first block only).
+    Tagged (a `cache_salt` entry, as an array or a map), or untagged as vLLM 0.32 publishes them
+    (vllm/v1/core/kv_cache_utils.py, to_event_extra_keys): the block's keys in the order the LoRA name, the
+    multi-modal (identifier, offset) pairs, the salt, the prompt-embeds digests (bytes); so the strings of the
+    first block are the LoRA name where the request has an adapter (`with_lora`), then the salt."""
     if not isinstance(extra_keys, list):
         return None
     for block_keys in extra_keys:
@@ -205,7 +207,9 @@ def _typed_salt(extra_keys):
                 return entry[1]
             if isinstance(entry, dict) and entry.get("type") == "cache_salt":
                 return entry.get("cache_salt", entry.get("salt", entry.get("value")))
-    return None
+    first = extra_keys[0] if extra_keys else None
+    strings = [entry for entry in first if isinstance(entry, str)] if isinstance(first, (list, tuple)) else []
+    return strings[1 if with_lora else 0] if len(strings) == (2 if with_lora else 1) else None
 
 
 def normalise_hashes(hashes) -> list[int]:

@@ -159,3 +159,25 @@ def test_the_streams_are_rendered_once_a_poll_interval_however_often_metrics_is_
     assert [stream.renders for stream in subscribers.streams.values()] == [2, 2]
     assert seen[0] == seen[1] == seen[2] == [("a", 0, 1), ("b", 0, 1)]
     assert seen[3] == seen[4] == [("a", 0, 2), ("b", 0, 2)]
+
+
+def test_vllm_0_32s_untagged_extra_keys_name_the_tenant():
+    """vLLM 0.32 publishes extra_keys untagged (vllm/v1/core/kv_cache_utils.py, to_event_extra_keys): per block
+    the LoRA name, (identifier, offset) pairs of multi-modal inputs, the salt on the request's first block, prompt
+    embeds digests as bytes. Seen on the real engine: a salted request's store carried [["acme"], None, None]."""
+    import msgpack
+
+    def store(hashes, lora_id, lora_name, extra_keys):
+        return ["BlockStored", hashes, None, list(range(32 * len(hashes))), 32, lora_id, "GPU", lora_name,
+                extra_keys, 0, None]
+
+    events = [store([1, 2, 3], None, None, [["acme"], None, None]),
+              store([4, 5], 1, "sql", [["sql", "beta"], ["sql"]]),
+              store([6], 1, "sql", [["sql"]]),  # an adapter, no salt
+              store([7], None, None, [[["mm-digest", 0], b"\x01" * 32]]),  # multi-modal and prompt embeds only
+              store([8], None, None, None)]
+    frames = [b"", (0).to_bytes(8, "big"), msgpack.packb([1.0, events, 0])]
+    batch = decode_message(frames, LIMIT)
+    assert [(e.adapter, e.tenant) for e in batch.events] == [
+        (None, tenant_of("acme")), ("sql", tenant_of("beta")), ("sql", None), (None, None), (None, None)]
+    assert batch.unknown_fields == 0
