@@ -176,17 +176,17 @@ def test_configuration_moves_bands_and_names_the_label_variables(tmp_path, capsy
         "labels: {region: eu}\n"
         "pressure: {high_water_ratio: 0.85}\n"
         "targets:\n"
-        "  - {url: 'http://a:8000/metrics', labels: {pool: chat, tier: gold}}\n"
+        "  - {url: 'http://a:8000/metrics', labels: {pool: chat, team: gold}}\n"
         "  - {url: 'http://b:8000/metrics'}\n"
     )
     thresholds, labels, pd_group_label = build.settings_from(config)
     assert thresholds.high_water_ratio == 0.85 and thresholds.low_water_ratio == DEFAULT.low_water_ratio
-    assert labels == ("region", "pool", "tier") and pd_group_label == "model"
+    assert labels == ("region", "pool", "team") and pd_group_label == "model"
     assert build_dashboards.main(["--config", str(config), "--out", str(tmp_path)]) == 0
     built = json.loads((tmp_path / fleet.FILENAME).read_text())
-    assert list(variables(built)) == ["datasource", "region", "pool", "tier", "engine", "model", "target"]
+    assert list(variables(built)) == ["datasource", "region", "pool", "team", "engine", "model", "target"]
     assert steps(panel(built, "Fullest pool's KV usage"))[-1] == (0.85, "red")
-    assert 'tier=~"$tier"' in panel(built, "Fullest pool's KV usage")["targets"][0]["expr"]
+    assert 'team=~"$team"' in panel(built, "Fullest pool's KV usage")["targets"][0]["expr"]
 
     config.write_text("pressure: {no_such_threshold: 1}\n")
     assert build_dashboards.main(["--config", str(config), "--out", str(tmp_path / "not-written")]) == 2
