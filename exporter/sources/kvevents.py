@@ -14,8 +14,8 @@ is accepted (docs/kv-events.md names the engine versions):
 
 A store also names who holds its blocks: the LoRA adapter (`lora_name`, else the deprecated `lora_id`)
 and the tenant, the request's `cache_salt` (SGLang's `cache_salt` key or `metadata`, vLLM's `extra_keys`,
-untagged as vLLM 0.32 sends them or tagged "cache_salt"; vLLM puts the salt on a request's first block only, so the
-pool state lets the later blocks inherit their parent's tenant). A salt never leaves this module in
+untagged as vLLM 0.32 sends them or tagged "cache_salt"; vLLM puts the salt on a request's first block
+only, so the pool state lets the later blocks inherit their parent's tenant). A salt never leaves this module in
 clear: `tenant_of` turns it into a keyed hash (docs/kv-events.md, "Who holds the KV").
 
 Nothing here knows about pools: exporter.blocks folds the events into pool state.
