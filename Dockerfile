@@ -4,8 +4,9 @@
 # writes nothing outside /tmp, so it works with a read-only root filesystem.
 
 # Build stage: install the package into a virtualenv that the runtime stage copies whole,
-# so no compiler, pip cache or source tree reaches the final image.
-FROM python:3.13.11-slim-bookworm AS build
+# so no compiler, pip cache or source tree reaches the final image. The full (not slim) image
+# has the C compiler that builds the compiled page reader (exporter/sources/cparser.pyx).
+FROM python:3.13.11-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src

@@ -43,12 +43,13 @@ $(PY):
 	@$(PYTHON) -m venv $(VENV) \
 		|| { rm -rf $(VENV); echo "$(PYTHON) -m venv failed: on Debian or Ubuntu, apt install python3-venv" >&2; exit 1; }
 
-# Stamps: pip runs again only when pyproject.toml changes (the install is editable).
-$(VENV)/.installed: pyproject.toml | $(PY)
+# Stamps: pip runs again only when pyproject.toml or the compiled reader changes (the install is editable; a
+# changed cparser.pyx must be compiled again).
+$(VENV)/.installed: pyproject.toml exporter/sources/cparser.pyx | $(PY)
 	$(PY) -m pip install -q -e .
 	@touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(PY)
+$(VENV)/.installed-test: pyproject.toml exporter/sources/cparser.pyx | $(PY)
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@ $(VENV)/.installed
 

@@ -89,11 +89,14 @@ def main(argv: list[str]) -> int:
         adapter = adapters.detect(text)
         wanted = sum(map(len, parser.parse(text, adapter.wanted).values()))
         by_step = steps(text)
+        reference = best_of(lambda: parser.reference_parse(text, adapter.wanted), repeat=5, number=500) * 1e6
         rows.append([name, f"{len(text.encode()) / 1000:.0f} KB", str(wanted),
                      *(f"{by_step[step]:.0f}" for step in by_step), f"{sum(by_step.values()):.0f}",
-                     f"{fleet_read(text, args.targets):.0f}"])
+                     f"{fleet_read(text, args.targets):.0f}", f"{reference:.0f}"])
+    print(f"Reader: {parser.READER}")
     print(table(["page", "size", "lines read", "detect µs", "parse µs", "adapt µs", "derive µs", "render µs",
-                 "sum µs", f"a read among {args.targets:,} targets, µs"], rows))
+                 "sum µs", f"a read among {args.targets:,} targets, µs", "parse by the pure-Python reader µs"],
+                rows))
     return 0
 
 

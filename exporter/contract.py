@@ -138,7 +138,9 @@ _TRANSFER = _TIER + "`direction` is " + ", ".join(f"{d} ({what})" for d, what in
 # In the order the exporter serves them.
 _TABLE = (
     # The exporter itself.
-    Family("exporter_build_info", "gauge", "exporter", "", "1, with the exporter's version.", ("version",)),
+    Family("exporter_build_info", "gauge", "exporter", "",
+           "1, with the exporter's version and the page reader it runs: `cython` (compiled at install) or `python` "
+           "(no C compiler was there; the same samples, more CPU).", ("version", "reader")),
     Family("exporter_config_last_reload_successful", "gauge", "exporter", "",
            "1 if the last configuration reload succeeded (or none was tried), 0 if it failed and the previous "
            "configuration is still running.", stable=False),

@@ -4,7 +4,9 @@
 
 Invariant: for any page text, parsing it with each adapter's wanted names, reading every
 sample's labels, adapting the samples and deriving the KV gauges and pressure state either
-returns or raises exporter.sources.parser.ParseError. Every input is read twice: as the page text
+returns or raises exporter.sources.parser.ParseError; and the compiled reader (parser.parse where
+it was built) answers exactly what the pure-Python reference (parser.reference_parse) answers,
+the same samples or the same error. Every input is read twice: as the page text
 itself, and as the recipe of a structured page (structured_page). Any other exception, or more
 than 10 s on one input, is a finding: libFuzzer stops, prints the traceback and writes the input
 to fuzz/crashes/crash-<sha1>. (Target.poll turns an exception into a failed poll: such a page
@@ -72,12 +74,27 @@ def structured_page(data: bytes) -> str:
     return "\n".join(lines) + "\n"
 
 
+def reading(read, text: str, names: frozenset[str]):
+    try:
+        return [(name, [(s.name, s.label_text, repr(s.value)) for s in samples]) for name, samples in read(text, names).items()]
+    except parser.ParseError as err:
+        return f"ParseError: {err}"
+
+
+def assert_readers_agree(text: str, names: frozenset[str]) -> None:
+    compiled, reference = reading(parser.parse, text, names), reading(parser.reference_parse, text, names)
+    if compiled != reference:
+        raise AssertionError(f"the compiled reader ({parser.READER}) answered {compiled!r:.300}, "
+                             f"the reference {reference!r:.300}")
+
+
 def read_page(text: str) -> None:
     """What Target.poll does with a page between fetching and rendering it: detection for
     `engine: auto`, then each adapter as if configured for it. Raises ParseError."""
     adapters.detect(text)
     parser.has_samples(text)
     for adapter in adapters.ADAPTERS.values():
+        assert_readers_agree(text, adapter.wanted)
         try:
             samples = parser.parse(text, adapter.wanted)
             for found in samples.values():

@@ -14,6 +14,7 @@ from typing import Awaitable, Callable
 
 from .. import __version__, contract, exposition
 from ..config import Config, ConfigError, TargetConfig
+from ..sources import parser
 from .probe import Prober
 from .scheduler import Scheduler
 from .server import MetricsServer, Request, Response
@@ -44,7 +45,7 @@ class ExporterState:
               phase_locked: bool = False) -> dict[str, str]:
         """Its series by family: one line each, for every family of the contract's `exporter` group."""
         values = {
-            "exporter_build_info": (exposition.label_text({"version": __version__}), 1.0),
+            "exporter_build_info": (exposition.label_text({"version": __version__, "reader": parser.READER}), 1.0),
             "exporter_config_last_reload_successful": ("", float(self.reload_ok)),
             "exporter_config_last_reload_success_timestamp_seconds": ("", self.reload_time),
             "exporter_probed_targets": ("", float(probed_targets)),

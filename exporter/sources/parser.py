@@ -113,9 +113,10 @@ def _selector(names: frozenset[str], exact: bool) -> re.Pattern[str]:
     return re.compile(r"\n[ \t]*+(" + _trie_pattern(names) + r")(?=[{ \t])(?:" + well_formed + r"|[^\n]*)")
 
 
-def parse(text: str, names: frozenset[str]) -> dict[str, list[Sample]]:
+def reference_parse(text: str, names: frozenset[str]) -> dict[str, list[Sample]]:
     """Samples whose name is in `names`, by name, in page order. Raises ParseError on a bad wanted line
-    (a bad label set inside it: when its labels are first read)."""
+    (a bad label set inside it: when its labels are first read). `parse` is this, or the compiled reader
+    where it was built, which gives the same answer."""
     if not names:
         return {}
     page = "\n" + text
@@ -163,3 +164,16 @@ def unread_lines(text: str, found: dict[str, list[Sample]]) -> int:
 def has_samples(text: str) -> bool:
     """Whether the page holds any sample line at all (exposition text rather than, say, HTML)."""
     return _ANY_SAMPLE.search(text) is not None
+
+
+# The compiled reader (cparser.pyx, issue #33) where the install could build it: it reads the pages it
+# can in C and hands the rest to reference_parse. READER says which one runs (kvcache_exporter_build_info).
+try:
+    from . import cparser
+except ImportError:  # no C compiler at install
+    READER = "python"
+    parse = reference_parse
+else:
+    cparser.bind(Sample, reference_parse)
+    READER = "cython"
+    parse = cparser.parse
