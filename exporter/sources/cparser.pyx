@@ -12,11 +12,14 @@ The reference's regex jumps from wanted line to wanted line but still looks at e
 through an alternation of ~60 names; here each line's name is hashed once and looked up in a table.
 """
 
+cimport cython
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_SET_ITEM
 from libc.stdint cimport uint64_t
 from libc.string cimport memchr, memcmp
+
+import array
 
 cdef extern from "Python.h":
     int PyUnicode_KIND(object)
@@ -44,8 +47,11 @@ cdef inline uint64_t _fnv(const unsigned char *s, Py_ssize_t n) noexcept nogil:
     return h
 
 
+@cython.final
 cdef class _NameTable:
-    """An open-addressing table of the wanted names' Latin-1 bytes, looked up by a line's name."""
+    """An open-addressing table of the wanted names' Latin-1 bytes, looked up by a line's name; before it, the
+    first two characters of every wanted line (a bit per pair), which turn most other lines away unread."""
+    cdef unsigned char starts[8192]
     cdef list _keys  # bytes, kept alive for the pointers below
     cdef list _names  # the str objects handed out as Sample.name
     cdef Py_ssize_t mask
@@ -71,7 +77,10 @@ cdef class _NameTable:
         while size < 4 * len(self._keys):
             size *= 2
         self.mask = size - 1
-        import array
+        for key in self._keys:
+            # A one-character name's line goes on with `{` or a blank.
+            for second in (key[1:2] or b"{ \t"):
+                self.starts[(key[0] << 8 | second) >> 3] |= 1 << (second & 7)
         self.hashes = array.array("Q", [0]) * size
         self.slots = array.array("i", [-1]) * size
         for i, key in enumerate(self._keys):
@@ -81,6 +90,9 @@ cdef class _NameTable:
                 slot = (slot + 1) & self.mask
             self.hashes[slot] = h
             self.slots[slot] = i
+
+    cdef inline bint may_start(self, unsigned char first, unsigned char second) noexcept:
+        return self.starts[(first << 8 | second) >> 3] & (1 << (second & 7))
 
     cdef object find(self, const unsigned char *s, Py_ssize_t n):
         cdef uint64_t h = _fnv(s, n)
@@ -105,13 +117,42 @@ cdef inline bint _blank(unsigned char c) noexcept nogil:
     return c == 32 or c == 9
 
 
+# 10**k for k <= 22: exact in a double, so that one division below is correctly rounded.
+cdef double[23] _POWERS = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                           1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22]
+
+
 cdef object _number(const unsigned char *s, Py_ssize_t start, Py_ssize_t end):
     """float() of the value, or None where float() would not read it or reads it by its own rules
     (underscores, Unicode digits and spaces): the reference then decides."""
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i = start
     cdef unsigned char c
     cdef char *stop
     cdef double value
+    cdef unsigned long long mantissa = 0
+    cdef int digits = 0, decimals = -1
+    cdef bint negative = False
+    # Most values are plain decimals of a few digits (counts, seconds, ratios): with at most 15 digits the
+    # digits are an exact integer and the quotient by an exact power of ten is the correctly rounded value,
+    # the one float() computes (Clinger's fast path). Anything else goes to Python's own conversion.
+    if i < end and (s[i] == 45 or s[i] == 43):  # - +
+        negative = s[i] == 45
+        i += 1
+    while i < end:
+        c = s[i]
+        if 48 <= c <= 57:
+            mantissa = mantissa * 10 + (c - 48)
+            digits += 1
+            if decimals >= 0:
+                decimals += 1
+        elif c == 46 and decimals < 0:  # the one decimal point
+            decimals = 0
+        else:
+            break
+        i += 1
+    if i == end and 0 < digits <= 15:
+        value = <double>mantissa / _POWERS[decimals] if decimals > 0 else <double>mantissa
+        return -value if negative else value
     for i in range(start, end):
         c = s[i]
         if not (48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122 or c == 46 or c == 43 or c == 45):
@@ -135,6 +176,8 @@ def parse(str text, frozenset names):
 
 def scan(str text, frozenset names):
     """The samples as the reference reads them, or None for a page this module leaves to the reference."""
+    if _sample_type is None:
+        raise RuntimeError("cparser.bind() has not been called (parser.py does, on import)")
     table = _tables.get(names)
     if table is None:
         if len(_tables) >= 128:
@@ -160,14 +203,15 @@ cdef dict _scan(str text, _NameTable table):
         while p < n and _blank(s[p]):
             p += 1
         start = p
-        while p < n:
-            c = s[p]
-            if c == 123 or c == 32 or c == 9 or c == 10:  # { space tab newline
-                break
-            p += 1
         name = None
-        if p > start and p < n and s[p] != 10:
-            name = table.find(s + start, p - start)
+        if p + 1 < n and table.may_start(s[p], s[p + 1]):
+            while p < n:
+                c = s[p]
+                if c == 123 or c == 32 or c == 9 or c == 10:  # { space tab newline
+                    break
+                p += 1
+            if p > start and p < n and s[p] != 10:
+                name = table.find(s + start, p - start)
         if name is None:
             if p < n and s[p] == 10:
                 line = p + 1

@@ -101,3 +101,14 @@ def test_well_formed_wanted_lines_are_read_in_c(text):
 def test_what_the_c_reader_leaves_to_the_reference(text):
     assert cparser.scan(text, WANTED_NAMES) is None
     assert outcome(parser.parse, text, WANTED_NAMES) == outcome(parser.reference_parse, text, WANTED_NAMES)
+
+
+@settings(max_examples=3000, deadline=None, derandomize=True)
+@given(st.sampled_from(["", "-", "+"]), st.text(alphabet="0123456789", min_size=1, max_size=18),
+       st.integers(-1, 18))
+def test_decimal_values_are_the_values_float_reads(sign, digits, point):
+    """Plain decimals take the C reader's own conversion (up to 15 digits): bit for bit what float() reads."""
+    value = sign + (digits if point < 0 else digits[:point] + "." + digits[point:])
+    found = cparser.scan(f"m {value}\n", WANTED_NAMES)
+    assert found is not None
+    assert repr(found["m"][0].value) == repr(float(value))
