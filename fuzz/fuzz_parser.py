@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))  # the exporter of this checkout, whatever else is installed
 
-with atheris.instrument_imports(include=["exporter"]):
+with atheris.instrument_imports(include=["kvcache_exporter"]):
     from kvcache_exporter import adapters, derive
     from kvcache_exporter.sources import parser
     from kvcache_exporter.thresholds import DEFAULT

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from devtools import harness
@@ -148,6 +150,14 @@ def test_inputs_the_fuzzer_found_are_read_or_rejected_cleanly(page):
 
 def test_the_fuzzers_findings_are_kept():
     assert len(CRASHES) >= 5
+
+
+def test_the_fuzzer_instruments_the_package_it_reads():
+    """Coverage guides libFuzzer only through instrumented modules: after the package became kvcache_exporter,
+    include=["exporter"] matched nothing and the fuzzer ran blind (its corpus stayed at one input)."""
+    source = (harness.REPO / "fuzz" / "fuzz_parser.py").read_text()
+    (included,) = re.findall(r"instrument_imports\(include=\[([^\]]*)\]\)", source)
+    assert [name.strip().strip("\"'") for name in included.split(",")] == [adapters.__name__.split(".")[0]]
 
 
 def _cache_config_page(engines: int, info: str) -> str:
