@@ -718,10 +718,12 @@ def test_pressure_states_name_the_cause(run, fleet_all):
     lanes = by_target(fleet_all["Pressure state over time"])
     checked = {"capped": 0, "kv": 0}
     for name in FLEET:
+        recorded_from = run.truth.samples[name][0][0]
         for t, code in lanes[name]:
+            # Only lag windows the truth saw whole: a lane's first points may show a state read before it began.
             window = run.truth.between(name, t - LAG_S, t)
             reasons = {r.waiting_reason if r.waiting else None for ranks in window for r in ranks}
-            if len(window) < 4 or len(reasons) != 1:
+            if t - LAG_S < recorded_from or len(window) < 4 or len(reasons) != 1:
                 continue
             [reason] = reasons
             state = PRESSURE_STATES[int(code)]
