@@ -87,15 +87,20 @@ def free_port() -> int:
     """A port free on every address now, outside the ephemeral range, never handed out before in this process."""
     while True:
         port = _port_choice.randrange(LISTEN_PORTS.start, LISTEN_PORTS.stop)
-        if port in _handed_out:
+        if port in _handed_out or not port_free(port):
             continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("0.0.0.0", port))
-            except OSError:
-                continue
         _handed_out.add(port)
         return port
+
+
+def port_free(port: int) -> bool:
+    """Free on every address (a wildcard bind, as vLLM's `tcp://*` publishers make, conflicts with any)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:

@@ -15,7 +15,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -187,20 +186,10 @@ def free_port_runs(count: int, length: int) -> list[int]:
     while len(starts) < count:
         start = rng.randrange(EVENT_PORTS_FROM, lowest_ephemeral - length)
         run = range(start, start + length)
-        if not taken & set(run) and all(_port_free(port) for port in run):
+        if not taken & set(run) and all(harness.port_free(port) for port in run):
             starts.append(start)
             taken |= set(run)
     return starts
-
-
-def _port_free(port: int) -> bool:
-    """Free on every address: vLLM binds its publisher's wildcard endpoint (`tcp://*`)."""
-    with socket.socket() as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
 
 
 def _stop_with_children(process: harness.Process) -> None:
