@@ -3,8 +3,8 @@
 One ZMQ SUB socket per target and DP rank (zmq.asyncio: no thread per stream). Two tasks per stream:
 the reader moves messages from the socket into a bounded queue (a full queue drops the message and
 counts it, reason `overflow`) and the tracker decodes them and folds them into the pool's state.
-Both hand the loop back after a bounded burst of messages, so a flooding engine loses its own
-messages (counted), never delays the polls of /metrics or a scrape.
+Both hand the loop back after SLICE seconds of work, so a flooding engine loses its own messages
+(counted), never delays the polls of /metrics or a scrape by more than a slice per turn of the loop.
 
 Sequence numbers: a jump forward is a gap, asked back from the replay endpoint when there is one
 (what does not come back is counted, reason `gap`); a step back is a publisher restart: the pool's
@@ -34,11 +34,14 @@ from ..snapshot import Histogram as Buckets, RankValues
 from ..sources.kvevents import END_SEQ, DecodeError, decode_payload, parse_seq
 
 log = logging.getLogger(__name__)
-BURST = 256  # messages the tracker handles before the loop gets a turn
-# Messages the reader moves per turn: more than the tracker handles, so that a stream faster than the
-# tracker fills (and overflows) the exporter's queue, where it is counted, instead of backing up in
-# libzmq's buffers as lag nobody sees.
-READ_BURST = 4 * BURST
+# Seconds of work the reader and the tracker each do before the loop gets a turn. A count of messages
+# bounds nothing: a batch of 64 stores and 64 removals takes 230 us to decode and fold, so a burst of
+# 256 held the loop for 59 ms, and a poll, which needs a turn of the loop at each step, came 0.84 to
+# 0.90 s apart at a 0.5 s interval while one stream flooded (tests/e2e/test_kvevents_stream.py). The
+# reader moves a message in a few microseconds, so in equal slices it moves far more than the tracker
+# handles: a stream faster than the tracker fills (and overflows) the exporter's queue, where it is
+# counted, instead of backing up in libzmq's buffers as lag nobody sees.
+SLICE = 0.005
 QUEUE_MESSAGES = 10_000  # between the socket and the tracker, per stream
 QUEUE_BYTES = 64 * 1024 * 1024
 REPLAY_MAX = 10_000  # the engines' default replay buffer (buffer_steps): a longer gap is not asked for
@@ -124,7 +127,8 @@ class EventStream:
         socket = self._socket
         while True:
             self._enqueue(await socket.recv_multipart())
-            for _ in range(READ_BURST - 1):
+            until = time.perf_counter() + SLICE
+            while time.perf_counter() < until:
                 try:  # what else is waiting, without a wait
                     frames = await socket.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
@@ -147,7 +151,7 @@ class EventStream:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            handled = 0
+            until = time.perf_counter() + SLICE
             while queue:
                 frames = queue.popleft()
                 self._queued_bytes -= sum(len(frame) for frame in frames)
@@ -156,9 +160,9 @@ class EventStream:
                 except Exception:  # a tracker bug costs one message, never the stream
                     log.exception("kv events of %s rank %d: unexpected error", self.target.name, self.rank)
                     self.dropped["decode"] += 1
-                handled += 1
-                if handled % BURST == 0:
+                if time.perf_counter() >= until:
                     await asyncio.sleep(0)
+                    until = time.perf_counter() + SLICE
 
     async def _handle(self, frames: list[bytes]) -> None:
         if len(frames) != 3 or len(frames[1]) != 8:
@@ -218,6 +222,7 @@ class EventStream:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REPLAY_TIMEOUT
         handled, expected = 0, first
+        until = time.perf_counter() + SLICE
         try:
             socket.connect(self.replay_endpoint)
             await socket.send_multipart([b"", first.to_bytes(8, "big")])
@@ -237,8 +242,9 @@ class EventStream:
                     self._process(seq, frames[-1])
                     handled += 1
                     expected += 1
-                if handled % BURST == 0:
+                if time.perf_counter() >= until:
                     await asyncio.sleep(0)
+                    until = time.perf_counter() + SLICE
         except zmq.ZMQError as err:
             log.warning("kv events of %s rank %d: replay from %s failed: %s", self.target.name, self.rank,
                         self.replay_endpoint, err)
