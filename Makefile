@@ -14,7 +14,7 @@ demo: install
 demo-real: install
 	$(PY) -m devtools.demo_real
 
-# The tiers that start no engine or exporter run on two pytest workers; the end-to-end tier on three
+# The tiers that start no engine or exporter run on two pytest workers, the end-to-end tier too
 # (`make e2e`), the real-engine tier in one. All three report before make fails.
 test: deps
 	$(PY) -m pytest -q -n 2 tests/unit tests/integration; first=$$?; \
@@ -23,10 +23,11 @@ test: deps
 	exit $$(( first || second || third ))
 
 # The end-to-end tier's tests mostly wait on the processes they start (0.46 cores on average, run in
-# one worker): three workers take it from 13 minutes to 5 on two cores. A module's tests stay on one
-# worker (--dist loadfile), where its module-scoped processes are. devtools/repeat-e2e runs this.
+# one worker), so two workers halve its time. Not three: with the other core busy (devtools/repeat-e2e)
+# three starved the processes the tests time (the soak's healthy targets fell 4 s behind). A module's
+# tests stay on one worker (--dist loadfile), where its module-scoped processes are.
 e2e: $(VENV)/.installed-test
-	$(PY) -m pytest -q -n 3 --dist loadfile tests/e2e
+	$(PY) -m pytest -q -n 2 --dist loadfile tests/e2e
 
 # For developers: the unit tier (tests/unit/, everything that starts no process and runs no
 # tool) in about a minute, spread over two pytest workers. `make test` stays the whole suite, unit,
