@@ -23,7 +23,7 @@ test: deps
 	exit $$(( first || second || third ))
 
 # The end-to-end tier's tests mostly wait on the processes they start (0.46 cores on average, run in
-# one worker), so two workers halve its time. Not three: with the other core busy (devtools/repeat-e2e)
+# one worker): two workers take it from 13 minutes to 8. Not three: with the other core busy (devtools/repeat-e2e)
 # three starved the processes the tests time (the soak's healthy targets fell 4 s behind). A module's
 # tests stay on one worker (--dist loadfile), where its module-scoped processes are.
 e2e: $(VENV)/.installed-test
