@@ -180,6 +180,10 @@ class Counters:
     offload_store_seconds: float = 0.0
 
 
+# The queue reasons (EngineModel.waiting_reason) of a queue KV holds back.
+KV_BOUND = ("kv", "freed")
+
+
 @dataclass(frozen=True)
 class GaugeReport:
     """Scheduler gauges as last reported."""
@@ -385,6 +389,11 @@ class EngineModel:
             self.pool.journal = []
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
+        # Why the head of the queue waits, as the engine stands after its last step: "kv", "cap" or "budget"
+        # as that step's admission found it, or "freed" where KV held the head back at admission and
+        # requests finishing in the step freed room for it: it goes in at the next step, and until then
+        # the page shows a queue beside free blocks (for TensorRT-LLM, whose gauges refresh only when a
+        # request finishes, until the next finish).
         self.waiting_reason: str | None = None
         self.reserve_ratio = config.reserve_ratio_init
         self._inbox: deque[Request] = deque()
@@ -533,13 +542,11 @@ class EngineModel:
             if len(self.running) >= config.max_num_seqs:
                 return "cap"
             request = self.waiting[0]
-            hits, offloaded = self._cached_head(request)
-            missing = self._blocks_for(request.target) - len(hits)
-            hits_now_evictable = sum(1 for key in hits if key in pool.evictable)
             output_to_come += request.output_len - request.generated
-            reserve = self._blocks_for(math.ceil(self.reserve_ratio * output_to_come)) if self.running else 0
-            if missing + reserve > pool.available - hits_now_evictable:
+            fit = self._fit(request, output_to_come)
+            if fit is None:
                 return "kv"
+            hits, offloaded, missing = fit
             self.waiting.popleft()
             for key in hits:
                 pool.acquire_cached(key)
@@ -563,6 +570,17 @@ class EngineModel:
             self._schedule(batch, request, chunk)
             budget -= chunk
         return None
+
+    def _fit(self, request: Request, output_to_come: int) -> tuple[list[BlockKey], list[BlockKey], int] | None:
+        """The blocks `request` would take (cached in the pool, in the tier, newly allocated) if it fits beside
+        the decode reserve for `output_to_come` tokens (its own included); None where KV holds it back."""
+        hits, offloaded = self._cached_head(request)
+        missing = self._blocks_for(request.target) - len(hits)
+        hits_now_evictable = sum(1 for key in hits if key in self.pool.evictable)
+        reserve = self._blocks_for(math.ceil(self.reserve_ratio * output_to_come)) if self.running else 0
+        if missing + reserve > self.pool.available - hits_now_evictable:
+            return None
+        return hits, offloaded, missing
 
     def _load_back(self, request: Request, first: int, offloaded: list[BlockKey]) -> None:
         """Fill the request's blocks `first`... with the tier's copies of `offloaded` (freshly allocated,
@@ -638,6 +656,11 @@ class EngineModel:
             self.running = [r for r in self.running if r.generated < r.output_len]
         self.histograms["iteration_tokens"].observe(tokens)
         self.now = end
+        if finished and self.waiting_reason == "kv" and not events.available_at_preemption:
+            head = self.waiting[0]
+            output_to_come = sum(r.output_len - r.generated for r in self.running) + head.output_len - head.generated
+            if self._fit(head, output_to_come) is not None:
+                self.waiting_reason = "freed"
         self._after_step(prefill_tokens, prefill_hits, finished)
 
     def _schedule(self, batch: list[tuple[Request, int]], request: Request, chunk: int) -> None:

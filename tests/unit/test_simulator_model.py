@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 import pytest
 
 from kvcache_exporter.simulator.exposition import FLAVORS
-from kvcache_exporter.simulator.model import BlockPool, EngineConfig, EngineModel, Request, StepEvents
+from kvcache_exporter.simulator.model import KV_BOUND, BlockPool, EngineConfig, EngineModel, Request, StepEvents
 from kvcache_exporter.simulator.scenarios import BUILTIN_SCENARIOS, ScenarioRun, load_scenario
 from kvcache_exporter.simulator.workload import ArrivalProcess, LengthDist, Workload
 
@@ -235,6 +235,23 @@ def test_waiting_reason_tells_the_running_cap_from_kv():
     assert (len(kv_bound.running), kv_bound.waiting_reason) == (1, "kv")
 
 
+def test_a_head_that_a_finish_freed_room_for_is_told_from_one_kv_holds_back():
+    """8 blocks of 16 tokens: a 100-token prompt with one output token holds 7 of them and finishes in its first
+    step; the 60-token prompt behind it needs 4, so KV holds it back at that step's admission. The finish frees
+    the 7: the page after the step shows a queue of 1 beside 8 free blocks, reason "freed"; the next step
+    admits it. Without the finish (the first request decoding on) the reason stays "kv"."""
+    for output_len, reason, used in ((1, "freed", 0), (2, "kv", 7)):
+        model = _model(num_blocks=8, block_size=16, max_model_len=128)
+        model.submit(Request(0, 0.0, prompt_len=100, output_len=output_len))
+        model.submit(Request(1, 0.0, prompt_len=60, output_len=4))
+        model.step()
+        assert (model.waiting_reason, model.report.waiting_reason) == (reason, reason)
+        assert (model.report.waiting, model.report.used_blocks) == (1, used)
+        if reason == "freed":
+            model.step()
+            assert ([r.id for r in model.running], model.waiting_reason, model.pool.used) == ([1], None, 4)
+
+
 def test_latencies_come_from_the_step_clock():
     # One request, prompt in one step: TTFT = one prefill step, ITL = one decode step each.
     model = _model(step_base_s=0.01, step_per_token_s=0.001)
@@ -341,7 +358,7 @@ def test_the_tier_full_scenario_refuses_stores_while_the_gpu_pool_is_saturated()
         model = full.models[0]
         refused.append(model.counters.offload_store_failures - before)
         if minute > 1:
-            assert model.waiting_reason == "kv" and model.report.waiting > 0, minute
+            assert model.waiting_reason in KV_BOUND and model.report.waiting > 0, minute
             assert len(model.tier.blocks) == config.offload_blocks, minute
     assert min(refused[1:]) > 0, refused
     counters = full.models[0].counters

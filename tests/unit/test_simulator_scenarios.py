@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from kvcache_exporter.simulator.exposition import FLAVORS
+from kvcache_exporter.simulator.model import KV_BOUND
 from kvcache_exporter.simulator.workload import LengthDist
 from kvcache_exporter.simulator.scenarios import ScenarioError, ScenarioRun, load_scenario, override_engine
 
@@ -36,7 +37,7 @@ def test_kv_saturation_queues_for_kv_then_preempts_then_recovers(seed):
     previous = (0, 0.0)
     for t, run in sample_every_second("kv-saturation", seed):
         model = run.models[0]
-        waits_for_kv = bool(model.waiting) and model.waiting_reason == "kv"
+        waits_for_kv = bool(model.waiting) and model.waiting_reason in KV_BOUND
         if saturated_at is None and usage(model) >= 0.9 and waits_for_kv:
             saturated_at = t
         if preempting_at is None and model.counters.preemptions:
