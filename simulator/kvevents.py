@@ -4,9 +4,16 @@ Layout as the engines write it today: a batch `[ts, events, dp_rank]` of tagged 
 hashes unsigned 64-bit, SGLang's signed (the same 64 bits). A block's hash comes from its content key,
 so the same prefix block has the same hash in every request, as a real prefix cache's chained hash.
 One batch per scheduler step that stored or evicted blocks; a restart (a new generation of the model)
-sends AllBlocksCleared, as the real pool is empty after it. A store names its blocks' LoRA adapter
-(`lora_name`) and tenant (the cache salt: SGLang's `cache_salt` key, vLLM's typed extra_keys entry
-on the first block), after simulator.workload.holder.
+sends AllBlocksCleared, as the real pool is empty after it.
+
+A BlockStored holds consecutive blocks of one chain (each the next block of the same request, of one
+adapter and tenant, after simulator.workload.holder), with the hash of the block before the first as
+its parent and token ids for every block, as both engines send them. The fields are vLLM 0.32's
+(vllm/distributed/kv_events.py, v1/core/block_pool.py; msgspec omits an unset default): `lora_id`,
+`lora_name`, `group_idx` 0 and the untagged `extra_keys`, one entry per block, the adapter's name on
+every block and the cache salt on a request's first block only (v1/core/kv_cache_utils.py,
+generate_block_hash_extra_keys and to_event_extra_keys), so a later block's tenant is its chain's. SGLang
+names the salt on every store (`cache_salt`).
 """
 
 from __future__ import annotations
@@ -17,42 +24,64 @@ import threading
 import msgpack
 
 from .model import STORED, BlockKey
-from .workload import holder
+from .workload import ADAPTERS, holder
 
 SIGNED_HASHES = {"sglang"}  # flavors whose hashes are signed int64; the rest publish vLLM's unsigned form
+VOCABULARY = 32000  # token ids of the simulated blocks: made up, as the simulator has no tokens
 
 
 def block_hash(key: BlockKey) -> int:
     return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "big")
 
 
-def events(journal: list[tuple[str, BlockKey]], block_size: int, signed: bool) -> list[dict]:
-    """The journal as tagged-map events: consecutive stores of one holder in one BlockStored, each
-    eviction its own BlockRemoved (as vLLM's pool emits them)."""
+def _wire_hash(key: BlockKey, signed: bool) -> int:
+    value = block_hash(key)
+    return value - (1 << 64) if signed and value >= 1 << 63 else value
+
+
+def _tokens(value: int, block_size: int) -> list[int]:
+    return [(value >> (i % 48)) % VOCABULARY for i in range(block_size)]
+
+
+def events(journal: list[tuple], block_size: int, signed: bool) -> list[dict]:
+    """The journal as tagged-map events: the stores of one chain in one BlockStored, each eviction its
+    own BlockRemoved (as vLLM's pool emits them)."""
     out: list[dict] = []
-    last_holder = None
-    for kind, key in journal:
-        value = block_hash(key)
-        if signed and value >= 1 << 63:
-            value -= 1 << 64
-        if kind == STORED:
-            adapter, salt = holder(key)
-            if out and out[-1]["type"] == "BlockStored" and last_holder == (adapter, salt):
-                out[-1]["block_hashes"].append(value)
-                if not signed:
-                    out[-1]["extra_keys"].append(None)
-                continue
-            last_holder = (adapter, salt)
-            event = {"type": "BlockStored", "block_hashes": [value], "parent_block_hash": None, "token_ids": [],
-                     "block_size": block_size, "lora_id": None, "medium": "GPU", "lora_name": adapter}
-            if signed:
-                event["cache_salt"] = salt
-            else:
-                event["extra_keys"] = [[["cache_salt", salt]]]
-            out.append(event)
-        else:
-            out.append({"type": "BlockRemoved", "block_hashes": [value], "medium": "GPU"})
+    chain = None  # (the last stored key, its owner) while a BlockStored is open
+    for entry in journal:
+        if entry[0] != STORED:
+            out.append({"type": "BlockRemoved", "block_hashes": [_wire_hash(entry[1], signed)], "medium": "GPU"})
+            chain = None
+            continue
+        _, key, parent, owner = entry
+        value = _wire_hash(key, signed)
+        if chain is None or chain != (parent, owner):
+            out.append(_stored(parent, owner, block_size, signed))
+        event = out[-1]
+        event["block_hashes"].append(value)
+        event["token_ids"].extend(_tokens(value, block_size))
+        if not signed:
+            adapter, salt = holder(owner)
+            keys = ((adapter,) if adapter else ()) + ((salt,) if key[-1] == 0 else ())
+            event["extra_keys"].append(list(keys) or None)
+        chain = (key, owner)
+    for event in out:  # omitted where no block has a key, as msgspec omits an unset default
+        if event.get("extra_keys") is not None and not any(event["extra_keys"]):
+            del event["extra_keys"]
     return out
+
+
+def _stored(parent: BlockKey | None, owner: int, block_size: int, signed: bool) -> dict:
+    adapter, salt = holder(owner)
+    event = {"type": "BlockStored", "block_hashes": [], "parent_block_hash": None if parent is None
+             else _wire_hash(parent, signed), "token_ids": [], "block_size": block_size,
+             "lora_id": ADAPTERS.index(adapter) if adapter else None, "medium": "GPU", "lora_name": adapter}
+    if signed:
+        event["cache_salt"] = salt
+    else:
+        event["extra_keys"] = []
+        event["group_idx"] = 0
+    return event
 
 
 def batch(ts: float, events_: list[dict], dp_rank: int) -> bytes:

@@ -234,6 +234,12 @@ class Request:
             return ("prefix", self.prefix_id, index)
         return (self.id, index)
 
+    @property
+    def owner(self) -> int:
+        """Whose blocks these are (their adapter and cache salt: simulator.workload.holder): a prefixed
+        request's are its prefix's, as a salted prompt shares blocks only within its tenant."""
+        return self.prefix_id if self.prefix_id is not None else self.id
+
 
 class OffloadTier:
     """The CPU tier, kept as vLLM's LRU offloading manager keeps it: block keys, least recently used first,
@@ -286,8 +292,9 @@ class BlockPool:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.spilled: list[BlockKey] = []  # cached blocks evicted since the owner last took them
-        # (STORED or REMOVED, key) in order, as an engine's prefix cache announces them; None: not kept
-        self.journal: list[tuple[str, BlockKey]] | None = None
+        # In order, as an engine's prefix cache announces them: (STORED, key, the key of the block before it in
+        # its request, or None for a request's first block, the request's owner) or (REMOVED, key); None: not kept
+        self.journal: list[tuple] | None = None
         self.free = capacity
         self.anonymous = 0  # held blocks without a content key (partial, or duplicate content)
         self.held: dict[BlockKey, int] = {}  # keyed held block -> reference count
@@ -325,14 +332,15 @@ class BlockPool:
         self.anonymous += 1
         return True
 
-    def seal(self, key: BlockKey) -> bool:
-        """Give a freshly filled anonymous block its content key, unless that content is already cached."""
+    def seal(self, key: BlockKey, parent: BlockKey | None = None, owner: int | None = None) -> bool:
+        """Give a freshly filled anonymous block its content key, unless that content is already cached;
+        `parent` and `owner` go to the journal."""
         if self.is_cached(key):
             return False
         self.anonymous -= 1
         self.held[key] = 1
         if self.journal is not None:
-            self.journal.append((STORED, key))
+            self.journal.append((STORED, key, parent, owner))
         return True
 
     def release(self, key: BlockKey | None) -> None:
@@ -587,9 +595,10 @@ class EngineModel:
         so the pool's blocks are anonymous until sealed here) and count the transfer."""
         if not offloaded:
             return
+        size = self.config.block_size
         for index, key in enumerate(offloaded, first):
             self.tier.touch(key)
-            if self.pool.seal(key):
+            if self.pool.seal(key, request.block_key(index - 1, size) if index else None, request.owner):
                 request.blocks[index] = key
         counters, config = self.counters, self.config
         seconds = len(offloaded) * config.block_bytes / config.offload_load_bytes_per_s
@@ -675,7 +684,7 @@ class EngineModel:
         for index in range(start // size, end // size):
             if request.blocks[index] is None:
                 key = request.block_key(index, size)
-                if self.pool.seal(key):
+                if self.pool.seal(key, request.block_key(index - 1, size) if index else None, request.owner):
                     request.blocks[index] = key
 
     def _emit_token(self, request: Request, now: float, events: StepEvents) -> bool:

@@ -9,7 +9,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from .model import BlockKey, Request
+from .model import Request
 
 # Who the simulated requests are: the LoRA adapters they name (None: the base model) and the tenants
 # whose cache salts ("tenant-0", ...) they carry, in the engines' KV events (simulator/kvevents.py).
@@ -17,10 +17,8 @@ ADAPTERS = (None, "sql-lora", "chat-lora")
 TENANTS = 4
 
 
-def holder(key: BlockKey) -> tuple[str | None, str]:
-    """The adapter and cache salt of a block by its content key: a shared prefix is one tenant's (salted
-    prompts share blocks only within a tenant), a request's own blocks its id's."""
-    owner = key[1] if key[0] == "prefix" else key[0]
+def holder(owner: int) -> tuple[str | None, str]:
+    """The adapter and cache salt of the blocks of requests of `owner` (simulator.model.Request.owner)."""
     return ADAPTERS[owner % len(ADAPTERS)], f"tenant-{owner % TENANTS}"
 
 

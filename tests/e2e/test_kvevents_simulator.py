@@ -116,7 +116,10 @@ def test_one_stream_per_dp_rank_on_port_plus_rank(tmp_path):
 
 def check_holders(samples: dict, labels: dict, body: str) -> None:
     """Every store and capacity miss the pool counts is some adapter's and some tenant's, in one scrape;
-    the simulator's adapters by name, its four tenants as keyed hashes, their salts nowhere."""
+    the simulator's adapters by name, its four tenants as keyed hashes, their salts nowhere. vLLM names a
+    request's salt on its first block only, and the exporter joined after the engine started: the later
+    blocks of chains begun before it count as tenant `none` (tests/unit/test_simulator_kvevents.py reads a
+    run from its first batch: no `none` there)."""
     for holder in ("adapter", "tenant"):
         for family, pool_family in (("blocks_stored_total", "events_blocks_stored_total"),
                                     ("capacity_miss_blocks_total", "capacity_miss_blocks_total")):
@@ -125,6 +128,7 @@ def check_holders(samples: dict, labels: dict, body: str) -> None:
         assert value(samples, "kvcache_events_holders_folded", holder=holder, **labels) == 0
     adapters = {dict(key[1])["adapter"] for key in series(samples, "kvcache_adapter_blocks_resident", **labels)}
     assert adapters == {"base", "sql-lora", "chat-lora"}
-    tenants = {dict(key[1])["tenant"] for key in series(samples, "kvcache_tenant_blocks_resident", **labels)}
-    assert len(tenants) == 4 and all(len(t) == 12 and int(t, 16) >= 0 for t in tenants)
+    tenants = {dict(key[1])["tenant"] for key in series(samples, "kvcache_tenant_blocks_stored_total", **labels)}
+    hashed = tenants - {"none"}
+    assert len(hashed) == 4 and all(len(t) == 12 and int(t, 16) >= 0 for t in hashed)
     assert "tenant-" not in body
