@@ -6,10 +6,13 @@
 - `probe`: Prometheus scrapes `/probe?target=` per engine through the exporter (the multi-target
   pattern large fleets run), rules loaded as in B;
 - `replay` (asked for by name): B with the reading of each page replayed (bench/replay_exporter.py):
-  what B costs besides parsing, adapting, deriving and rendering, the floor a faster reader could reach.
+  what B costs besides parsing, adapting, deriving and rendering, the floor a faster reader could reach;
+- `sharded` (asked for by name): B with --shards exporter processes, each polling the engines whose
+  address hashes to it (Prometheus' hashmod: md5, last 8 bytes, modulo), Prometheus scraping each:
+  one exporter reads its pages on one core (the GIL), so this is B spread over the machine's cores.
 
-    python -m bench.paths [--sizes 100,500,2000] [--workloads vllm,sglang,mix] [--paths direct,exporter,probe,replay]
-                          [--fleet steady|pressure]
+    python -m bench.paths [--sizes 100,500,2000] [--workloads vllm,sglang,mix]
+                          [--paths direct,exporter,probe,replay,sharded] [--shards 2] [--fleet steady|pressure]
 
 The fleet is `steady` by default: one pool in 20 under KV pressure (the captured pages), the others
 at rest (bench/pages.py), as a fleet runs most days; `pressure` puts every pool under pressure, so
@@ -25,6 +28,7 @@ block) for the bytes a sample takes on disk. docs/performance.md explains the fi
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -45,7 +49,8 @@ from .fleet import Fleet
 from .measure import Plan, prometheus_config, scalar
 from .run import measured_on
 
-PATHS = ("direct", "exporter", "probe", "replay")
+PATHS = ("direct", "exporter", "probe", "replay", "sharded")
+POLLING = ("exporter", "replay", "sharded")  # the paths in which exporters poll a configured fleet
 DEFAULT_PATHS = PATHS[:3]
 # Pages as the engines serve them: a Prometheus scraping an engine ingests its whole page (vLLM's
 # 435 series with `_created` and the HTTP instrumentator's families), the exporter reads what it needs.
@@ -62,17 +67,18 @@ HEAD_SERIES = "prometheus_tsdb_head_series"
 
 @dataclass
 class Stack:
-    """The processes of one path: Prometheus always, the exporter in B and probe mode."""
+    """The processes of one path: Prometheus always, the exporter in B and probe mode (one per shard in
+    `sharded`)."""
 
     prometheus: harness.Process
     data_dir: Path
-    exporter: harness.Process | None = None
+    exporters: list[harness.Process]
 
     @property
-    def pids(self) -> dict[str, int]:
-        pids = {"prometheus": self.prometheus.proc.pid}
-        if self.exporter is not None:
-            pids["exporter"] = self.exporter.proc.pid
+    def pids(self) -> dict[str, list[int]]:
+        pids = {"prometheus": [self.prometheus.proc.pid]}
+        if self.exporters:
+            pids["exporter"] = [exporter.proc.pid for exporter in self.exporters]
         return pids
 
 
@@ -84,16 +90,23 @@ def fleet_pages(workload: str, fleet: str) -> list[str]:
     return [name if turn == 0 else f"{name}-at-rest" for turn in range(PRESSURE_EVERY) for name in names]
 
 
-def _exporter_config(fleet: Fleet, plan: Plan, path: str) -> dict:
+def shard_of(key: str, shards: int) -> int:
+    """The shard of `key` as Prometheus' `hashmod` relabeling computes it."""
+    return int.from_bytes(hashlib.md5(key.encode()).digest()[8:], "big") % shards
+
+
+def _exporter_config(fleet: Fleet, plan: Plan, path: str, shard: int = 0, shards: int = 1) -> dict:
     if path == "probe":
         # Every engine keeps its state between probes (rates and the pressure state need history).
         return {"log_level": "warning", "targets": [],
                 "probe": {"enabled": True, "allow": ["127.0.0.1"], "max_targets": plan.targets}}
+    # The bench's engines share one address (a path each), so the shard is hashed from the whole URL.
     return {"poll_interval": plan.duration, "log_level": "warning",
-            "targets": [{"name": f"t-{i}", "url": fleet.url(i)} for i in range(plan.targets)]}
+            "targets": [{"name": f"t-{i}", "url": fleet.url(i)} for i in range(plan.targets)
+                        if shard_of(fleet.url(i), shards) == shard]}
 
 
-def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_address: str | None) -> dict:
+def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_addresses: list[str]) -> dict:
     if path == "direct":
         return prometheus_config(fleet, plan)
     config = {
@@ -101,8 +114,8 @@ def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_address: st
                    "evaluation_interval": f"{EVALUATION_INTERVAL_S}s"},
         "rule_files": [str(RULES)],
     }
-    if path in ("exporter", "replay"):
-        config["scrape_configs"] = [{"job_name": "kvcache-exporter", "static_configs": [{"targets": [exporter_address]}]}]
+    if path in POLLING:
+        config["scrape_configs"] = [{"job_name": "kvcache-exporter", "static_configs": [{"targets": exporter_addresses}]}]
     else:
         config["scrape_configs"] = [{
             "job_name": "kvcache-probe",
@@ -111,7 +124,7 @@ def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_address: st
             "relabel_configs": [
                 {"source_labels": ["__address__"], "target_label": "__param_target"},
                 {"source_labels": ["__param_target"], "target_label": "instance"},
-                {"target_label": "__address__", "replacement": exporter_address},
+                {"target_label": "__address__", "replacement": exporter_addresses[0]},
             ],
         }]
     return config
@@ -192,31 +205,32 @@ def _snapshot_block(prometheus_url: str, data_dir: Path) -> dict:
             "span_s": span_ms / 1e3}
 
 
-def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path) -> Stack:
-    exporter = None
-    exporter_address = None
-    if path != "direct":
-        config_path = work_dir / "exporter.yml"
-        config_path.write_text(yaml.safe_dump(_exporter_config(fleet, plan, path), sort_keys=False))
+def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path, shards: int) -> Stack:
+    exporters = []
+    shards = shards if path == "sharded" else 1
+    for shard in range(shards if path != "direct" else 0):
+        shard_dir = work_dir / f"exporter-{shard}" if shards > 1 else work_dir
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        config_path = shard_dir / "exporter.yml"
+        config_path.write_text(yaml.safe_dump(_exporter_config(fleet, plan, path, shard, shards), sort_keys=False))
         module = "bench.replay_exporter" if path == "replay" else "kvcache_exporter"
-        exporter = stack.enter_context(harness.exporter(work_dir, "--config", str(config_path), module=module))
-        exporter_address = exporter.url.removeprefix("http://")
-    config = _prometheus_config(fleet, plan, path, exporter_address)
+        exporters.append(stack.enter_context(harness.exporter(shard_dir, "--config", str(config_path), module=module)))
+    config = _prometheus_config(fleet, plan, path, [exporter.url.removeprefix("http://") for exporter in exporters])
     prometheus = stack.enter_context(harness.prometheus(work_dir, config, extra_args=("--web.enable-admin-api",)))
-    return Stack(prometheus, work_dir / "data", exporter)
+    return Stack(prometheus, work_dir / "data", exporters)
 
 
-def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path) -> dict:
+def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path, shards: int = 2) -> dict:
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     try:
         with ExitStack() as stack:
-            processes = _start(stack, fleet, plan, path, work_dir)
+            processes = _start(stack, fleet, plan, path, work_dir, shards)
             url = processes.prometheus.url
             harness.wait_until(lambda: scalar(url, _up_query(path)) == plan.targets,
                                timeout=90 + 10 * plan.interval, interval=1.0, what=f"every engine up ({path})")
-            if path in ("exporter", "replay"):  # eight regular scrapes lock the polls to Prometheus' phase
-                harness.wait_until(lambda: scalar(url, "max(kvcache_exporter_poll_phase_locked)") == 1.0,
+            if path in POLLING:  # eight regular scrapes lock the polls to Prometheus' phase
+                harness.wait_until(lambda: scalar(url, "min(kvcache_exporter_poll_phase_locked)") == 1.0,
                                    timeout=20 * plan.interval, interval=1.0, what=f"the polls phase-locked ({path})")
             time.sleep(plan.warmup_cycles * plan.interval)
             return _window(processes, fleet, plan, path)
@@ -227,7 +241,7 @@ def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path) -> dict:
 def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
     url = processes.prometheus.url
     pids = processes.pids
-    cpu_before = {name: procstat.cpu_seconds(pid) for name, pid in pids.items()}
+    cpu_before = {name: sum(map(procstat.cpu_seconds, group)) for name, group in pids.items()}
     server_before, machine_before = procstat.cpu_seconds(fleet.pid), procstat.machine_busy_seconds()
     own_before, disk_before = _own_metrics(url), _directory_bytes(processes.data_dir)
     started = time.monotonic()
@@ -240,7 +254,7 @@ def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
     time.sleep(max(0.0, plan.cycles * plan.interval - (time.monotonic() - started)))
     wall = time.monotonic() - started
     at_scrape = sorted(_ages_at_scrape(url, path, wall))
-    cpu = {name: procstat.cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    cpu = {name: sum(map(procstat.cpu_seconds, group)) - cpu_before[name] for name, group in pids.items()}
     server_cpu = procstat.cpu_seconds(fleet.pid) - server_before
     machine = procstat.machine_busy_seconds() - machine_before
     own_after, disk_after = _own_metrics(url), _directory_bytes(processes.data_dir)
@@ -254,18 +268,17 @@ def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
         "samples_per_s": samples_per_s,
         "head_series": own_after[HEAD_SERIES],
         "rules": _rule_seconds(url),
-        "prometheus_rss_mb": procstat.memory_bytes(pids["prometheus"])[0] / MB,
+        "prometheus_rss_mb": procstat.memory_bytes(pids["prometheus"][0])[0] / MB,
         "wal_mb_per_hour": (disk_after - disk_before) / wall * 3600 / MB,
         "oldest_age_s": max(ages),
         "oldest_age_median_s": sorted(ages)[len(ages) // 2],
         "age_at_scrape_max_s": at_scrape[-1],
         "age_at_scrape_median_s": at_scrape[len(at_scrape) // 2],
-        "phase_locked": scalar(url, "max(kvcache_exporter_poll_phase_locked)") == 1.0 if path in ("exporter", "replay")
-        else None,
+        "phase_locked": scalar(url, "min(kvcache_exporter_poll_phase_locked)") == 1.0 if path in POLLING else None,
         "engines_up": scalar(url, _up_query(path)),
     }
-    if processes.exporter is not None:
-        result["exporter_rss_mb"] = procstat.memory_bytes(pids["exporter"])[0] / MB
+    if processes.exporters:
+        result["exporter_rss_mb"] = sum(procstat.memory_bytes(pid)[0] for pid in pids["exporter"]) / MB
     block = _snapshot_block(url, processes.data_dir)
     result["block"] = block
     result["tsdb_mb_per_hour"] = tsdb_bytes_per_hour(block, samples_per_s) / MB
@@ -291,6 +304,7 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="intervals to wait once every engine is up")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
+    p.add_argument("--shards", type=int, default=2, help="exporter processes of path `sharded`")
     p.add_argument("--fleet", choices=FLEETS, default="steady",
                    help=f"steady: one pool in {PRESSURE_EVERY} under KV pressure; pressure: every pool")
     p.add_argument("--out", type=Path, default=Path("bench/results-paths"))
@@ -314,7 +328,7 @@ def main(argv: list[str]) -> int:
         **measured_on(),
         "settings": {"sizes": args.sizes, "interval": args.interval, "cycles": args.cycles,
                      "warmup_cycles": args.warmup, "workloads": args.workloads, "paths": args.paths,
-                     "evaluation_interval_s": EVALUATION_INTERVAL_S, "fleet": args.fleet,
+                     "evaluation_interval_s": EVALUATION_INTERVAL_S, "fleet": args.fleet, "shards": args.shards,
                      "pressure_every": 1 if args.fleet == "pressure" else PRESSURE_EVERY},
         "runs": [],
     }
@@ -326,7 +340,7 @@ def main(argv: list[str]) -> int:
                 run = {"workload": workload, "targets": size}
                 for path in args.paths:
                     started = time.monotonic()
-                    run[path] = measure_path(fleet, plan, path, out / "work" / f"{workload}-{size}-{path}")
+                    run[path] = measure_path(fleet, plan, path, out / "work" / f"{workload}-{size}-{path}", args.shards)
                     figures = run[path]
                     print(f"{workload} N={size} {path}: {figures['monitoring_cores']:.3f} cores, "
                           f"{figures['samples_per_s']:,.0f} samples/s, {figures['head_series']:,.0f} series, "
