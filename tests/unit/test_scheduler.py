@@ -110,8 +110,20 @@ def test_a_new_target_is_polled_at_once_and_a_removed_one_forgotten():
     timetable = Timetable(ScrapeClock())
     kept, removed, added = FakeTarget("kept"), FakeTarget("removed"), FakeTarget("added")
     assert timetable.due([kept, removed], 10.0, 10.25, 5.0) == [kept, removed]
-    timetable.keep_only(["kept"])
-    assert timetable.due([kept, added], 10.3, 10.55, 5.0) == [added]
+    assert timetable.due([kept, added], 10.3, 10.55, 5.0) == [added]  # another list: a reload
+    assert timetable.due([kept, added, removed], 10.6, 10.85, 5.0) == [removed]  # forgotten: new again
+
+
+def test_the_earliest_start_is_a_listed_targets():
+    """A removed target's start, earlier than every listed one's, is not the loop's next wake-up."""
+    timetable = Timetable(ScrapeClock())
+    first, second = sorted((FakeTarget(f"t{i}") for i in range(2)), key=lambda t: phase_of(t.name))
+    timetable.due([first, second], 0.0, 0.0, 5.0)
+    starts = {t.name: 5.0 * (0.75 + (phase_of(t.name) - 0.75) % 1.0) for t in (first, second)}  # phase.next_start
+    assert timetable.earliest() == pytest.approx(starts[first.name])
+    assert timetable.due([second], 1.0, 1.0, 5.0) == []
+    assert timetable.earliest() == pytest.approx(starts[second.name])
+    assert timetable.due([second], starts[second.name], starts[second.name], 5.0) == [second]
 
 
 def test_a_suspended_process_resumes_with_one_poll_each():
