@@ -1,0 +1,172 @@
+"""The worker processes of an exporter with `workers:` above 1, seen from the parent.
+
+One process reads pages on one core at most (the GIL): at 2,000 engines the reading alone takes
+1.4 to 1.8 s of every 5 s interval, so the polls locked to a scrape must start that long before it
+and the data a scrape reads is up to that much older than a direct scrape's (docs/performance.md).
+Workers split the targets by a hash of their names (shard.shard_of) and poll them in parallel; the
+parent serves the HTTP endpoint (and /probe), asks every worker for its targets' lines at each
+scrape, and joins them family by family.
+
+Parent and worker talk over the worker's stdin and stdout (private pipes: nothing listens on a
+port), one frame per message: 8 bytes of length, then a pickle of (request id, kind, payload).
+A worker that ends is started again (counted); one that does not answer a request in time is left
+out of that response (counted) and its late answer dropped. A worker whose parent is gone sees its
+stdin end and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import pickle
+import struct
+import sys
+from typing import Any, BinaryIO
+
+from .. import exposition
+from ..config import Config
+from .shard import Readiness
+
+log = logging.getLogger(__name__)
+_LENGTH = struct.Struct(">Q")
+RESTART_DELAY = 1.0  # seconds before a worker that ended is started again: a crash loop costs little
+STOP_TIMEOUT = 5.0
+WORKER_MODULE = "kvcache_exporter.runtime.worker"
+
+
+def encode(message: Any) -> bytes:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LENGTH.pack(len(body)) + body
+
+
+def read_frame(stream: BinaryIO) -> Any:
+    """The next message from a blocking stream (the worker's stdin); None at its end."""
+    head = stream.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        return None
+    body = stream.read(_LENGTH.unpack(head)[0])
+    return pickle.loads(body)
+
+
+class _Worker:
+    def __init__(self, index: int):
+        self.index = index
+        self.process: asyncio.subprocess.Process | None = None
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.reader: asyncio.Task | None = None
+
+
+class Workers:
+    """Lives in the parent's event loop: every method runs there."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.restarts = 0
+        self.missed = 0
+        self._workers = [_Worker(i) for i in range(count)]
+        self._ids = itertools.count()
+        self._config: Config | None = None
+        self._stopping = False
+        self._phases: list[tuple[float, bool]] = []  # each worker's (scrape interval, locked) at the last scrape
+
+    async def start(self, config: Config) -> None:
+        self._config = config
+        for worker in self._workers:
+            await self._spawn(worker)
+
+    async def _spawn(self, worker: _Worker) -> None:
+        worker.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", WORKER_MODULE, str(worker.index), str(self.count),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        worker.process.stdin.write(encode((next(self._ids), "config", self._config)))
+        worker.reader = asyncio.create_task(self._read(worker, worker.process))
+
+    async def _read(self, worker: _Worker, process: asyncio.subprocess.Process) -> None:
+        """Answers to their requests until the worker's stdout ends; then the worker again."""
+        try:
+            while True:
+                head = await process.stdout.readexactly(_LENGTH.size)
+                ident, answer = pickle.loads(await process.stdout.readexactly(_LENGTH.unpack(head)[0]))
+                future = worker.waiting.pop(ident, None)
+                if future is not None and not future.done():
+                    future.set_result(answer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        status = await process.wait()
+        for future in worker.waiting.values():
+            future.cancel()
+        worker.waiting.clear()
+        if self._stopping:
+            return
+        self.restarts += 1
+        log.error("worker %d ended (exit status %s); starting it again", worker.index, status)
+        await asyncio.sleep(RESTART_DELAY)
+        if not self._stopping:
+            await self._spawn(worker)
+
+    async def _ask(self, kind: str, payload: Any, timeout: float) -> list[Any]:
+        """Every worker's answer, None where it gave none within `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        asked = []
+        for worker in self._workers:
+            process = worker.process
+            if process is None or process.returncode is not None or process.stdin.is_closing():
+                asked.append(None)
+                continue
+            ident = next(self._ids)
+            future = worker.waiting[ident] = loop.create_future()
+            process.stdin.write(encode((ident, kind, payload)))
+            asked.append((worker, ident, future))
+        done, _ = await asyncio.wait([a[2] for a in asked if a], timeout=timeout) if any(asked) else (set(), None)
+        answers = []
+        for item in asked:
+            if item is None:
+                answers.append(None)
+                continue
+            worker, ident, future = item
+            if future in done and not future.cancelled():
+                answers.append(future.result())
+            else:
+                worker.waiting.pop(ident, None)
+                future.cancel()
+                self.missed += 1
+                answers.append(None)
+        return answers
+
+    async def scrape(self, client: str, arrived: float, prometheus: bool, timeout: float) -> list[exposition.TargetText]:
+        """Every worker's lines by family, as texts that always show (each worker left out what was stale)."""
+        answers = await self._ask("scrape", (client, arrived, prometheus), timeout)
+        self._phases = [answer[1] for answer in answers if answer is not None]
+        return [exposition.TargetText(answer[0]) for answer in answers if answer is not None]
+
+    def phase_state(self) -> tuple[float, bool]:
+        """(scrape interval seen, every worker locked) as of the last scrape's answers."""
+        phases = self._phases
+        if len(phases) < self.count:
+            return (phases[0][0] if phases else 0.0), False
+        return phases[0][0], all(locked for _, locked in phases)
+
+    async def readiness(self, timeout: float) -> list[Readiness | None]:
+        return await self._ask("ready", None, timeout)
+
+    async def apply(self, config: Config) -> None:
+        """A reload: each worker keeps what it polls the same way (shard.Shard.apply)."""
+        self._config = config
+        await self._ask("config", config, timeout=STOP_TIMEOUT)
+
+    async def close(self) -> None:
+        self._stopping = True
+        for worker in self._workers:
+            if worker.process is not None and worker.process.returncode is None:
+                worker.process.stdin.close()  # the worker exits at the end of its input
+        for worker in self._workers:
+            if worker.process is None:
+                continue
+            try:
+                await asyncio.wait_for(worker.process.wait(), STOP_TIMEOUT)
+            except TimeoutError:
+                worker.process.kill()
+                await worker.process.wait()
+            if worker.reader is not None:
+                await asyncio.gather(worker.reader, return_exceptions=True)
