@@ -15,6 +15,7 @@ from kvcache_exporter.runtime import phase
 from kvcache_exporter.runtime.phase import ScrapeClock, Timetable, phase_of
 from kvcache_exporter.runtime import scheduler as scheduler_module
 from kvcache_exporter.runtime.scheduler import Scheduler
+from kvcache_exporter.runtime.shard import shard_of
 
 
 class FakeTarget:
@@ -199,3 +200,12 @@ def test_a_scheduler_with_no_targets_runs_work_given_from_another_thread():
         assert probed.polls == 1
     finally:
         scheduler.stop()
+
+
+def test_every_target_has_one_worker_and_the_shares_are_even():
+    names = [f"engine-{i}.llama.svc:8000" for i in range(2000)]
+    for workers in (2, 3):
+        shares = Counter(shard_of(name, workers) for name in names)
+        assert set(shares) == set(range(workers))
+        assert max(shares.values()) - min(shares.values()) < 0.1 * len(names) / workers  # hashed, not counted off
+    assert {shard_of(name, 1) for name in names} == {0}
