@@ -6,13 +6,13 @@
 - `probe`: Prometheus scrapes `/probe?target=` per engine through the exporter (the multi-target
   pattern large fleets run), rules loaded as in B;
 - `replay` (asked for by name): B with the reading of each page replayed (bench/replay_exporter.py):
-  what B costs besides parsing, adapting, deriving and rendering, the floor a faster reader could reach;
-- `sharded` (asked for by name): B with --shards exporter processes, each polling the engines whose
-  address hashes to it (Prometheus' hashmod: md5, last 8 bytes, modulo), Prometheus scraping each:
-  one exporter reads its pages on one core (the GIL), so this is B spread over the machine's cores.
+  what B costs besides parsing, adapting, deriving and rendering, the floor a faster reader could reach.
 
-    python -m bench.paths [--sizes 100,500,2000] [--workloads vllm,sglang,mix]
-                          [--paths direct,exporter,probe,replay,sharded] [--shards 2] [--fleet steady|pressure]
+    python -m bench.paths [--sizes 100,500,2000] [--workloads vllm,sglang,mix] [--paths direct,exporter,probe,replay]
+                          [--workers N] [--fleet steady|pressure]
+
+`--workers N` runs B's exporter with N worker processes (`workers:`); its CPU and memory are the
+parent's and its workers'.
 
 The fleet is `steady` by default: one pool in 20 under KV pressure (the captured pages), the others
 at rest (bench/pages.py), as a fleet runs most days; `pressure` puts every pool under pressure, so
@@ -28,7 +28,6 @@ block) for the bytes a sample takes on disk. docs/performance.md explains the fi
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -49,8 +48,8 @@ from .fleet import Fleet
 from .measure import Plan, prometheus_config, scalar
 from .run import measured_on
 
-PATHS = ("direct", "exporter", "probe", "replay", "sharded")
-POLLING = ("exporter", "replay", "sharded")  # the paths in which exporters poll a configured fleet
+PATHS = ("direct", "exporter", "probe", "replay")
+POLLING = ("exporter", "replay")  # the paths in which the exporter polls a configured fleet
 DEFAULT_PATHS = PATHS[:3]
 # Pages as the engines serve them: a Prometheus scraping an engine ingests its whole page (vLLM's
 # 435 series with `_created` and the HTTP instrumentator's families), the exporter reads what it needs.
@@ -67,18 +66,18 @@ HEAD_SERIES = "prometheus_tsdb_head_series"
 
 @dataclass
 class Stack:
-    """The processes of one path: Prometheus always, the exporter in B and probe mode (one per shard in
-    `sharded`)."""
+    """The processes of one path: Prometheus always, the exporter in B and probe mode."""
 
     prometheus: harness.Process
     data_dir: Path
-    exporters: list[harness.Process]
+    exporter: harness.Process | None = None
 
     @property
     def pids(self) -> dict[str, list[int]]:
+        """Each part's processes: the exporter's workers with it."""
         pids = {"prometheus": [self.prometheus.proc.pid]}
-        if self.exporters:
-            pids["exporter"] = [exporter.proc.pid for exporter in self.exporters]
+        if self.exporter is not None:
+            pids["exporter"] = [self.exporter.proc.pid, *harness.children(self.exporter.proc.pid)]
         return pids
 
 
@@ -90,23 +89,16 @@ def fleet_pages(workload: str, fleet: str) -> list[str]:
     return [name if turn == 0 else f"{name}-at-rest" for turn in range(PRESSURE_EVERY) for name in names]
 
 
-def shard_of(key: str, shards: int) -> int:
-    """The shard of `key` as Prometheus' `hashmod` relabeling computes it."""
-    return int.from_bytes(hashlib.md5(key.encode()).digest()[8:], "big") % shards
-
-
-def _exporter_config(fleet: Fleet, plan: Plan, path: str, shard: int = 0, shards: int = 1) -> dict:
+def _exporter_config(fleet: Fleet, plan: Plan, path: str, workers: int = 1) -> dict:
     if path == "probe":
         # Every engine keeps its state between probes (rates and the pressure state need history).
         return {"log_level": "warning", "targets": [],
                 "probe": {"enabled": True, "allow": ["127.0.0.1"], "max_targets": plan.targets}}
-    # The bench's engines share one address (a path each), so the shard is hashed from the whole URL.
-    return {"poll_interval": plan.duration, "log_level": "warning",
-            "targets": [{"name": f"t-{i}", "url": fleet.url(i)} for i in range(plan.targets)
-                        if shard_of(fleet.url(i), shards) == shard]}
+    return {"poll_interval": plan.duration, "log_level": "warning", "workers": workers if path == "exporter" else 1,
+            "targets": [{"name": f"t-{i}", "url": fleet.url(i)} for i in range(plan.targets)]}
 
 
-def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_addresses: list[str]) -> dict:
+def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_address: str | None) -> dict:
     if path == "direct":
         return prometheus_config(fleet, plan)
     config = {
@@ -115,7 +107,7 @@ def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_addresses: 
         "rule_files": [str(RULES)],
     }
     if path in POLLING:
-        config["scrape_configs"] = [{"job_name": "kvcache-exporter", "static_configs": [{"targets": exporter_addresses}]}]
+        config["scrape_configs"] = [{"job_name": "kvcache-exporter", "static_configs": [{"targets": [exporter_address]}]}]
     else:
         config["scrape_configs"] = [{
             "job_name": "kvcache-probe",
@@ -124,7 +116,7 @@ def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_addresses: 
             "relabel_configs": [
                 {"source_labels": ["__address__"], "target_label": "__param_target"},
                 {"source_labels": ["__param_target"], "target_label": "instance"},
-                {"target_label": "__address__", "replacement": exporter_addresses[0]},
+                {"target_label": "__address__", "replacement": exporter_address},
             ],
         }]
     return config
@@ -205,27 +197,26 @@ def _snapshot_block(prometheus_url: str, data_dir: Path) -> dict:
             "span_s": span_ms / 1e3}
 
 
-def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path, shards: int) -> Stack:
-    exporters = []
-    shards = shards if path == "sharded" else 1
-    for shard in range(shards if path != "direct" else 0):
-        shard_dir = work_dir / f"exporter-{shard}" if shards > 1 else work_dir
-        shard_dir.mkdir(parents=True, exist_ok=True)
-        config_path = shard_dir / "exporter.yml"
-        config_path.write_text(yaml.safe_dump(_exporter_config(fleet, plan, path, shard, shards), sort_keys=False))
+def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: int) -> Stack:
+    exporter = None
+    exporter_address = None
+    if path != "direct":
+        config_path = work_dir / "exporter.yml"
+        config_path.write_text(yaml.safe_dump(_exporter_config(fleet, plan, path, workers), sort_keys=False))
         module = "bench.replay_exporter" if path == "replay" else "kvcache_exporter"
-        exporters.append(stack.enter_context(harness.exporter(shard_dir, "--config", str(config_path), module=module)))
-    config = _prometheus_config(fleet, plan, path, [exporter.url.removeprefix("http://") for exporter in exporters])
+        exporter = stack.enter_context(harness.exporter(work_dir, "--config", str(config_path), module=module))
+        exporter_address = exporter.url.removeprefix("http://")
+    config = _prometheus_config(fleet, plan, path, exporter_address)
     prometheus = stack.enter_context(harness.prometheus(work_dir, config, extra_args=("--web.enable-admin-api",)))
-    return Stack(prometheus, work_dir / "data", exporters)
+    return Stack(prometheus, work_dir / "data", exporter)
 
 
-def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path, shards: int = 2) -> dict:
+def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: int = 1) -> dict:
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     try:
         with ExitStack() as stack:
-            processes = _start(stack, fleet, plan, path, work_dir, shards)
+            processes = _start(stack, fleet, plan, path, work_dir, workers)
             url = processes.prometheus.url
             harness.wait_until(lambda: scalar(url, _up_query(path)) == plan.targets,
                                timeout=90 + 10 * plan.interval, interval=1.0, what=f"every engine up ({path})")
@@ -277,7 +268,7 @@ def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
         "phase_locked": scalar(url, "min(kvcache_exporter_poll_phase_locked)") == 1.0 if path in POLLING else None,
         "engines_up": scalar(url, _up_query(path)),
     }
-    if processes.exporters:
+    if processes.exporter is not None:
         result["exporter_rss_mb"] = sum(procstat.memory_bytes(pid)[0] for pid in pids["exporter"]) / MB
     block = _snapshot_block(url, processes.data_dir)
     result["block"] = block
@@ -304,7 +295,7 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="intervals to wait once every engine is up")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
-    p.add_argument("--shards", type=int, default=2, help="exporter processes of path `sharded`")
+    p.add_argument("--workers", type=int, default=1, help="worker processes of path B's exporter (`workers:`)")
     p.add_argument("--fleet", choices=FLEETS, default="steady",
                    help=f"steady: one pool in {PRESSURE_EVERY} under KV pressure; pressure: every pool")
     p.add_argument("--out", type=Path, default=Path("bench/results-paths"))
@@ -328,7 +319,7 @@ def main(argv: list[str]) -> int:
         **measured_on(),
         "settings": {"sizes": args.sizes, "interval": args.interval, "cycles": args.cycles,
                      "warmup_cycles": args.warmup, "workloads": args.workloads, "paths": args.paths,
-                     "evaluation_interval_s": EVALUATION_INTERVAL_S, "fleet": args.fleet, "shards": args.shards,
+                     "evaluation_interval_s": EVALUATION_INTERVAL_S, "fleet": args.fleet, "workers": args.workers,
                      "pressure_every": 1 if args.fleet == "pressure" else PRESSURE_EVERY},
         "runs": [],
     }
@@ -340,7 +331,7 @@ def main(argv: list[str]) -> int:
                 run = {"workload": workload, "targets": size}
                 for path in args.paths:
                     started = time.monotonic()
-                    run[path] = measure_path(fleet, plan, path, out / "work" / f"{workload}-{size}-{path}", args.shards)
+                    run[path] = measure_path(fleet, plan, path, out / "work" / f"{workload}-{size}-{path}", args.workers)
                     figures = run[path]
                     print(f"{workload} N={size} {path}: {figures['monitoring_cores']:.3f} cores, "
                           f"{figures['samples_per_s']:,.0f} samples/s, {figures['head_series']:,.0f} series, "

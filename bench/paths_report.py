@@ -16,8 +16,7 @@ MAX_CPU_RATIO = 0.8
 MAX_SAMPLES_RATIO = 0.5
 MAX_AGE_OVER_A_S = 1.0  # issue 33: B's oldest data at most A's + 1 s
 LABELS = {"direct": "A: Prometheus scrapes engines", "exporter": "B: exporter + Prometheus + rules",
-          "probe": "probe: Prometheus via /probe + rules", "replay": "B with pages replayed, not read",
-          "sharded": "B over exporter processes, one per shard"}
+          "probe": "probe: Prometheus via /probe + rules", "replay": "B with pages replayed, not read"}
 
 
 def _cores(figures: dict) -> str:
@@ -93,7 +92,8 @@ def markdown(results: dict) -> str:
         f"Exporter at {results['code']}. Machine: {machine['cpus']} × {machine['cpu_model']}, Python "
         f"{machine['python']}, {results['prometheus_version']}. Scrape and poll interval {settings['interval']:g} s, "
         f"rules every {settings['evaluation_interval_s']} s, {settings['cycles']} measured intervals after "
-        f"{settings['warmup_cycles']} of warm-up. {_fleet(settings)}",
+        f"{settings['warmup_cycles']} of warm-up. {_fleet(settings)}"
+        + (f" B's exporter with {settings['workers']} worker processes." if settings.get("workers", 1) > 1 else ""),
         "", path_table(results["runs"], paths), "", ratio_table(results["runs"], paths), "",
     ])
 
@@ -118,7 +118,7 @@ def plot(results: dict, path: Path) -> None:
                ("prometheus_rss_mb", "MB", "Prometheus resident memory"),
                ("tsdb_mb_per_hour", "MB per hour", "TSDB growth on disk"))
     figure, axes_row = plt.subplots(1, len(figures), figsize=(19, 4.8))
-    styles = {"direct": "--s", "exporter": "-o", "probe": ":^", "replay": "-.v", "sharded": "-D"}
+    styles = {"direct": "--s", "exporter": "-o", "probe": ":^", "replay": "-.v"}
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for color, workload in zip(colors, dict.fromkeys(run["workload"] for run in runs)):
         rows = [run for run in runs if run["workload"] == workload]

@@ -14,7 +14,7 @@ import time
 from .. import exposition
 from ..config import Config
 from .shard import Shard, shard_of
-from .workers import encode, read_frame
+from .workers import read_frame, write_frame
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +58,11 @@ def main(argv: list[str]) -> int:
                         format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s")
     worker = _Worker(config, index, count)
     worker.shard.start()
-    answers.write(encode((ident, True)))
-    answers.flush()
+    write_frame(answers, (ident, True))
     try:
         while (request := read_frame(requests)) is not None:
             ident, kind, payload = request
-            answers.write(encode((ident, worker.answer(kind, payload))))
-            answers.flush()
+            write_frame(answers, (ident, worker.answer(kind, payload)))
     except BrokenPipeError:  # the parent is gone
         pass
     finally:

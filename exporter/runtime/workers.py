@@ -32,12 +32,22 @@ log = logging.getLogger(__name__)
 _LENGTH = struct.Struct(">Q")
 RESTART_DELAY = 1.0  # seconds before a worker that ended is started again: a crash loop costs little
 STOP_TIMEOUT = 5.0
+READ_LIMIT = 1 << 20  # bytes buffered from a worker before its pipe is paused: fewer pauses for a large share
 WORKER_MODULE = "kvcache_exporter.runtime.worker"
 
 
 def encode(message: Any) -> bytes:
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _LENGTH.pack(len(body)) + body
+
+
+def write_frame(stream: BinaryIO, message: Any) -> None:
+    """One message to a blocking stream (the worker's stdout): a share of a large fleet's page is tens of
+    megabytes, written after its length rather than copied behind it."""
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_LENGTH.pack(len(body)))
+    stream.write(body)
+    stream.flush()
 
 
 def read_frame(stream: BinaryIO) -> Any:
@@ -78,7 +88,7 @@ class Workers:
     async def _spawn(self, worker: _Worker) -> None:
         worker.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", WORKER_MODULE, str(worker.index), str(self.count),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=READ_LIMIT)
         worker.process.stdin.write(encode((next(self._ids), "config", self._config)))
         worker.reader = asyncio.create_task(self._read(worker, worker.process))
 
