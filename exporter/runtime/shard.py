@@ -17,7 +17,7 @@ from .. import exposition
 from ..config import Config, TargetConfig
 from .scheduler import Scheduler
 from .subscriber import Subscribers
-from .target import Target, fetch_settings, new_target
+from .target import fetch_settings, new_target
 
 
 def shard_of(name: str, shards: int) -> int:

@@ -12,36 +12,28 @@ import sys
 import time
 
 from .. import exposition
-from ..config import Config
 from .shard import Shard, shard_of
 from .workers import read_frame, write_frame
 
-log = logging.getLogger(__name__)
+
+def answer(shard: Shard, kind: str, payload):
+    """The answer to one of the parent's requests (exporter/runtime/workers.py, Workers._ask)."""
+    if kind == "scrape":
+        client, arrived, prometheus = payload
+        texts = shard.scheduler.run(_observed(shard, client, arrived, prometheus))
+        # Joined here, outside the poll loop: the parent only puts the workers' families side by side.
+        return exposition.families(texts, time.time(), shard.config.staleness), shard.scheduler.phase_state()
+    if kind == "ready":
+        return shard.readiness()
+    shard.apply(payload)  # "config": a reload
+    return True
 
 
-class _Worker:
-    def __init__(self, config: Config, index: int, count: int):
-        self.shard = Shard(config, lambda name: shard_of(name, count) == index)
-
-    def answer(self, kind: str, payload):
-        shard = self.shard
-        if kind == "scrape":
-            client, arrived, prometheus = payload
-            texts = shard.scheduler.run(self._observe(client, arrived, prometheus))
-            # Joined here, outside the poll loop: the parent only puts the workers' families side by side.
-            families = exposition.families(texts, time.time(), shard.config.staleness)
-            return families, shard.scheduler.phase_state()
-        if kind == "ready":
-            return shard.readiness()
-        if kind == "config":
-            shard.apply(payload)
-            return True
-        raise ValueError(f"unknown request {kind!r}")
-
-    async def _observe(self, client: str, arrived: float, prometheus: bool):
-        # The parent's arrival time: CLOCK_MONOTONIC is the machine's, the same in every process.
-        self.shard.scheduler.scrapes.observe(client, arrived, prometheus)
-        return self.shard.texts()
+async def _observed(shard: Shard, client: str, arrived: float, prometheus: bool) -> list[exposition.TargetText]:
+    """The scrape seen by the worker's poll loop as the parent saw it (CLOCK_MONOTONIC is the machine's,
+    the same in every process), and the shard's texts; in the loop."""
+    shard.scheduler.scrapes.observe(client, arrived, prometheus)
+    return shard.texts()
 
 
 def main(argv: list[str]) -> int:
@@ -56,18 +48,18 @@ def main(argv: list[str]) -> int:
     ident, _, config = first
     logging.basicConfig(level=config.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s")
-    worker = _Worker(config, index, count)
-    worker.shard.start()
+    shard = Shard(config, lambda name: shard_of(name, count) == index)
+    shard.start()
     write_frame(answers, (ident, True))
     try:
         while (request := read_frame(requests)) is not None:
             ident, kind, payload = request
-            write_frame(answers, (ident, worker.answer(kind, payload)))
+            write_frame(answers, (ident, answer(shard, kind, payload)))
     except BrokenPipeError:  # the parent is gone
         pass
     finally:
-        worker.shard.scheduler.run(worker.shard.close())
-        worker.shard.stop()
+        shard.scheduler.run(shard.close())
+        shard.stop()
     return 0
 
 

@@ -62,9 +62,9 @@ def read_frame(stream: BinaryIO) -> Any:
 class _Worker:
     def __init__(self, index: int):
         self.index = index
-        self.process: asyncio.subprocess.Process | None = None
-        self.waiting: dict[int, asyncio.Future] = {}
-        self.reader: asyncio.Task | None = None
+        self.process: asyncio.subprocess.Process | None = None  # None until started, and while it starts again
+        self.waiting: dict[int, asyncio.Future] = {}  # request id -> its answer
+        self.supervisor: asyncio.Task | None = None
 
 
 class Workers:
@@ -83,17 +83,36 @@ class Workers:
     async def start(self, config: Config) -> None:
         self._config = config
         for worker in self._workers:
-            await self._spawn(worker)
+            worker.supervisor = asyncio.create_task(self._supervise(worker))
 
-    async def _spawn(self, worker: _Worker) -> None:
-        worker.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", WORKER_MODULE, str(worker.index), str(self.count),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=READ_LIMIT)
-        worker.process.stdin.write(encode((next(self._ids), "config", self._config)))
-        worker.reader = asyncio.create_task(self._read(worker, worker.process))
+    async def _supervise(self, worker: _Worker) -> None:
+        """Run the worker, and again whenever it ends, until the exporter stops."""
+        while True:
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", WORKER_MODULE, str(worker.index), str(self.count),
+                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=READ_LIMIT)
+            except OSError as err:
+                log.error("worker %d could not start: %s", worker.index, err)
+            else:
+                process.stdin.write(encode((next(self._ids), "config", self._config)))
+                worker.process = process
+                await self._read_answers(worker, process)
+                worker.process = None
+                for future in worker.waiting.values():
+                    future.cancel()
+                worker.waiting.clear()
+                status = await process.wait()
+                if self._stopping:
+                    return
+                self.restarts += 1
+                log.error("worker %d ended (exit status %s); starting it again", worker.index, status)
+            await asyncio.sleep(RESTART_DELAY)
+            if self._stopping:
+                return
 
-    async def _read(self, worker: _Worker, process: asyncio.subprocess.Process) -> None:
-        """Answers to their requests until the worker's stdout ends; then the worker again."""
+    async def _read_answers(self, worker: _Worker, process: asyncio.subprocess.Process) -> None:
+        """Hand each answer to its request until the worker's stdout ends."""
         try:
             while True:
                 head = await process.stdout.readexactly(_LENGTH.size)
@@ -102,46 +121,37 @@ class Workers:
                 if future is not None and not future.done():
                     future.set_result(answer)
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        status = await process.wait()
-        for future in worker.waiting.values():
-            future.cancel()
-        worker.waiting.clear()
-        if self._stopping:
             return
-        self.restarts += 1
-        log.error("worker %d ended (exit status %s); starting it again", worker.index, status)
-        await asyncio.sleep(RESTART_DELAY)
-        if not self._stopping:
-            await self._spawn(worker)
 
     async def _ask(self, kind: str, payload: Any, timeout: float) -> list[Any]:
-        """Every worker's answer, None where it gave none within `timeout` seconds."""
+        """Every worker's answer, None where it gave none within `timeout` seconds (or is starting again)."""
         loop = asyncio.get_running_loop()
-        asked = []
+        asked: list[tuple[_Worker, int, asyncio.Future] | None] = []
         for worker in self._workers:
             process = worker.process
-            if process is None or process.returncode is not None or process.stdin.is_closing():
+            if process is None or process.stdin.is_closing():
                 asked.append(None)
                 continue
             ident = next(self._ids)
             future = worker.waiting[ident] = loop.create_future()
             process.stdin.write(encode((ident, kind, payload)))
             asked.append((worker, ident, future))
-        done, _ = await asyncio.wait([a[2] for a in asked if a], timeout=timeout) if any(asked) else (set(), None)
+        futures = [item[2] for item in asked if item is not None]
+        if futures:
+            await asyncio.wait(futures, timeout=timeout)
         answers = []
         for item in asked:
             if item is None:
                 answers.append(None)
                 continue
             worker, ident, future = item
-            if future in done and not future.cancelled():
+            if future.done() and not future.cancelled():
                 answers.append(future.result())
-            else:
-                worker.waiting.pop(ident, None)
-                future.cancel()
-                self.missed += 1
-                answers.append(None)
+                continue
+            worker.waiting.pop(ident, None)  # a late answer is dropped
+            future.cancel()
+            self.missed += 1
+            answers.append(None)
         return answers
 
     async def scrape(self, client: str, arrived: float, prometheus: bool, timeout: float) -> list[exposition.TargetText]:
@@ -153,30 +163,30 @@ class Workers:
     def phase_state(self) -> tuple[float, bool]:
         """(scrape interval seen, every worker locked) as of the last scrape's answers."""
         phases = self._phases
-        if len(phases) < self.count:
-            return (phases[0][0] if phases else 0.0), False
-        return phases[0][0], all(locked for _, locked in phases)
+        if not phases:
+            return 0.0, False
+        return phases[0][0], len(phases) == self.count and all(locked for _, locked in phases)
 
     async def readiness(self, timeout: float) -> list[Readiness | None]:
         return await self._ask("ready", None, timeout)
 
     async def apply(self, config: Config) -> None:
-        """A reload: each worker keeps what it polls the same way (shard.Shard.apply)."""
+        """A reload: each worker keeps what it polls the same way (shard.Shard.apply); one starting again
+        starts with it."""
         self._config = config
         await self._ask("config", config, timeout=STOP_TIMEOUT)
 
     async def close(self) -> None:
         self._stopping = True
         for worker in self._workers:
-            if worker.process is not None and worker.process.returncode is None:
+            if worker.process is not None and not worker.process.stdin.is_closing():
                 worker.process.stdin.close()  # the worker exits at the end of its input
         for worker in self._workers:
-            if worker.process is None:
-                continue
-            try:
-                await asyncio.wait_for(worker.process.wait(), STOP_TIMEOUT)
-            except TimeoutError:
-                worker.process.kill()
-                await worker.process.wait()
-            if worker.reader is not None:
-                await asyncio.gather(worker.reader, return_exceptions=True)
+            process = worker.process
+            if process is not None:
+                try:
+                    await asyncio.wait_for(process.wait(), STOP_TIMEOUT)
+                except TimeoutError:
+                    process.kill()
+            if worker.supervisor is not None:
+                await asyncio.gather(worker.supervisor, return_exceptions=True)
