@@ -38,8 +38,11 @@ async def _observed(shard: Shard, client: str, arrived: float, prometheus: bool)
 
 def main(argv: list[str]) -> int:
     index, count = int(argv[0]), int(argv[1])
-    # Ctrl-C in a terminal reaches the whole process group: the parent decides when its workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The parent decides when its workers stop (they end with their stdin, whatever ends the parent), and
+    # signals meant for it reach them too: Ctrl-C the terminal's process group, systemd's stop the whole
+    # cgroup, `pkill -HUP -f kvcache_exporter` for a reload every process whose command line matches.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but answers may go down the parent's pipe
     first = read_frame(requests)

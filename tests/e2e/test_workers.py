@@ -106,6 +106,25 @@ def test_a_reload_reaches_the_workers(tmp_path, engines):
         assert "workers changes only at restart; still 2" in exporter.log_path.read_text()
 
 
+def test_signals_meant_for_the_exporter_leave_its_workers_alone(tmp_path, engines):
+    """`pkill -HUP -f kvcache_exporter` (a reload) and a stop sent to the whole process group reach the
+    workers too: only the parent acts on them."""
+    config = tmp_path / "exporter.yml"
+    write_config(config, engines, range(TARGETS))
+    with harness.exporter(tmp_path, "--config", str(config)) as exporter:
+        harness.wait_until(lambda: usages(exporter) == expected(range(TARGETS)), 20, what="every target read")
+        workers = harness.children(exporter.proc.pid)
+        for worker in workers:
+            os.kill(worker, signal.SIGHUP)
+            os.kill(worker, signal.SIGTERM)
+            os.kill(worker, signal.SIGINT)
+        exporter.signal(signal.SIGHUP)
+        harness.wait_until(lambda: "configuration reloaded" in exporter.log_path.read_text(), 10, what="the reload")
+        assert usages(exporter) == expected(range(TARGETS))
+        assert sorted(harness.children(exporter.proc.pid)) == sorted(workers)
+        assert harness.value(harness.scrape(exporter.url), "kvcache_exporter_worker_restarts_total") == 0.0
+
+
 def test_no_worker_outlives_the_exporter(tmp_path, engines):
     config = tmp_path / "exporter.yml"
     write_config(config, engines, range(TARGETS))
