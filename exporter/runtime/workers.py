@@ -10,7 +10,8 @@ scrape, and joins them family by family.
 Parent and worker talk over the worker's stdin and stdout (private pipes: nothing listens on a
 port), one frame per message: 8 bytes of length, then a pickle of (request id, kind, payload).
 A worker that ends is started again (counted); one that does not answer a request in time is left
-out of that response (counted) and its late answer dropped. A worker whose parent is gone sees its
+out of that response (counted) and its late answer dropped, and one that has answered nothing for the
+staleness period (its targets' series would be gone anyway) is killed and started again. A worker whose parent is gone sees its
 stdin end and exits.
 """
 
@@ -22,6 +23,7 @@ import logging
 import pickle
 import struct
 import sys
+import time
 from typing import Any, BinaryIO
 
 from .. import exposition
@@ -64,6 +66,7 @@ class _Worker:
         self.index = index
         self.process: asyncio.subprocess.Process | None = None  # None until started, and while it starts again
         self.waiting: dict[int, asyncio.Future] = {}  # request id -> its answer
+        self.silent_since: float | None = None  # monotonic time of the first request unanswered since its last answer
         self.supervisor: asyncio.Task | None = None
 
 
@@ -96,7 +99,7 @@ class Workers:
                 log.error("worker %d could not start: %s", worker.index, err)
             else:
                 process.stdin.write(encode((next(self._ids), "config", self._config)))
-                worker.process = process
+                worker.process, worker.silent_since = process, None
                 await self._read_answers(worker, process)
                 worker.process = None
                 for future in worker.waiting.values():
@@ -117,6 +120,7 @@ class Workers:
             while True:
                 head = await process.stdout.readexactly(_LENGTH.size)
                 ident, answer = pickle.loads(await process.stdout.readexactly(_LENGTH.unpack(head)[0]))
+                worker.silent_since = None
                 future = worker.waiting.pop(ident, None)
                 if future is not None and not future.done():
                     future.set_result(answer)
@@ -126,6 +130,7 @@ class Workers:
     async def _ask(self, kind: str, payload: Any, timeout: float) -> list[Any]:
         """Every worker's answer, None where it gave none within `timeout` seconds (or is starting again)."""
         loop = asyncio.get_running_loop()
+        now = time.monotonic()
         asked: list[tuple[_Worker, int, asyncio.Future] | None] = []
         for worker in self._workers:
             process = worker.process
@@ -152,7 +157,17 @@ class Workers:
             future.cancel()
             self.missed += 1
             answers.append(None)
+            self._judge_silence(worker, now)
         return answers
+
+    def _judge_silence(self, worker: _Worker, asked_at: float) -> None:
+        """Kill a worker silent for the staleness period: its supervisor starts it again."""
+        if worker.silent_since is None:
+            worker.silent_since = asked_at
+        silent = time.monotonic() - worker.silent_since
+        if silent >= self._config.staleness and worker.process is not None and worker.process.returncode is None:
+            log.error("worker %d answered nothing for %.1f s; killing it", worker.index, silent)
+            worker.process.kill()
 
     async def scrape(self, client: str, arrived: float, prometheus: bool, timeout: float) -> list[exposition.TargetText]:
         """Every worker's lines by family, as texts that always show (each worker left out what was stale)."""
