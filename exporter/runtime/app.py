@@ -129,8 +129,9 @@ class Exporter:
         texts = self.shard.texts()  # in the loop: streams change in it
         phase_state = self.scheduler.phase_state()
         if self.workers is not None:
-            texts += await self.workers.scrape(request.client, request.arrived,
-                                               SCRAPE_TIMEOUT_HEADER in request.headers, self.config.timeout)
+            # The workers time their polls by the scrapes this process's clock sees: GET, not HEAD.
+            seen = (request.client, request.arrived, SCRAPE_TIMEOUT_HEADER in request.headers)
+            texts += await self.workers.scrape(seen if request.method == "GET" else None, self.config.timeout)
             phase_state = self.workers.phase_state()
         # Joining every target's text takes milliseconds at a large fleet: in a worker thread, not the poll loop.
         body = await asyncio.to_thread(

@@ -19,8 +19,7 @@ from .workers import read_frame, write_frame
 def answer(shard: Shard, kind: str, payload):
     """The answer to one of the parent's requests (exporter/runtime/workers.py, Workers._ask)."""
     if kind == "scrape":
-        client, arrived, prometheus = payload
-        texts = shard.scheduler.run(_observed(shard, client, arrived, prometheus))
+        texts = shard.scheduler.run(_observed(shard, payload))
         # Joined here, outside the poll loop: the parent only puts the workers' families side by side.
         return exposition.families(texts, time.time(), shard.config.staleness), shard.scheduler.phase_state()
     if kind == "ready":
@@ -29,10 +28,11 @@ def answer(shard: Shard, kind: str, payload):
     return True
 
 
-async def _observed(shard: Shard, client: str, arrived: float, prometheus: bool) -> list[exposition.TargetText]:
+async def _observed(shard: Shard, seen: tuple[str, float, bool] | None) -> list[exposition.TargetText]:
     """The scrape seen by the worker's poll loop as the parent saw it (CLOCK_MONOTONIC is the machine's,
     the same in every process), and the shard's texts; in the loop."""
-    shard.scheduler.scrapes.observe(client, arrived, prometheus)
+    if seen is not None:
+        shard.scheduler.scrapes.observe(*seen)
     return shard.texts()
 
 

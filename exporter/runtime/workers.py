@@ -169,9 +169,11 @@ class Workers:
             log.error("worker %d answered nothing for %.1f s; killing it", worker.index, silent)
             worker.process.kill()
 
-    async def scrape(self, client: str, arrived: float, prometheus: bool, timeout: float) -> list[exposition.TargetText]:
-        """Every worker's lines by family, as texts that always show (each worker left out what was stale)."""
-        answers = await self._ask("scrape", (client, arrived, prometheus), timeout)
+    async def scrape(self, seen: tuple[str, float, bool] | None, timeout: float) -> list[exposition.TargetText]:
+        """Every worker's lines by family, as texts that always show (each worker left out what was stale).
+        `seen`: (client, monotonic arrival, with Prometheus' timeout header) of a scrape the workers' clocks
+        count, as phase.ScrapeClock.observe takes them; None for one they do not (a HEAD)."""
+        answers = await self._ask("scrape", seen, timeout)
         self._phases = [answer[1] for answer in answers if answer is not None]
         return [exposition.TargetText(answer[0]) for answer in answers if answer is not None]
 
