@@ -83,7 +83,9 @@ def test_reload_keeps_unchanged_targets_and_rejects_a_bad_file(tmp_path):
 def test_ready_means_polled_once_and_one_target_up(tmp_path):
     with PageServer({"/a": page(GOOD_PAGE), "/down": page("oops", status=503)}) as server:
         with harness.exporter(tmp_path, "--target", server.url("/down"), "--poll-interval", "0.3s") as exporter:
-            harness.wait_until(lambda: harness.series(scrape(exporter.url), "kvcache_target_up"), 10, what="a poll")
+            # kvcache_target_up shows from the start (0 until a poll succeeds); the duration once a poll ended.
+            harness.wait_until(lambda: harness.series(scrape(exporter.url), "kvcache_target_scrape_duration_seconds"),
+                               10, what="a poll")
             assert harness.http_get(exporter.url + "/ready") == (
                 503, "not ready: the last poll of every target (1) failed\n")
             server.set_route("/down", page(GOOD_PAGE))
