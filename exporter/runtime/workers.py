@@ -100,6 +100,8 @@ class Workers:
             else:
                 process.stdin.write(encode((next(self._ids), "config", self._config)))
                 worker.process, worker.silent_since = process, None
+                if self._stopping:  # started while the exporter stopped: end it with its input
+                    process.stdin.close()
                 await self._read_answers(worker, process)
                 worker.process = None
                 for future in worker.waiting.values():
@@ -205,5 +207,6 @@ class Workers:
                     await asyncio.wait_for(process.wait(), STOP_TIMEOUT)
                 except TimeoutError:
                     process.kill()
-            if worker.supervisor is not None:
+            if worker.supervisor is not None:  # waiting to start one again, or starting one
+                worker.supervisor.cancel()
                 await asyncio.gather(worker.supervisor, return_exceptions=True)
