@@ -9,10 +9,10 @@
   what B costs besides parsing, adapting, deriving and rendering, the floor a faster reader could reach.
 
     python -m bench.paths [--sizes 100,500,2000] [--workloads vllm,sglang,mix] [--paths direct,exporter,probe,replay]
-                          [--workers N] [--fleet steady|pressure]
+                          [--targets-per-worker K] [--fleet steady|pressure]
 
-`--workers N` runs B's exporter with N worker processes (`workers:`); its CPU and memory are the
-parent's and its workers'.
+`--targets-per-worker K` runs B's exporter with one worker process (`workers:`) per K engines, rounded
+up (one process alone below K + 1 engines); its CPU and memory are then the parent's and its workers'.
 
 The fleet is `steady` by default: one pool in 20 under KV pressure (the captured pages), the others
 at rest (bench/pages.py), as a fleet runs most days; `pressure` puts every pool under pressure, so
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -211,6 +212,10 @@ def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path
     return Stack(prometheus, work_dir / "data", exporter)
 
 
+def workers_for(targets: int, per_worker: int) -> int:
+    return max(1, math.ceil(targets / per_worker)) if per_worker else 1
+
+
 def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: int = 1) -> dict:
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
@@ -224,7 +229,7 @@ def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: i
                 harness.wait_until(lambda: scalar(url, "min(kvcache_exporter_poll_phase_locked)") == 1.0,
                                    timeout=20 * plan.interval, interval=1.0, what=f"the polls phase-locked ({path})")
             time.sleep(plan.warmup_cycles * plan.interval)
-            return _window(processes, fleet, plan, path)
+            return {**_window(processes, fleet, plan, path), "workers": workers if path == "exporter" else 1}
     finally:
         shutil.rmtree(work_dir / "data", ignore_errors=True)  # up to a million series
 
@@ -295,7 +300,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="intervals to wait once every engine is up")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
-    p.add_argument("--workers", type=int, default=1, help="worker processes of path B's exporter (`workers:`)")
+    p.add_argument("--targets-per-worker", type=int, default=0,
+                   help="path B's exporter with a worker process per this many engines (0: one process)")
     p.add_argument("--fleet", choices=FLEETS, default="steady",
                    help=f"steady: one pool in {PRESSURE_EVERY} under KV pressure; pressure: every pool")
     p.add_argument("--out", type=Path, default=Path("bench/results-paths"))
@@ -319,7 +325,7 @@ def main(argv: list[str]) -> int:
         **measured_on(),
         "settings": {"sizes": args.sizes, "interval": args.interval, "cycles": args.cycles,
                      "warmup_cycles": args.warmup, "workloads": args.workloads, "paths": args.paths,
-                     "evaluation_interval_s": EVALUATION_INTERVAL_S, "fleet": args.fleet, "workers": args.workers,
+                     "evaluation_interval_s": EVALUATION_INTERVAL_S, "fleet": args.fleet, "targets_per_worker": args.targets_per_worker,
                      "pressure_every": 1 if args.fleet == "pressure" else PRESSURE_EVERY},
         "runs": [],
     }
@@ -331,7 +337,8 @@ def main(argv: list[str]) -> int:
                 run = {"workload": workload, "targets": size}
                 for path in args.paths:
                     started = time.monotonic()
-                    run[path] = measure_path(fleet, plan, path, out / "work" / f"{workload}-{size}-{path}", args.workers)
+                    run[path] = measure_path(fleet, plan, path, out / "work" / f"{workload}-{size}-{path}",
+                                             workers_for(size, args.targets_per_worker))
                     figures = run[path]
                     print(f"{workload} N={size} {path}: {figures['monitoring_cores']:.3f} cores, "
                           f"{figures['samples_per_s']:,.0f} samples/s, {figures['head_series']:,.0f} series, "
