@@ -10,9 +10,9 @@ scrape, and joins them family by family.
 Parent and worker talk over the worker's stdin and stdout (private pipes: nothing listens on a
 port), one frame per message: 8 bytes of length, then a pickle of (request id, kind, payload).
 A worker that ends is started again (counted); one that does not answer a request in time is left
-out of that response (counted) and its late answer dropped, and one that has answered nothing for the
-staleness period (its targets' series would be gone anyway) is killed and started again. A worker whose parent is gone sees its
-stdin end and exits.
+out of that response (counted) and its late answer dropped, and one that has answered nothing for
+the staleness period (its targets' series would be gone anyway) is killed and started again. A
+worker whose parent is gone sees its stdin end and exits.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ WORKER_MODULE = "kvcache_exporter.runtime.worker"
 
 
 def encode(message: Any) -> bytes:
+    """One frame, whole: the parent's requests, small, for an asyncio pipe."""
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _LENGTH.pack(len(body)) + body
 
