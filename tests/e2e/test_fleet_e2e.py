@@ -97,6 +97,12 @@ def outcome(tmp_path_factory):
             except TimeoutError as err:
                 seen = harness.prom_vector(prom.url, "kvcache:fleet_requests_waiting_for_kv_peer_headroom:ratio")
                 raise AssertionError(f"{err}\nshare on pools whose peers have headroom: {seen}") from None
+            # The offload replica's premise, a GPU pool run full while its tier serves hits: how soon the alert
+            # above fires says nothing of how far that replica's own load has got (0.71 once, on a busy machine).
+            full = (f'max_over_time(kvcache_usage_ratio{{model="offload"}}[{int(DEADLINE)}s])'
+                    f' >= {DEFAULT.low_water_ratio}')
+            harness.wait_until(lambda: harness.prom_vector(prom.url, full), timeout=DEADLINE, interval=0.5,
+                               what="the offload replica's GPU pool full")
             seconds = int(time.monotonic() - started) + 2
             result = {
                 "imbalance": over_run(prom.url, 'ALERTS{alertname="KVCacheRoutingImbalance"}', seconds),
