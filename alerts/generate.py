@@ -534,6 +534,19 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             "the engines it polls or probes have no KV-cache series and no KV alerts until it is back.",
             runbook_base,
         ),
+        # A worker process that keeps failing (`workers:` above 1): its targets' series are absent, not 0,
+        # so KVCacheTargetDown cannot tell. Windowed as KVCacheTargetDown: one restart does not fire.
+        alert(
+            "KVCacheExporterWorkerFailing", "warning",
+            f"increase(kvcache_exporter_worker_restarts_total[{w}])\n"
+            f"+ increase(kvcache_exporter_worker_missed_replies_total[{w}]) > 0",
+            t.target_down_for,
+            "{{ $labels.instance }}: an exporter worker process keeps failing",
+            f"The kvcache exporter at {{{{ $labels.instance }}}} restarted a worker process or went without a worker's "
+            f"answer in every {w} window: the engines that worker polls are missing from its scrapes, so their KV "
+            "alerts are blind.",
+            runbook_base,
+        ),
         alert(
             "KVCacheExporterAbsent", "critical",
             "absent(kvcache_exporter_build_info)",

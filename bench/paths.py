@@ -9,7 +9,10 @@
   what B costs besides parsing, adapting, deriving and rendering, the floor a faster reader could reach.
 
     python -m bench.paths [--sizes 100,500,2000] [--workloads vllm,sglang,mix] [--paths direct,exporter,probe,replay]
-                          [--fleet steady|pressure]
+                          [--targets-per-worker K] [--fleet steady|pressure]
+
+`--targets-per-worker K` runs B's exporter with one worker process (`workers:`) per K engines, rounded
+up (one process alone below K + 1 engines); its CPU and memory are then the parent's and its workers'.
 
 The fleet is `steady` by default: one pool in 20 under KV pressure (the captured pages), the others
 at rest (bench/pages.py), as a fleet runs most days; `pressure` puts every pool under pressure, so
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -46,6 +50,7 @@ from .measure import Plan, prometheus_config, scalar
 from .run import measured_on
 
 PATHS = ("direct", "exporter", "probe", "replay")
+POLLING = ("exporter", "replay")  # the paths in which the exporter polls a configured fleet
 DEFAULT_PATHS = PATHS[:3]
 # Pages as the engines serve them: a Prometheus scraping an engine ingests its whole page (vLLM's
 # 435 series with `_created` and the HTTP instrumentator's families), the exporter reads what it needs.
@@ -69,10 +74,11 @@ class Stack:
     exporter: harness.Process | None = None
 
     @property
-    def pids(self) -> dict[str, int]:
-        pids = {"prometheus": self.prometheus.proc.pid}
+    def pids(self) -> dict[str, list[int]]:
+        """Each part's processes: the exporter's workers with it."""
+        pids = {"prometheus": [self.prometheus.proc.pid]}
         if self.exporter is not None:
-            pids["exporter"] = self.exporter.proc.pid
+            pids["exporter"] = [self.exporter.proc.pid, *harness.children(self.exporter.proc.pid)]
         return pids
 
 
@@ -84,12 +90,12 @@ def fleet_pages(workload: str, fleet: str) -> list[str]:
     return [name if turn == 0 else f"{name}-at-rest" for turn in range(PRESSURE_EVERY) for name in names]
 
 
-def _exporter_config(fleet: Fleet, plan: Plan, path: str) -> dict:
+def _exporter_config(fleet: Fleet, plan: Plan, path: str, workers: int = 1) -> dict:
     if path == "probe":
         # Every engine keeps its state between probes (rates and the pressure state need history).
         return {"log_level": "warning", "targets": [],
                 "probe": {"enabled": True, "allow": ["127.0.0.1"], "max_targets": plan.targets}}
-    return {"poll_interval": plan.duration, "log_level": "warning",
+    return {"poll_interval": plan.duration, "log_level": "warning", "workers": workers if path == "exporter" else 1,
             "targets": [{"name": f"t-{i}", "url": fleet.url(i)} for i in range(plan.targets)]}
 
 
@@ -101,7 +107,7 @@ def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_address: st
                    "evaluation_interval": f"{EVALUATION_INTERVAL_S}s"},
         "rule_files": [str(RULES)],
     }
-    if path in ("exporter", "replay"):
+    if path in POLLING:
         config["scrape_configs"] = [{"job_name": "kvcache-exporter", "static_configs": [{"targets": [exporter_address]}]}]
     else:
         config["scrape_configs"] = [{
@@ -192,12 +198,12 @@ def _snapshot_block(prometheus_url: str, data_dir: Path) -> dict:
             "span_s": span_ms / 1e3}
 
 
-def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path) -> Stack:
+def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: int) -> Stack:
     exporter = None
     exporter_address = None
     if path != "direct":
         config_path = work_dir / "exporter.yml"
-        config_path.write_text(yaml.safe_dump(_exporter_config(fleet, plan, path), sort_keys=False))
+        config_path.write_text(yaml.safe_dump(_exporter_config(fleet, plan, path, workers), sort_keys=False))
         module = "bench.replay_exporter" if path == "replay" else "kvcache_exporter"
         exporter = stack.enter_context(harness.exporter(work_dir, "--config", str(config_path), module=module))
         exporter_address = exporter.url.removeprefix("http://")
@@ -206,20 +212,24 @@ def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path
     return Stack(prometheus, work_dir / "data", exporter)
 
 
-def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path) -> dict:
+def workers_for(targets: int, per_worker: int) -> int:
+    return max(1, math.ceil(targets / per_worker)) if per_worker else 1
+
+
+def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: int = 1) -> dict:
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     try:
         with ExitStack() as stack:
-            processes = _start(stack, fleet, plan, path, work_dir)
+            processes = _start(stack, fleet, plan, path, work_dir, workers)
             url = processes.prometheus.url
             harness.wait_until(lambda: scalar(url, _up_query(path)) == plan.targets,
                                timeout=90 + 10 * plan.interval, interval=1.0, what=f"every engine up ({path})")
-            if path in ("exporter", "replay"):  # eight regular scrapes lock the polls to Prometheus' phase
-                harness.wait_until(lambda: scalar(url, "max(kvcache_exporter_poll_phase_locked)") == 1.0,
+            if path in POLLING:  # eight regular scrapes lock the polls to Prometheus' phase
+                harness.wait_until(lambda: scalar(url, "min(kvcache_exporter_poll_phase_locked)") == 1.0,
                                    timeout=20 * plan.interval, interval=1.0, what=f"the polls phase-locked ({path})")
             time.sleep(plan.warmup_cycles * plan.interval)
-            return _window(processes, fleet, plan, path)
+            return {**_window(processes, fleet, plan, path), "workers": workers if path == "exporter" else 1}
     finally:
         shutil.rmtree(work_dir / "data", ignore_errors=True)  # up to a million series
 
@@ -227,7 +237,7 @@ def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path) -> dict:
 def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
     url = processes.prometheus.url
     pids = processes.pids
-    cpu_before = {name: procstat.cpu_seconds(pid) for name, pid in pids.items()}
+    cpu_before = {name: sum(map(procstat.cpu_seconds, group)) for name, group in pids.items()}
     server_before, machine_before = procstat.cpu_seconds(fleet.pid), procstat.machine_busy_seconds()
     own_before, disk_before = _own_metrics(url), _directory_bytes(processes.data_dir)
     started = time.monotonic()
@@ -240,7 +250,7 @@ def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
     time.sleep(max(0.0, plan.cycles * plan.interval - (time.monotonic() - started)))
     wall = time.monotonic() - started
     at_scrape = sorted(_ages_at_scrape(url, path, wall))
-    cpu = {name: procstat.cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    cpu = {name: sum(map(procstat.cpu_seconds, group)) - cpu_before[name] for name, group in pids.items()}
     server_cpu = procstat.cpu_seconds(fleet.pid) - server_before
     machine = procstat.machine_busy_seconds() - machine_before
     own_after, disk_after = _own_metrics(url), _directory_bytes(processes.data_dir)
@@ -254,18 +264,17 @@ def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
         "samples_per_s": samples_per_s,
         "head_series": own_after[HEAD_SERIES],
         "rules": _rule_seconds(url),
-        "prometheus_rss_mb": procstat.memory_bytes(pids["prometheus"])[0] / MB,
+        "prometheus_rss_mb": procstat.memory_bytes(pids["prometheus"][0])[0] / MB,
         "wal_mb_per_hour": (disk_after - disk_before) / wall * 3600 / MB,
         "oldest_age_s": max(ages),
         "oldest_age_median_s": sorted(ages)[len(ages) // 2],
         "age_at_scrape_max_s": at_scrape[-1],
         "age_at_scrape_median_s": at_scrape[len(at_scrape) // 2],
-        "phase_locked": scalar(url, "max(kvcache_exporter_poll_phase_locked)") == 1.0 if path in ("exporter", "replay")
-        else None,
+        "phase_locked": scalar(url, "min(kvcache_exporter_poll_phase_locked)") == 1.0 if path in POLLING else None,
         "engines_up": scalar(url, _up_query(path)),
     }
     if processes.exporter is not None:
-        result["exporter_rss_mb"] = procstat.memory_bytes(pids["exporter"])[0] / MB
+        result["exporter_rss_mb"] = sum(procstat.memory_bytes(pid)[0] for pid in pids["exporter"]) / MB
     block = _snapshot_block(url, processes.data_dir)
     result["block"] = block
     result["tsdb_mb_per_hour"] = tsdb_bytes_per_hour(block, samples_per_s) / MB
@@ -291,6 +300,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="intervals to wait once every engine is up")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
+    p.add_argument("--targets-per-worker", type=int, default=0,
+                   help="path B's exporter with a worker process per this many engines (0: one process)")
     p.add_argument("--fleet", choices=FLEETS, default="steady",
                    help=f"steady: one pool in {PRESSURE_EVERY} under KV pressure; pressure: every pool")
     p.add_argument("--out", type=Path, default=Path("bench/results-paths"))
@@ -314,7 +325,7 @@ def main(argv: list[str]) -> int:
         **measured_on(),
         "settings": {"sizes": args.sizes, "interval": args.interval, "cycles": args.cycles,
                      "warmup_cycles": args.warmup, "workloads": args.workloads, "paths": args.paths,
-                     "evaluation_interval_s": EVALUATION_INTERVAL_S, "fleet": args.fleet,
+                     "evaluation_interval_s": EVALUATION_INTERVAL_S, "fleet": args.fleet, "targets_per_worker": args.targets_per_worker,
                      "pressure_every": 1 if args.fleet == "pressure" else PRESSURE_EVERY},
         "runs": [],
     }
@@ -326,7 +337,8 @@ def main(argv: list[str]) -> int:
                 run = {"workload": workload, "targets": size}
                 for path in args.paths:
                     started = time.monotonic()
-                    run[path] = measure_path(fleet, plan, path, out / "work" / f"{workload}-{size}-{path}")
+                    run[path] = measure_path(fleet, plan, path, out / "work" / f"{workload}-{size}-{path}",
+                                             workers_for(size, args.targets_per_worker))
                     figures = run[path]
                     print(f"{workload} N={size} {path}: {figures['monitoring_cores']:.3f} cores, "
                           f"{figures['samples_per_s']:,.0f} samples/s, {figures['head_series']:,.0f} series, "

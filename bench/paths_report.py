@@ -38,6 +38,12 @@ def _at_scrape(figures: dict) -> str:
     return f"{figures['age_at_scrape_median_s']:.2f}, {figures['age_at_scrape_max_s']:.2f}"
 
 
+def _path(path: str, figures: dict) -> str:
+    """The path's name, and its exporter's worker processes where it had any (absent before `workers:`)."""
+    workers = figures.get("workers", 1)
+    return f"{path}, {workers} workers" if workers > 1 else path
+
+
 def path_table(runs: list[dict], paths: list[str]) -> str:
     head = ["workload", "N", "path", "CPU, cores (Prometheus + exporter)", "samples/s", "head series",
             "Prometheus RSS MB", "TSDB MB/hour", "WAL MB/hour", "oldest data s (median)",
@@ -49,7 +55,7 @@ def path_table(runs: list[dict], paths: list[str]) -> str:
             if path not in run:
                 continue
             f = run[path]
-            rows.append([run["workload"], f"{run['targets']:,}", path, _cores(f), f"{f['samples_per_s']:,.0f}",
+            rows.append([run["workload"], f"{run['targets']:,}", _path(path, f), _cores(f), f"{f['samples_per_s']:,.0f}",
                          f"{f['head_series']:,.0f}", f"{f['prometheus_rss_mb']:,.0f}", f"{f['tsdb_mb_per_hour']:,.1f}",
                          f"{f['wal_mb_per_hour']:,.0f}", f"{f['oldest_age_s']:.1f} ({f['oldest_age_median_s']:.1f})",
                          _at_scrape(f),
@@ -76,7 +82,7 @@ def ratio_table(runs: list[dict], paths: list[str]) -> str:
             if r is None:
                 continue
             met = r["monitoring_cores"] <= MAX_CPU_RATIO and r["samples_per_s"] <= MAX_SAMPLES_RATIO
-            rows.append([run["workload"], f"{run['targets']:,}", path,
+            rows.append([run["workload"], f"{run['targets']:,}", _path(path, run[path]),
                          *(f"{r[key]:.2f}" for key in ("monitoring_cores", "samples_per_s", "head_series",
                                                         "prometheus_rss_mb", "tsdb_mb_per_hour")),
                          "yes" if met else "NO",

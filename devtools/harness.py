@@ -63,6 +63,22 @@ INSTALLED_BY = {
 }
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
 def require_binary(name: str) -> str:
     """Path of a tool the suite runs, looked up first in the running interpreter's venv (where the test
     extras put theirs, on PATH or not), then on PATH. Its absence fails the test, never skips it."""

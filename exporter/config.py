@@ -45,6 +45,7 @@ ENVIRONMENT = {
     "listen": "KVCACHE_EXPORTER_LISTEN",
     "poll_interval": "KVCACHE_EXPORTER_POLL_INTERVAL",
     "log_level": "KVCACHE_EXPORTER_LOG_LEVEL",
+    "workers": "KVCACHE_EXPORTER_WORKERS",
     "web_config_file": "KVCACHE_EXPORTER_WEB_CONFIG",
 }
 
@@ -155,6 +156,7 @@ class Config:
     log_level: str = "info"
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     pd_group_label: str = DEFAULT_PD_GROUP_LABEL
+    workers: int = 1  # processes that poll the targets between them (exporter/runtime/workers.py)
 
 
 def parse_duration(text: Any) -> float:
@@ -313,7 +315,7 @@ _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_a
                 "tls_insecure_skip_verify", "model_architecture", "kv_events", "role", "model"}
 
 _TOP_KEYS = {"poll_interval", "timeout", "staleness", "max_response_bytes", "labels", "pressure", "targets", "listen",
-             "log_level", "probe", "pd_group_label"}
+             "log_level", "probe", "pd_group_label", "workers"}
 _HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?.\-\[\]]+$")
 
 
@@ -428,6 +430,19 @@ def _positive_int(value: Any) -> int:
     return value
 
 
+MAX_WORKERS = 64
+
+
+def parse_workers(value: Any) -> int:
+    """A whole number of processes from a file (an int) or a flag or variable (its text)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    count = _positive_int(value)
+    if count > MAX_WORKERS:
+        raise ValueError(f"must be at most {MAX_WORKERS}, got {count}")
+    return count
+
+
 def _kv_layout(source: str, section: Any, key: str) -> KVLayout | None:
     if section is None:
         return None
@@ -492,7 +507,7 @@ def load_file(path: str) -> dict[str, Any]:
     for key, convert in (("poll_interval", parse_poll_interval), ("timeout", parse_duration),
                          ("staleness", parse_duration), ("max_response_bytes", parse_size),
                          ("labels", _labels), ("listen", parse_listen),
-                         ("log_level", _log_level)):
+                         ("log_level", _log_level), ("workers", parse_workers)):
         value = reader.get(key, convert)
         if value is not None:
             settings[key] = value
@@ -538,6 +553,7 @@ def build(source: str, settings: dict[str, Any]) -> Config:
         log_level=settings.get("log_level", "info"),
         probe=settings.get("probe", ProbeConfig()),
         pd_group_label=settings.get("pd_group_label", DEFAULT_PD_GROUP_LABEL),
+        workers=settings.get("workers", 1),
     )
 
 
@@ -586,7 +602,7 @@ def resolve(flags: Mapping[str, object], environ: Mapping[str, str]) -> Config:
             extra.append(target)
         settings["targets"] = list(settings.get("targets", [])) + extra
     for name, convert in (("listen", parse_listen), ("poll_interval", parse_poll_interval),
-                          ("log_level", _log_level)):
+                          ("log_level", _log_level), ("workers", parse_workers)):
         found = given(flags, environ, name)
         if found:
             try:

@@ -160,6 +160,15 @@ _TABLE = (
            "Interval between the scrapes of /metrics by the scraper the polls lock onto (or would, were it a whole "
            "multiple of poll_interval), measured from their arrivals; 0 while no client scrapes regularly.",
            stable=False),
+    Family("exporter_workers", "gauge", "exporter", "",
+           "Processes that poll the targets between them (`workers`, 1 by default: this process alone).",
+           stable=False),
+    Family("exporter_worker_restarts_total", "counter", "exporter", "",
+           "Worker processes started again after they ended; until the new one has polled them, the targets "
+           "of its share are absent from /metrics.", stable=False),
+    Family("exporter_worker_missed_replies_total", "counter", "exporter", "",
+           "Requests to a worker process (a scrape of /metrics, a /ready) it did not answer within the poll "
+           "timeout: the targets of its share were absent from that response.", stable=False),
     # Its polls, per target.
     Family("target_up", "gauge", "target", "", "1 if the last poll of the target succeeded and parsed, else 0."),
     Family("target_scrape_duration_seconds", "gauge", "target", "seconds", "Duration of the last poll of the target."),

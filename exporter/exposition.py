@@ -173,15 +173,33 @@ def render(targets: Iterable[TargetText], now: float, staleness: float,
     """The exposition of these targets, as the parts to send one after the other (joined, a scrape of
     2,000 targets would copy 30 to 40 MB once more); values older than `staleness` seconds are left
     out, never frozen."""
-    shown = [(t, t.last_success is not None and now - t.last_success <= staleness) for t in targets]
+    shown = _shown(targets, now, staleness)
     parts: list[bytes] = []
     for key, header in HEADERS.items():
         chunks = [exporter_lines[key].encode()] if exporter_lines and key in exporter_lines else []
-        for target, fresh in shown:
-            chunk = target.status.get(key) or (target.series.get(key) if fresh else None)
-            if chunk:
-                chunks.append(chunk)
+        chunks += _chunks(key, shown)
         if chunks:
             parts.append(header)
             parts.extend(chunks)
     return parts
+
+
+def families(targets: Iterable[TargetText], now: float, staleness: float) -> dict[str, bytes]:
+    """These targets' lines as `render` shows them, joined by family and without headers: a worker
+    process's share of the page (exporter/runtime/workers.py)."""
+    shown = _shown(targets, now, staleness)
+    joined = {key: b"".join(_chunks(key, shown)) for key in HEADERS}
+    return {key: text for key, text in joined.items() if text}
+
+
+def _shown(targets: Iterable[TargetText], now: float, staleness: float) -> list[tuple[TargetText, bool]]:
+    return [(t, t.last_success is not None and now - t.last_success <= staleness) for t in targets]
+
+
+def _chunks(key: str, shown: list[tuple[TargetText, bool]]) -> list[bytes]:
+    chunks = []
+    for target, fresh in shown:
+        chunk = target.status.get(key) or (target.series.get(key) if fresh else None)
+        if chunk:
+            chunks.append(chunk)
+    return chunks

@@ -28,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", metavar="HOST:PORT", help=f"where to serve /metrics (default {cfg.DEFAULT_LISTEN})")
     p.add_argument("--poll-interval", metavar="DURATION", help="how often to poll each target (default 5s)")
     p.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error (default info)")
+    p.add_argument("--workers", metavar="N", help="processes that poll the targets between them, each on a core "
+                   "(default 1; more for fleets whose pages take over a few tenths of the poll interval to read)")
     p.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
                    help="TLS and basic auth for this endpoint, in the exporter-toolkit web-config.yml format")
     p.add_argument("--demo", action="store_true",

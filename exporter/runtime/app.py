@@ -13,14 +13,13 @@ from dataclasses import replace
 from typing import Awaitable, Callable
 
 from .. import __version__, contract, exposition
-from ..config import Config, ConfigError, TargetConfig
+from ..config import Config, ConfigError
 from ..sources import parser
-from .probe import Prober
-from .scheduler import Scheduler
+from .probe import SCRAPE_TIMEOUT_HEADER, Prober
 from .server import MetricsServer, Request, Response
-from .subscriber import Subscribers
-from .target import fetch_settings, new_target
+from .shard import Shard
 from .webconfig import WebConfig
+from .workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ class ExporterState:
         self.reload_ok = False
 
     def lines(self, probed_targets: int, probe_evictions: int, scrape_interval: float = 0.0,
-              phase_locked: bool = False) -> dict[str, str]:
+              phase_locked: bool = False, workers: Workers | None = None) -> dict[str, str]:
         """Its series by family: one line each, for every family of the contract's `exporter` group."""
         values = {
             "exporter_build_info": (exposition.label_text({"version": __version__, "reader": parser.READER}), 1.0),
@@ -52,6 +51,9 @@ class ExporterState:
             "exporter_probe_evictions_total": ("", float(probe_evictions)),
             "exporter_poll_phase_locked": ("", float(phase_locked)),
             "exporter_scrape_interval_seconds": ("", scrape_interval),
+            "exporter_workers": ("", float(workers.count if workers else 1)),
+            "exporter_worker_restarts_total": ("", float(workers.restarts if workers else 0)),
+            "exporter_worker_missed_replies_total": ("", float(workers.missed if workers else 0)),
         }
         return {name: exposition.line(contract.FAMILIES[name].metric, labels, value)
                 for name, (labels, value) in values.items()}
@@ -64,9 +66,10 @@ class Exporter:
         self._reload_config = reload_config
         self._reload_lock = threading.Lock()
         self.state = ExporterState()
-        self.targets = [new_target(t, config) for t in config.targets]
-        self.scheduler = Scheduler(self.targets, config.poll_interval)
-        self.subscribers = Subscribers()  # the targets' KV event streams, in the scheduler's loop
+        # With workers, they poll the targets and this process serves them (and /probe) from its loop.
+        self.workers = Workers(config.workers) if config.workers > 1 else None
+        self.shard = Shard(config, polls=(lambda name: True) if self.workers is None else (lambda name: False))
+        self.scheduler = self.shard.scheduler
         self.server = MetricsServer(config.listen, {
             ("GET", "/metrics"): self._metrics,
             ("GET", "/probe"): self._probe,
@@ -80,12 +83,14 @@ class Exporter:
     def start(self) -> None:
         """Raises OSError if the listen address cannot be bound (before anything else has started)."""
         self.server.bind()
-        self.scheduler.start()
-        self.scheduler.run(self.subscribers.replace(self.targets))
+        self.shard.start()
+        if self.workers is not None:
+            self.scheduler.run(self.workers.start(self.config))
         self.scheduler.run(self.server.serve())
-        log.info("kvcache-exporter listening on %s, polling %d target(s) every %gs",
-                 self.config.listen, len(self.targets), self.config.poll_interval)
-        if not self.targets:
+        log.info("kvcache-exporter listening on %s, polling %d target(s) every %gs%s",
+                 self.config.listen, len(self.config.targets), self.config.poll_interval,
+                 f" in {self.config.workers} worker processes" if self.workers is not None else "")
+        if not self.config.targets:
             log.warning("no targets configured (--target, %s or a --config file): %s",
                         "KVCACHE_EXPORTER_TARGETS", "serving /probe only" if self.config.probe.enabled
                         else "nothing to serve, and probe mode is off (probe.enabled in a --config file)")
@@ -95,31 +100,43 @@ class Exporter:
             self.scheduler.run(self._close_endpoint())
         else:
             self.server.close_socket()
-        self.scheduler.stop()
+        self.shard.stop()
 
     async def _close_endpoint(self) -> None:
         await self.server.close()
         await self.prober.close()
-        await self.subscribers.close()
+        if self.workers is not None:
+            await self.workers.close()
+        await self.shard.close()
 
     async def _ready(self, _: Request) -> Response:
         """Ready: every configured target has been polled at least once and the last poll of at least
         one of them succeeded. With no targets configured (probe mode only), ready at once."""
-        targets = self.targets
-        unpolled = sum(t.outcome.duration is None for t in targets)
+        shares = [self.shard.readiness()]
+        if self.workers is not None:
+            shares += await self.workers.readiness(self.config.timeout)
+            if None in shares:
+                return Response(503, b"not ready: a worker process did not answer\n")
+        targets = sum(share.targets for share in shares)
+        unpolled = sum(share.unpolled for share in shares)
         if unpolled:
-            return Response(503, f"not ready: {unpolled} of {len(targets)} target(s) not polled yet\n".encode())
-        if targets and not any(t.outcome.up for t in targets):
-            return Response(503, f"not ready: the last poll of every target ({len(targets)}) failed\n".encode())
+            return Response(503, f"not ready: {unpolled} of {targets} target(s) not polled yet\n".encode())
+        if targets and not any(share.up for share in shares):
+            return Response(503, f"not ready: the last poll of every target ({targets}) failed\n".encode())
         return Response(200, b"ready\n")
 
-    async def _metrics(self, _: Request) -> Response:
+    async def _metrics(self, request: Request) -> Response:
+        texts = self.shard.texts()  # in the loop: streams change in it
+        phase_state = self.scheduler.phase_state()
+        if self.workers is not None:
+            # The workers time their polls by the scrapes this process's clock sees: GET, not HEAD.
+            seen = (request.client, request.arrived, SCRAPE_TIMEOUT_HEADER in request.headers)
+            texts += await self.workers.scrape(seen if request.method == "GET" else None, self.config.timeout)
+            phase_state = self.workers.phase_state()
         # Joining every target's text takes milliseconds at a large fleet: in a worker thread, not the poll loop.
-        texts = [t.text for t in self.targets] + self.subscribers.render(  # in the loop: streams change in it
-            time.monotonic(), self.config.poll_interval)
         body = await asyncio.to_thread(
             exposition.render, texts, time.time(), self.config.staleness,
-            self.state.lines(self.prober.probed(), self.prober.evictions, *self.scheduler.phase_state()))
+            self.state.lines(self.prober.probed(), self.prober.evictions, *phase_state, self.workers))
         return Response(200, body, CONTENT_TYPE)
 
     async def _probe(self, request: Request) -> Response:
@@ -145,29 +162,18 @@ class Exporter:
                 return False, f"reload failed: {err}"
             self._apply(config)
             self.state.reload_succeeded()
-            log.info("configuration reloaded: %d target(s)", len(self.targets))
+            log.info("configuration reloaded: %d target(s)", len(config.targets))
             return True, "reloaded"
 
     def _apply(self, config: Config) -> None:
-        if config.listen != self.config.listen:
-            log.warning("listen address changes only at restart; still serving %s", self.config.listen)
-            config = replace(config, listen=self.config.listen)
-        kept = {_identity(self.config, t.config): t for t in self.targets}
-        targets = []
-        for target_config in config.targets:
-            target = kept.pop(_identity(config, target_config), None)
-            if target is None:
-                target = new_target(target_config, config)
-            else:  # the same engine polled the same way: keep its series, history and failure counts
-                target.update(target_config, config.thresholds, config.labels)
-            targets.append(target)
+        for key in ("listen", "workers"):
+            if getattr(config, key) != getattr(self.config, key):
+                log.warning("%s changes only at restart; still %s", key, getattr(self.config, key))
+                config = replace(config, **{key: getattr(self.config, key)})
         self.config = config
-        self.targets = targets
-        self.scheduler.interval = config.poll_interval
-        self.scheduler.replace_targets(targets)
-        self.scheduler.discard(kept.values())
-        if self.scheduler.running:
-            self.scheduler.run(self.subscribers.replace(targets))
+        self.shard.apply(config)
+        if self.workers is not None and self.scheduler.running:
+            self.scheduler.run(self.workers.apply(config))
 
 
 def _static(body: bytes) -> Callable[[Request], Awaitable[Response]]:
@@ -175,11 +181,6 @@ def _static(body: bytes) -> Callable[[Request], Awaitable[Response]]:
         return Response(200, body)
 
     return route
-
-
-def _identity(config: Config, target: TargetConfig) -> tuple:
-    """What makes a reloaded target the same one: its name, engine and how it is fetched."""
-    return target.name, target.engine, target.url, fetch_settings(config, target)
 
 
 def serve(config: Config, listen_key: tuple[str, str], reload_config=None,

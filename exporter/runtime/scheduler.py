@@ -117,20 +117,15 @@ class Scheduler:
         self.timetable.spread = phase.spread_window(busy, self.interval)
 
     async def _run(self) -> None:
-        scheduled: list[Target] | None = None  # the target list the tables were last pruned for
         try:
             while not self._stopping:
                 tick = min(TICK, self.interval / 4)
                 now = time.monotonic()
-                targets = self.targets
-                if targets is not scheduled:
-                    self.timetable.keep_only(t.name for t in targets)
-                    scheduled = targets
                 self._measure_cpu(now)
                 locked = self.scrapes.update(self.interval, now) is not None
                 # A poll due before the next wake-up starts now: at most a tick (locked: a batch) early, never late.
                 batch = min(tick, LOCKED_BATCH) if locked else tick
-                due = self.timetable.due(targets, now, now + batch, self.interval)
+                due = self.timetable.due(self.targets, now, now + batch, self.interval)
                 if due:
                     self._start_polls(due)
                 wake = min(self.timetable.earliest(), now + tick) if locked else now + tick

@@ -63,6 +63,8 @@ class Request:
     path: str
     query: dict[str, list[str]]
     headers: dict[str, str]  # names in lower case
+    client: str = ""  # its address and User-Agent: who scrapes (phase.ScrapeClock's key)
+    arrived: float = 0.0  # monotonic time its first byte was read
 
 
 @dataclass
@@ -243,16 +245,16 @@ class MetricsServer:
                 self._auth_pool, self.web.authorized, headers.get("authorization"))
             if not authorized:
                 return Response(401, b"unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="kvcache-exporter"'})
+        peer = writer.get_extra_info("peername")
+        client = f"{peer[0] if peer else ''} {headers.get('user-agent', '')}"
         if self.scrapes is not None and url.path == SCRAPE_PATH and method == "GET":
-            peer = writer.get_extra_info("peername")
-            client = f"{peer[0] if peer else ''} {headers.get('user-agent', '')}"
             self.scrapes.observe(client, arrived, SCRAPE_TIMEOUT_HEADER in headers)
         route = self.routes.get(("GET" if method == "HEAD" else method, url.path))
         if route is None:
             known = any(path == url.path for _, path in self.routes)
             return _error(405, "method not allowed") if known else _error(404, "not found")
         try:
-            response = await route(Request(method, url.path, parse_qs(url.query), headers))
+            response = await route(Request(method, url.path, parse_qs(url.query), headers, client, arrived))
         except Exception:  # a bug in one route must not take the endpoint down; the client learns nothing
             log.exception("error serving %s", url.path)
             return _error(500, "internal error")

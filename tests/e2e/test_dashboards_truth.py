@@ -234,7 +234,7 @@ STATE_ALERTS = {
     ("KVCacheNearlyFull", "warning"): (nearly_full, filling, THRESHOLDS.nearly_full_for),
 }
 # Every target answers and the exporter runs the whole time: these never fire.
-NEVER = ("KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent")
+NEVER = ("KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent", "KVCacheExporterWorkerFailing")
 
 
 # --- the rate alerts, on the polls Prometheus holds ---------------------------------------------

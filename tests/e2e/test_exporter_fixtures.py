@@ -1,4 +1,5 @@
-"""The exporter, run against a local server replaying each fixture page, exposes the expected numbers."""
+"""The exporter, run against a local server replaying each fixture page, exposes the expected numbers: as
+one process, and with two worker processes polling the targets between them (`workers: 2`)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def content_type(text: str) -> str:
     return "text/plain; version=0.0.4; charset=utf-8"
 
 
-@pytest.fixture(scope="module")
-def exposition(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-workers"])
+def exposition(request, tmp_path_factory):
     """One exporter polling every fixture page (plus one with a model architecture); its /metrics text."""
     tmp = tmp_path_factory.mktemp("fixtures")
     routes = {f"/{name}": page((FIXTURES / name).read_text(), content_type=content_type((FIXTURES / name).read_text()))
@@ -47,7 +48,8 @@ def exposition(tmp_path_factory):
                         "model_architecture": {"layers": 32, "kv_heads": 8, "head_dim": 128},
                         "kv_events": {"endpoint": f"tcp://127.0.0.1:{events_port}"}})
         config = tmp / "exporter.yml"
-        config.write_text(yaml.safe_dump({"poll_interval": "2s", "labels": {"cluster": "test"}, "targets": targets}))
+        config.write_text(yaml.safe_dump({"poll_interval": "2s", "labels": {"cluster": "test"}, "targets": targets,
+                                          "workers": request.param}))
         with harness.exporter(tmp, "--config", str(config)) as exporter:
             # every target answered once (on a busy machine a first poll may time out and be retried)
             harness.wait_until(lambda: all(v == 1.0 for v in harness.series(
@@ -59,6 +61,9 @@ def exposition(tmp_path_factory):
                 what="a KV event batch received")
             status, text = harness.http_get(exporter.url + "/metrics")
             assert status == 200
+            workers = harness.children(exporter.proc.pid)
+            assert len(workers) == (request.param if request.param > 1 else 0)
+            assert f"kvcache_exporter_workers {request.param}.0\n" in text
             yield text
 
 

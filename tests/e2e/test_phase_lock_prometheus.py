@@ -1,7 +1,8 @@
 """Phase-locked polling against a real Prometheus: the data a scrape reads is fresher when the exporter
 times its polls for the scrapes, and the polls stay one per interval.
 
-Two exporters poll five pages each every second. Prometheus scrapes exporter `locked` every second
+Two exporters poll five pages each every second (as one process, and with two worker processes whose
+clocks count the scrapes their parent serves). Prometheus scrapes exporter `locked` every second
 (a whole multiple of its poll interval: it locks) and exporter `free` every 1.3 s (no whole multiple:
 own cadence, the control; 1.3 s walks the scrape over every phase of the poll interval in 13 s). The
 age of the data at each scrape is the scrape's own timestamp minus the value it read of
@@ -14,6 +15,7 @@ import statistics
 import threading
 import time
 
+import pytest
 import yaml
 
 from devtools import harness
@@ -36,9 +38,9 @@ def recording(arrivals: list[float]):
     return route
 
 
-def exporter_config(tmp_path, server: PageServer, name: str) -> str:
+def exporter_config(tmp_path, server: PageServer, name: str, workers: int) -> str:
     path = tmp_path / f"{name}.yml"
-    path.write_text(yaml.safe_dump({"poll_interval": "1s", "timeout": "0.8s", "targets": [
+    path.write_text(yaml.safe_dump({"poll_interval": "1s", "timeout": "0.8s", "workers": workers, "targets": [
         {"name": f"{name}-{i}", "url": server.url(f"/{name}/{i}")} for i in range(TARGETS)]}))
     return str(path)
 
@@ -55,14 +57,15 @@ def ages_at_scrape(prometheus: str, job: str, seconds: float) -> list[float]:
     return [float(at) - float(value) for series in data["result"] for at, value in series["values"]]
 
 
-def test_phase_locked_polls_give_scrapes_fresher_data_at_the_same_cadence(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_phase_locked_polls_give_scrapes_fresher_data_at_the_same_cadence(tmp_path, workers):
     arrivals = {name: {i: [] for i in range(TARGETS)} for name in ("locked", "free")}
     routes = {f"/{name}/{i}": recording(arrivals[name][i]) for name in arrivals for i in range(TARGETS)}
     for name in arrivals:
         (tmp_path / name).mkdir()
     with PageServer(routes) as server, \
-            harness.exporter(tmp_path / "locked", "--config", exporter_config(tmp_path, server, "locked")) as locked, \
-            harness.exporter(tmp_path / "free", "--config", exporter_config(tmp_path, server, "free")) as free:
+            harness.exporter(tmp_path / "locked", "--config", exporter_config(tmp_path, server, "locked", workers)) as locked, \
+            harness.exporter(tmp_path / "free", "--config", exporter_config(tmp_path, server, "free", workers)) as free:
         with harness.prometheus(tmp_path / "prometheus", {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
             "scrape_configs": [

@@ -19,15 +19,16 @@ UNIT_TESTS = sorted((ALERTS / "tests").glob("*.test.yml"))
 EXPECTED_ALERTS = {
     "KVCacheShortageQueueing", "KVCachePreemptionStorm", "KVCacheNearlyFull", "KVCachePrefixHitRateDrop",
     "KVCacheQueueDominatesTTFT", "KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent",
+    "KVCacheExporterWorkerFailing",
     "KVCacheCapacityMisses", "KVCacheOffloadTierFull", "KVCacheOffloadLoadSlow",
     "KVCacheTransfersFailing", "KVCacheTransferLeaseExpiries", "KVCacheTransferNotificationsAfterExpiry",
     "KVCachePDBackpressure", "KVCacheTransferBandwidthLow", "KVCacheRoutingImbalance",
 }
-# Alerts about one engine's KV (their descriptions name target and model); three are about polling, where a
+# Alerts about one engine's KV (their descriptions name target and model); four are about polling, where a
 # target without answers has no model, and P/D backpressure and routing imbalance are about a group of pools (the
 # P/D group label).
 PER_MODEL_ALERTS = EXPECTED_ALERTS - {"KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent",
-                                      "KVCachePDBackpressure", "KVCacheRoutingImbalance"}
+                                      "KVCacheExporterWorkerFailing", "KVCachePDBackpressure", "KVCacheRoutingImbalance"}
 
 
 def shipped_alerts() -> list[dict]:

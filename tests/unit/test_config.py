@@ -182,6 +182,9 @@ def test_listen_origin_names_where_the_address_came_from(tmp_path):
     ("targets: [{url: 'http://a:1/m', labels: {tier: ssd}}]", "targets[0].labels", "set by the exporter"),
     ("labels: {source: dc1}\ntargets: [{url: 'http://a:1/m'}]", "labels", "set by the exporter"),
     ("targets: [{url: 'http://a:1/m', labels: {tenant: acme}}]", "targets[0].labels", "set by the exporter"),
+    ("workers: 0", "workers", "must be a positive whole number, got 0"),
+    ("workers: 65", "workers", "must be at most 64, got 65"),
+    ("workers: two", "workers", "must be a positive whole number, got 'two'"),
     ("labels: {cluster: a}\npd_group_label: deployment", "pd_group_label",
      "must be 'model' or 'cluster' (the model, or a static label of the configuration), got 'deployment'"),
 ])
@@ -208,6 +211,16 @@ def test_a_targets_role_and_the_pd_group_label(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(cfg.ConfigError, match=r"nope.yml: \(file\): No such file"):
         load(["--config", str(tmp_path / "nope.yml")])
+
+
+def test_workers_from_the_file_the_environment_and_the_command_line(tmp_path):
+    path = write(tmp_path, "workers: 2\ntargets: [{url: 'http://f:1/metrics'}]\n")
+    assert load(["--config", str(path)]).workers == 2
+    assert load(["--config", str(path)], {"KVCACHE_EXPORTER_WORKERS": "3"}).workers == 3
+    assert load(["--config", str(path), "--workers", "4"], {"KVCACHE_EXPORTER_WORKERS": "3"}).workers == 4
+    assert load(["--target", "http://a:1/m"]).workers == 1
+    with pytest.raises(cfg.ConfigError, match="^command line: --workers: must be a positive whole number, got '-1'$"):
+        load(["--target", "http://a:1/m", "--workers", "-1"])
 
 
 def test_bad_environment_value_names_the_variable():

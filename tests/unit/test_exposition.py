@@ -58,3 +58,24 @@ def test_new_bucket_bounds_get_their_own_lines():
     samples = read_back(render(outcome_with(Histogram([(0.5, 4.0), (math.inf, 5.0)], 3.0, 5.0)), prefixes))
     assert bucket(samples, "0.5") == 4.0 and bucket(samples, "+Inf") == 5.0
     assert not any(("le", "0.1") in labels for _, labels in samples)
+
+
+def test_workers_families_side_by_side_make_the_page_one_process_makes():
+    """Two workers' shares (exposition.families), put side by side, are the page of all their targets:
+    each family once, with one header, and a stale target's series left out by the worker that holds it."""
+    def target(name: str, usage: float, last_success: float) -> exposition.TargetText:
+        rank = DerivedRank({"usage_ratio": usage}, RankValues(), "ok")
+        outcome = PollOutcome(True, "vllm", "m", "", 0.01, last_success, {"0": rank})
+        return exposition.render_target(name, {}, f"http://{name}/metrics", outcome,
+                                        dict.fromkeys(FAILURE_REASONS, 0), exposition.Prefixes())
+
+    first = [target("a", 0.25, 999.0), target("b", 0.5, 900.0)]  # b's last success is 100 s old: stale at 60 s
+    second = [target("c", 0.75, 999.0)]
+    own = {"exporter_workers": "kvcache_exporter_workers 2.0\n"}
+    shares = [exposition.TargetText(exposition.families(share, 1000.0, 60.0)) for share in (first, second)]
+    sharded = b"".join(exposition.render(shares, 1000.0, 60.0, own)).decode()
+    assert sharded == b"".join(exposition.render(first + second, 1000.0, 60.0, own)).decode()
+    assert sharded.count("# TYPE kvcache_usage_ratio gauge\n") == 1
+    usage = {s.labels["target"]: s.value for family in text_string_to_metric_families(sharded)
+             for s in family.samples if s.name == "kvcache_usage_ratio"}
+    assert usage == {"a": 0.25, "c": 0.75}

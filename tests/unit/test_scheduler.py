@@ -15,6 +15,7 @@ from kvcache_exporter.runtime import phase
 from kvcache_exporter.runtime.phase import ScrapeClock, Timetable, phase_of
 from kvcache_exporter.runtime import scheduler as scheduler_module
 from kvcache_exporter.runtime.scheduler import Scheduler
+from kvcache_exporter.runtime.shard import shard_of
 
 
 class FakeTarget:
@@ -110,8 +111,20 @@ def test_a_new_target_is_polled_at_once_and_a_removed_one_forgotten():
     timetable = Timetable(ScrapeClock())
     kept, removed, added = FakeTarget("kept"), FakeTarget("removed"), FakeTarget("added")
     assert timetable.due([kept, removed], 10.0, 10.25, 5.0) == [kept, removed]
-    timetable.keep_only(["kept"])
-    assert timetable.due([kept, added], 10.3, 10.55, 5.0) == [added]
+    assert timetable.due([kept, added], 10.3, 10.55, 5.0) == [added]  # another list: a reload
+    assert timetable.due([kept, added, removed], 10.6, 10.85, 5.0) == [removed]  # forgotten: new again
+
+
+def test_the_earliest_start_is_a_listed_targets():
+    """A removed target's start, earlier than every listed one's, is not the loop's next wake-up."""
+    timetable = Timetable(ScrapeClock())
+    first, second = sorted((FakeTarget(f"t{i}") for i in range(2)), key=lambda t: phase_of(t.name))
+    timetable.due([first, second], 0.0, 0.0, 5.0)
+    starts = {t.name: 5.0 * (0.75 + (phase_of(t.name) - 0.75) % 1.0) for t in (first, second)}  # phase.next_start
+    assert timetable.earliest() == pytest.approx(starts[first.name])
+    assert timetable.due([second], 1.0, 1.0, 5.0) == []
+    assert timetable.earliest() == pytest.approx(starts[second.name])
+    assert timetable.due([second], starts[second.name], starts[second.name], 5.0) == [second]
 
 
 def test_a_suspended_process_resumes_with_one_poll_each():
@@ -187,3 +200,12 @@ def test_a_scheduler_with_no_targets_runs_work_given_from_another_thread():
         assert probed.polls == 1
     finally:
         scheduler.stop()
+
+
+def test_every_target_has_one_worker_and_the_shares_are_even():
+    names = [f"engine-{i}.llama.svc:8000" for i in range(2000)]
+    for workers in (2, 3):
+        shares = Counter(shard_of(name, workers) for name in names)
+        assert set(shares) == set(range(workers))
+        assert max(shares.values()) - min(shares.values()) < 0.1 * len(names) / workers  # hashed, not counted off
+    assert {shard_of(name, 1) for name in names} == {0}
