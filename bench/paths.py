@@ -297,7 +297,10 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sizes", default="100,500,2000", help="numbers of engines, comma-separated")
     p.add_argument("--interval", type=float, default=5.0, help="poll and scrape interval, seconds")
     p.add_argument("--cycles", type=int, default=12, help="intervals in each measured window (12 x 5 s holds 2 rule evaluations)")
-    p.add_argument("--warmup", type=int, default=2, help="intervals to wait once every engine is up")
+    # Locked, a target whose lead grows waits for its next lattice point (never two polls in an interval):
+    # at 2,000 SGLang engines with two workers some were a whole interval old 3 intervals after the lock.
+    p.add_argument("--warmup", type=int, default=4,
+                   help="intervals to wait once every engine is up (and, polling, once the polls are phase-locked)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
     p.add_argument("--targets-per-worker", type=int, default=0,
