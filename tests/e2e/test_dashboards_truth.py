@@ -720,19 +720,24 @@ def test_overview_shows_the_worst_pool(run, fleet_all, seen):
 
 @pytest.mark.usefixtures("artifacts_on_failure")
 def test_pressure_states_name_the_cause(run, fleet_all, seen):
-    """Where the engine's queue waited on one cause over all the LAG_S Prometheus may lag, and the page the lane's
-    poll read shows that cause, the lane says it. Not where the poll read a state the truth's samples fell either
-    side of: after a step whose finished requests freed room for the queue's head (reason "freed"), the page
-    shows a queue beside free blocks until the next step, and for TensorRT-LLM, whose gauges refresh only when a
-    request finishes, until the next finish (issue #28: a TensorRT-LLM lane "capped" at usage 0.735)."""
+    """Where the engine's queue waited on one cause over all the LAG_S Prometheus may lag (KV, whether or not a
+    finish had just freed room for its head), and the page the lane's poll read shows that cause as such, the lane
+    says it. Not where that page showed a head a finish had freed room for (reason "freed"): it shows a queue
+    beside free blocks until the next step, and for TensorRT-LLM, whose gauges refresh only when a request
+    finishes, until the next finish (issue #28: a TensorRT-LLM lane "capped" at usage 0.735)."""
     lanes = by_target(fleet_all["Pressure state over time"])
     checked = {"capped": 0, "kv": 0}
+
+    def causes(states):
+        return {("kv" if r.waiting_reason in KV_BOUND else r.waiting_reason) if r.waiting else None
+                for ranks in states for r in ranks}
+
     for name in FLEET:
         recorded_from = run.truth.samples[name][0][0]
         for t, code in lanes[name]:
             # Only lag windows the truth saw whole: a lane's first points may show a state read before it began.
             window = run.truth.between(name, t - LAG_S, t)
-            reasons = {r.waiting_reason if r.waiting else None for ranks in window for r in ranks}
+            reasons = causes(window)
             if t - LAG_S < recorded_from or len(window) < 4 or len(reasons) != 1:
                 continue
             [reason] = reasons
