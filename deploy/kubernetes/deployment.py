@@ -29,6 +29,14 @@ ENGINE_PORT_NAMES = ("http", "metrics")
 ENGINE_METRICS_PATH = "/metrics"
 # The conventional pod annotation naming another path (trtllm-serve serves /prometheus/metrics).
 METRICS_PATH_ANNOTATION = "prometheus.io/path"
+# What a pod is a replica of, passed to the probe so that a replica still loading its engine counts as
+# starting (kvcache_target_replica_info). The model as the engine names it ("meta-llama/Llama-3.1-8B"),
+# so an annotation: a label value cannot hold a "/", and llm-d's llm-d.ai/model label is a short name of
+# its own, which would make the new replica one of another model than its pools' `model` label.
+MODEL_ANNOTATION = "kvcache-exporter/model"
+# llm-d's role label, and the exporter's role for each of its values ("both" is the older spelling).
+ROLE_LABEL = "llm-d.ai/role"
+ROLE_OF_LABEL_VALUE = {"prefill": "prefill", "decode": "decode", "prefill-decode": "unified", "both": "unified"}
 
 
 def project_version() -> str:

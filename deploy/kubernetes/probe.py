@@ -8,7 +8,8 @@ scrape config for a Prometheus without the operator, so the two cannot disagree.
 from __future__ import annotations
 
 from .deployment import (DEFAULT_ENGINE, ENGINE_LABELS, ENGINE_METRICS_PATH, ENGINE_PORT_NAMES, ENGINES,
-                         METRICS_PATH_ANNOTATION, NAME, PROBE_INTERVAL_SECONDS, Deployment, meta_label, seconds)
+                         METRICS_PATH_ANNOTATION, MODEL_ANNOTATION, NAME, PROBE_INTERVAL_SECONDS, ROLE_LABEL,
+                         ROLE_OF_LABEL_VALUE, Deployment, meta_label, seconds)
 
 PROBE_JOB = "kvcache-probe"
 SELF_JOB = NAME
@@ -38,6 +39,11 @@ def relabel_rules(deployment: Deployment) -> list[dict]:
     # The engine from the pod's label when it names one the exporter knows; otherwise detection.
     rules += [{"source_labels": [meta_label(key)], "regex": f"({'|'.join(ENGINES)})", "target_label": "__param_engine"}
               for key in ENGINE_LABELS]
+    # What the pod is a replica of, for the exporter's replica_info until the engine's page says it.
+    rules.append({"source_labels": [meta_label(MODEL_ANNOTATION, "annotation")], "regex": "(.+)",
+                  "target_label": "__param_model"})
+    rules += [{"source_labels": [meta_label(ROLE_LABEL)], "regex": "|".join(values), "target_label": "__param_role",
+               "replacement": role} for role, values in _label_values_by_role().items()]
     rules += [
         # The engine's own address as instance (the exporter names the target the same way),
         # and where it runs.
@@ -52,6 +58,13 @@ def relabel_rules(deployment: Deployment) -> list[dict]:
          "replacement": deployment.replica_address("$1")},
     ]
     return rules
+
+
+def _label_values_by_role() -> dict[str, list[str]]:
+    by_role: dict[str, list[str]] = {}
+    for value, role in ROLE_OF_LABEL_VALUE.items():
+        by_role.setdefault(role, []).append(value)
+    return by_role
 
 
 def operator_relabelings(rules: list[dict]) -> list[dict]:

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from deploy.kubernetes import probe
-from deploy.kubernetes.deployment import METRICS_PATH_ANNOTATION, Deployment, meta_label
+from deploy.kubernetes.deployment import METRICS_PATH_ANNOTATION, MODEL_ANNOTATION, ROLE_LABEL, Deployment, meta_label
 from devtools import harness
 from devtools.harness import REPO
 from devtools.harness import PageServer, hang_before_headers, page
@@ -91,6 +91,8 @@ class EnginePod:
     expected_engine: str = ""  # what the exporter reports
     hangs: bool = False  # accepts the connection and never answers
     path: str = "/metrics"  # where it serves its page; another one is named by the pod's annotation
+    model: str | None = None  # the pod's model annotation
+    expected_role_param: str | None = None  # the probe's role parameter; None: none passed
     server: PageServer | None = None
 
     def route(self):
@@ -124,7 +126,18 @@ class EnginePod:
         }
         if self.path != "/metrics":
             meta[meta_label(METRICS_PATH_ANNOTATION, "annotation")] = self.path
+        if self.model is not None:
+            meta[meta_label(MODEL_ANNOTATION, "annotation")] = self.model
         return {"targets": [self.address], "labels": meta}
+
+    def expected_query(self) -> dict[str, list[str]]:
+        """The parameters of the pod's probe."""
+        query = {"target": [self.metrics_url], "engine": [self.expected_engine_param]}
+        if self.model is not None:
+            query["model"] = [self.model]
+        if self.expected_role_param is not None:
+            query["role"] = [self.expected_role_param]
+        return query
 
 
 def engine_pods() -> list[EnginePod]:
@@ -136,8 +149,9 @@ def engine_pods() -> list[EnginePod]:
         # llm-d's key wins over the Inference Extension's.
         EnginePod("qwen-1", "sglang-0.5-no-retractions.txt", {GIE_LABEL: "vllm", LLMD_LABEL: "sglang"},
                   expected_engine_param="sglang", expected_engine="sglang"),
-        # No engine label, or one naming another engine: the exporter detects it.
-        EnginePod("mistral-0", "vllm-v0.txt", expected_engine="vllm"),
+        # No engine label, or one naming another engine: the exporter detects it. A role llm-d may add
+        # one day and the exporter does not know: no role passed.
+        EnginePod("mistral-0", "vllm-v0.txt", {ROLE_LABEL: "encode"}, expected_engine="vllm"),
         EnginePod("gemma-0", "sglang-0.4.txt", {GIE_LABEL: "triton-trtllm"}, expected_engine="sglang"),
         # trtllm-serve's page is elsewhere: the pod's prometheus.io/path annotation says where.
         EnginePod("trtllm-0", "trtllm-1.3.txt", path="/prometheus/metrics", expected_engine="trtllm"),
@@ -145,6 +159,17 @@ def engine_pods() -> list[EnginePod]:
         # succeeds and says the engine is down.
         EnginePod("stuck-0", "vllm-v1.txt", {GIE_LABEL: "vllm"}, expected_engine_param="vllm", expected_engine="vllm",
                   hangs=True),
+        # llm-d's roles. A decode replica still loading its engine (it does not answer): the model from
+        # the pod's annotation, as the engine will name it, the role from llm-d's label.
+        EnginePod("llama-decode-0", "vllm-v1.txt", {GIE_LABEL: "vllm", ROLE_LABEL: "decode"},
+                  expected_engine_param="vllm", expected_engine="vllm", hangs=True,
+                  model="meta-llama/Llama-3.1-70B-Instruct", expected_role_param="decode"),
+        # vLLM's page does not say its role: the pod's label does, on every pool series.
+        EnginePod("llama-prefill-0", "vllm-v1.txt", {ROLE_LABEL: "prefill"}, expected_engine="vllm",
+                  expected_role_param="prefill"),
+        # llm-d's older spelling of prefill-decode.
+        EnginePod("qwen-both-0", "sglang-0.5.txt", {ROLE_LABEL: "both"}, expected_engine="sglang",
+                  expected_role_param="unified"),
         # Never probed: not running yet, a port that does not serve /metrics, an init container.
         EnginePod("pending-0", "vllm-v1.txt", phase="Pending", expected_engine_param=None),
         EnginePod("llama-1", "vllm-v1.txt", port_name="grpc", expected_engine_param=None),
@@ -234,8 +259,7 @@ def test_probe_mode_end_to_end(tmp_path):
             assert (target["labels"]["namespace"], target["labels"]["pod"]) == ("inference", pod.name)
             url = urllib.parse.urlsplit(target["scrapeUrl"])
             assert url.path == "/probe"
-            assert urllib.parse.parse_qs(url.query) == {"target": [pod.metrics_url],
-                                                        "engine": [pod.expected_engine_param]}
+            assert urllib.parse.parse_qs(url.query) == pod.expected_query()
             # Each engine goes to the replica its hashmod shard names, every time.
             assert replica_of[url.netloc] == hashmod_shard(pod.address, deployment.replicas)
         assert set(replica_of.values()) == {replica_of[urllib.parse.urlsplit(t["scrapeUrl"]).netloc]
@@ -252,6 +276,16 @@ def test_probe_mode_end_to_end(tmp_path):
         expected = yaml.safe_load((FIXTURES / "vllm-v1.txt.expected.yml").read_text())["ranks"]["0"]["usage_ratio"]
         [(_, usage)] = harness.prom_vector(prometheus.url, 'kvcache_usage_ratio{pod="llama-0"}')
         assert usage == pytest.approx(expected, rel=1e-9)
+
+        # What each probed pod is a replica of: the starting one as its pod says, the others as their pages
+        # say (the vLLM page names no role: the pod's label gives it).
+        info = vector_of(prometheus.url, f'kvcache_target_replica_info{{job="{probe.PROBE_JOB}"}}', len(probed))
+        replica_of_pod = {labels["pod"]: (labels["model"], labels["role"]) for labels, _ in info}
+        assert replica_of_pod["llama-decode-0"] == ("meta-llama/Llama-3.1-70B-Instruct", "decode")
+        assert replica_of_pod["llama-prefill-0"] == ("meta-llama/Llama-3.1-8B-Instruct", "prefill")
+        assert replica_of_pod["qwen-both-0"] == ("meta-llama/Llama-3.1-8B-Instruct", "unified")
+        [(labels, _)] = harness.prom_vector(prometheus.url, 'kvcache_usage_ratio{pod="llama-prefill-0"}')
+        assert labels["role"] == "prefill"
 
         # The exporter's own /metrics, one series per replica, keeps KVCacheExporterAbsent quiet;
         # the rule group from the PrometheusRule loads and evaluates.
