@@ -44,10 +44,10 @@ import yaml
 from kvcache_exporter.sources import parser
 from devtools import harness
 
-from . import pages, paths_report, procstat
+from . import paths_report, procstat
 from .fleet import Fleet
 from .measure import Plan, prometheus_config, scalar
-from .run import measured_on
+from .run import begin, choices
 
 PATHS = ("direct", "exporter", "probe", "replay")
 POLLING = ("exporter", "replay")  # the paths in which the exporter polls a configured fleet
@@ -310,28 +310,16 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench/results-paths"))
     args = p.parse_args(argv)
     args.sizes = [int(size) for size in args.sizes.split(",")]
-    args.workloads = args.workloads.split(",")
-    args.paths = args.paths.split(",")
-    for given, known, what in ((args.workloads, WORKLOADS, "workload"), (args.paths, PATHS, "path")):
-        unknown = set(given) - set(known)
-        if unknown:
-            p.error(f"unknown {what}(s): {', '.join(sorted(unknown))}")
+    args.workloads = choices(p, args.workloads, WORKLOADS, "workload")
+    args.paths = choices(p, args.paths, PATHS, "path")
     return args
 
 
 def main(argv: list[str]) -> int:
     args = arguments(argv)
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    page_paths = pages.write_pages(out / "pages")
-    results: dict = {
-        **measured_on(),
-        "settings": {"sizes": args.sizes, "interval": args.interval, "cycles": args.cycles,
-                     "warmup_cycles": args.warmup, "workloads": args.workloads, "paths": args.paths,
-                     "evaluation_interval_s": EVALUATION_INTERVAL_S, "fleet": args.fleet, "targets_per_worker": args.targets_per_worker,
-                     "pressure_every": 1 if args.fleet == "pressure" else PRESSURE_EVERY},
-        "runs": [],
-    }
+    out, page_paths, results = begin(args, paths=args.paths, evaluation_interval_s=EVALUATION_INTERVAL_S,
+                                     fleet=args.fleet, targets_per_worker=args.targets_per_worker,
+                                     pressure_every=1 if args.fleet == "pressure" else PRESSURE_EVERY)
     for workload in args.workloads:
         served = [page_paths[name] for name in fleet_pages(workload, args.fleet)]
         with Fleet(workload, served, out / "logs") as fleet:

@@ -54,6 +54,27 @@ def measured_on() -> dict:
     return {"machine": procstat.machine(), "prometheus_version": prometheus_version(), "code": code_version()}
 
 
+def choices(p: argparse.ArgumentParser, value: str, known, what: str) -> list[str]:
+    """A comma-separated list of `known` names; another name is the parser's error."""
+    given = value.split(",")
+    unknown = set(given) - set(known)
+    if unknown:
+        p.error(f"unknown {what}(s): {', '.join(sorted(unknown))}")
+    return given
+
+
+def begin(args: argparse.Namespace, **settings) -> tuple[Path, dict[str, Path], dict]:
+    """The output folder (made), the engine pages written into it, and the results' head: where and what is
+    measured, the common settings and `settings`."""
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results = {**measured_on(),
+               "settings": {"sizes": args.sizes, "interval": args.interval, "cycles": args.cycles,
+                            "warmup_cycles": args.warmup, "workloads": args.workloads, **settings},
+               "runs": []}
+    return out, pages.write_pages(out / "pages"), results
+
+
 def arguments(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="100,500,1000,2000", help="numbers of targets, comma-separated")
@@ -68,26 +89,15 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
     args.sizes = [int(size) for size in args.sizes.split(",")]
-    args.workloads = args.workloads.split(",")
-    unknown = set(args.workloads) - set(pages.WORKLOADS)
-    if unknown:
-        p.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
+    args.workloads = choices(p, args.workloads, pages.WORKLOADS, "workload")
     return args
 
 
 def main(argv: list[str]) -> int:
     args = arguments(argv)
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    page_paths = pages.write_pages(out / "pages")
+    out, page_paths, results = begin(args)
+    results["pages"] = {}
     used = dict.fromkeys(name for workload in args.workloads for name in pages.WORKLOADS[workload])
-    results: dict = {
-        **measured_on(),
-        "settings": {"sizes": args.sizes, "interval": args.interval, "cycles": args.cycles,
-                     "warmup_cycles": args.warmup, "workloads": args.workloads},
-        "pages": {},
-        "runs": [],
-    }
     for name in used:
         text = page_paths[name].read_text()
         results["pages"][name] = {"bytes": len(text.encode()), "parser": parser_figures(text)}
