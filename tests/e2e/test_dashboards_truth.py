@@ -70,6 +70,10 @@ OVERRIDES = {"prefix_hit_baseline_offset": "4m", "prefix_hit_drop_for": "2m", "q
              "nearly_full_for": "4m"}
 THRESHOLDS = generate.compress(dataclasses.replace(DEFAULT, **OVERRIDES), TIME_SCALE)
 WINDOW_S = THRESHOLDS.window_seconds
+# `scrape_duration_seconds` ends before the scrape's samples are committed (Prometheus 2.42's scrapeAndReport
+# reports the duration in a deferred call that runs before the commit's), and a rule evaluated in between
+# does not see them: the commit (a WAL write) may take this long with the second core busy.
+COMMIT_S = 0.25
 
 # name -> (flavor, scenario, dp, seed, engine overrides)
 FLEET = {
@@ -259,7 +263,9 @@ class Seen:
     polls: dict[str, dict[float, Poll]]  # target -> scrape time -> poll
     counters: dict[str, dict[str, dict[str, list[tuple[float, float]]]]]  # family -> target -> dp_rank -> samples
     evaluations: list[float]
-    stored_at: dict[float, float]  # scrape time (a sample's timestamp) -> when its scrape ended and it was stored
+    # scrape time (a sample's timestamp) -> when its scrape had read and appended the page: its samples are
+    # visible to queries once committed, up to COMMIT_S later
+    stored_at: dict[float, float]
 
     def scrapes(self, family: str, name: str) -> list[float]:
         """When Prometheus got a sample of `family` for the target: where the exporter showed it."""
@@ -324,7 +330,8 @@ def seen_rate(truth: Truth, seen: Seen, name: str, family: str, t: float, offset
     per_rank = set(series) != {"0"}
     end = t - offset
     scrapes = [scraped for scraped in seen.scrapes(family, name) if end - WINDOW_S <= scraped <= end]
-    stored = sum(seen.stored_at.get(scraped, math.inf) <= t for scraped in scrapes)  # scrapes are stored in order
+    # Scrapes are stored in order.
+    stored = sum(seen.stored_at.get(scraped, math.inf) + COMMIT_S <= t for scraped in scrapes)
     outcomes = [_rate_of_scrapes(truth, seen, name, family, series, per_rank, set(scrapes[:count]), end)
                 for count in range(stored, len(scrapes) + 1)]
     rates = [rate for rate in outcomes if rate is not None]
@@ -332,6 +339,15 @@ def seen_rate(truth: Truth, seen: Seen, name: str, family: str, t: float, offset
         return None
     least = min(low for low, _ in rates) if len(rates) == len(outcomes) else -math.inf
     return least, max(high for _, high in rates)
+
+
+def window_held(seen: Seen, name: str, family: str, t: float) -> list[tuple]:
+    """For a failure's message: each scrape of the rule's window at `t` (seconds before `t`), when it was read
+    and appended (seconds after `t`: a scrape whose samples a rule at `t` may not have seen) and its samples."""
+    series = seen.counters[family].get(name, {})
+    return [(round(t - scraped, 3), round(seen.stored_at.get(scraped, math.inf) - t, 3),
+             {rank: dict(samples).get(scraped) for rank, samples in series.items()})
+            for scraped in seen.scrapes(family, name) if t - WINDOW_S <= scraped <= t]
 
 
 def _rate_of_scrapes(truth, seen, name, family, series, per_rank, visible, end) -> Bounds | None:
@@ -937,7 +953,8 @@ def test_the_rules_rates_are_the_engines_over_the_same_scrapes(run, seen):
             for t, value in item["values"]:
                 engines = seen_rate(run.truth, seen, name, family, float(t))
                 assert engines is not None and engines[0] * (1 - 1e-6) <= float(value) <= engines[1] * (1 + 1e-6), (
-                    record, name, round(float(t) - run.start, 2), value, engines)
+                    record, name, round(float(t) - run.start, 2), value, engines,
+                    window_held(seen, name, family, float(t)))
                 checked += 1
         # About one evaluation a second of nearly every target (not TensorRT-LLM's preemptions, nor before the
         # first request finished).
