@@ -280,7 +280,7 @@ def test_probe_mode_end_to_end(tmp_path):
         # What each probed pod is a replica of: the starting one as its pod says, the others as their pages
         # say (the vLLM page names no role: the pod's label gives it).
         info = vector_of(prometheus.url, f'kvcache_target_replica_info{{job="{probe.PROBE_JOB}"}}', len(probed))
-        replica_of_pod = {labels["pod"]: (labels["model"], labels["role"]) for labels, _ in info}
+        replica_of_pod = {labels["pod"]: (labels.get("model"), labels.get("role")) for labels, _ in info}
         assert replica_of_pod["llama-decode-0"] == ("meta-llama/Llama-3.1-70B-Instruct", "decode")
         assert replica_of_pod["llama-prefill-0"] == ("meta-llama/Llama-3.1-8B-Instruct", "prefill")
         assert replica_of_pod["qwen-both-0"] == ("meta-llama/Llama-3.1-8B-Instruct", "unified")
