@@ -1,5 +1,6 @@
 """The simulator's vLLM flavor against the real vLLM CPU engine: the same workload on the same pool, compared
-over the engine's own progress (`python -m devtools.calibration` prints the table; ~40 s of engine time).
+over the engine's own progress (`python -m devtools.calibration` prints the table; the burst takes 1 to 2 s
+of engine time, its page read about ten times).
 
 The workload is one burst: every request arrives at once, `requests` prompts of `prompt_tokens` tokens, the
 first `prefix_tokens` of them one of `prefixes` shared prefixes (request i takes prefix i mod `prefixes`), each
