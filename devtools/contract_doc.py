@@ -101,7 +101,9 @@ STATE_RULES = {
               f"same `capacity` reason and SGLang gives no reason, so this state is what tells the two apart. "
               f"Only TensorRT-LLM exposes its running-request cap as a series (`kvcache_requests_running_max`); "
               f"vLLM has none for `max_num_seqs`, and SGLang's `max_running_requests` gauge existed only before "
-              f"0.3.6.",
+              f"0.3.6. The page does not say what the queue's head needs, so a queue KV holds back beside that "
+              f"room also reads capped: a prompt longer than the typical live request, or an engine's reserve for "
+              f"the running requests' output to come (SGLang's `new_token_ratio`) at usage below the mark.",
     "tight": f"usage at `high_water_ratio` ({T.high_water_ratio:g}) or above, nothing queued for lack of KV.",
     "ok": "none of the above.",
 }
