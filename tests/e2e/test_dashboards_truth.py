@@ -146,11 +146,10 @@ class Rank:
         at least one typical live request's worth free), give or take a block (the engines' usage
         denominators differ by one). The page does not say what the queue's head needs: a long prompt, or an
         engine's reserve for the running requests' output to come, holds it back for KV beside that room."""
-        if not self.running:
-            return False
-        used = self.used_blocks - 1
-        free_tokens = (self.num_blocks - used) * self.block_size
-        return used / self.num_blocks < THRESHOLDS.low_water_ratio and free_tokens * self.running >= used * self.block_size
+        if not self.running or self.used_blocks <= 1:
+            return bool(self.running)
+        lighter = dataclasses.replace(self, used_blocks=self.used_blocks - 1)
+        return lighter.usage < THRESHOLDS.low_water_ratio and lighter.headroom >= 1
 
 
 @dataclass(frozen=True)
@@ -769,10 +768,11 @@ def test_pressure_states_name_the_cause(run, fleet_all, seen):
             if t - LAG_S < recorded_from or len(window) < 4 or len(reasons) != 1:
                 continue
             [reason] = reasons
-            if {r.waiting_reason if r.waiting else None for ranks in read_at(run, seen, name, t) for r in ranks} != reasons:
+            read = read_at(run, seen, name, t)
+            if {r.waiting_reason if r.waiting else None for ranks in read for r in ranks} != reasons:
                 continue
             state = PRESSURE_STATES[int(code)]
-            if reason == "kv" and any(r.shows_room for ranks in read_at(run, seen, name, t) for r in ranks):
+            if reason == "kv" and any(r.shows_room for ranks in read for r in ranks):
                 continue  # a KV-held queue beside room for a typical request: see STATES_OF_REASON
             if reason == "kv" and len(run.truth.at(name, t)) == 1:
                 assert state in ("saturated", "thrashing"), (name, t, state)
