@@ -9,10 +9,12 @@
   what B costs besides parsing, adapting, deriving and rendering, the floor a faster reader could reach.
 
     python -m bench.paths [--sizes 100,500,2000] [--workloads vllm,sglang,mix] [--paths direct,exporter,probe,replay]
-                          [--targets-per-worker K] [--fleet steady|pressure]
+                          [--targets-per-replica K] [--targets-per-worker K] [--fleet steady|pressure]
 
-`--targets-per-worker K` runs B's exporter with one worker process (`workers:`) per K engines, rounded
-up (one process alone below K + 1 engines); its CPU and memory are then the parent's and its workers'.
+`--targets-per-replica K` (250 by default) runs B as replicas of one configuration, one per K engines
+rounded up, each polling its share (`--shard INDEX/COUNT`) and scraped by Prometheus as a target of its
+own (docs/scaling.md); `--targets-per-worker K` gives each replica a worker process (`workers:`) per K
+of its engines. B's CPU and memory are then those of every exporter process.
 
 The fleet is `steady` by default: one pool in 20 under KV pressure (the captured pages), the others
 at rest (bench/pages.py), as a fleet runs most days; `pressure` puts every pool under pressure, so
@@ -67,18 +69,19 @@ HEAD_SERIES = "prometheus_tsdb_head_series"
 
 @dataclass
 class Stack:
-    """The processes of one path: Prometheus always, the exporter in B and probe mode."""
+    """The processes of one path: Prometheus always, the exporter's replicas in B and probe mode."""
 
     prometheus: harness.Process
     data_dir: Path
-    exporter: harness.Process | None = None
+    exporters: tuple[harness.Process, ...] = ()
 
     @property
     def pids(self) -> dict[str, list[int]]:
-        """Each part's processes: the exporter's workers with it."""
+        """Each part's processes: the exporters' workers with them."""
         pids = {"prometheus": [self.prometheus.proc.pid]}
-        if self.exporter is not None:
-            pids["exporter"] = [self.exporter.proc.pid, *harness.children(self.exporter.proc.pid)]
+        if self.exporters:
+            pids["exporter"] = [pid for exporter in self.exporters
+                                for pid in (exporter.proc.pid, *harness.children(exporter.proc.pid))]
         return pids
 
 
@@ -99,7 +102,7 @@ def _exporter_config(fleet: Fleet, plan: Plan, path: str, workers: int = 1) -> d
             "targets": [{"name": f"t-{i}", "url": fleet.url(i)} for i in range(plan.targets)]}
 
 
-def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_address: str | None) -> dict:
+def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_addresses: list[str]) -> dict:
     if path == "direct":
         return prometheus_config(fleet, plan)
     config = {
@@ -108,7 +111,7 @@ def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_address: st
         "rule_files": [str(RULES)],
     }
     if path in POLLING:
-        config["scrape_configs"] = [{"job_name": "kvcache-exporter", "static_configs": [{"targets": [exporter_address]}]}]
+        config["scrape_configs"] = [{"job_name": "kvcache-exporter", "static_configs": [{"targets": exporter_addresses}]}]
     else:
         config["scrape_configs"] = [{
             "job_name": "kvcache-probe",
@@ -117,7 +120,7 @@ def _prometheus_config(fleet: Fleet, plan: Plan, path: str, exporter_address: st
             "relabel_configs": [
                 {"source_labels": ["__address__"], "target_label": "__param_target"},
                 {"source_labels": ["__param_target"], "target_label": "instance"},
-                {"target_label": "__address__", "replacement": exporter_address},
+                {"target_label": "__address__", "replacement": exporter_addresses[0]},
             ],
         }]
     return config
@@ -198,30 +201,35 @@ def _snapshot_block(prometheus_url: str, data_dir: Path) -> dict:
             "span_s": span_ms / 1e3}
 
 
-def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: int) -> Stack:
-    exporter = None
-    exporter_address = None
+def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: int,
+           replicas: int) -> Stack:
+    exporters = []
     if path != "direct":
         config_path = work_dir / "exporter.yml"
         config_path.write_text(yaml.safe_dump(_exporter_config(fleet, plan, path, workers), sort_keys=False))
         module = "bench.replay_exporter" if path == "replay" else "kvcache_exporter"
-        exporter = stack.enter_context(harness.exporter(work_dir, "--config", str(config_path), module=module))
-        exporter_address = exporter.url.removeprefix("http://")
-    config = _prometheus_config(fleet, plan, path, exporter_address)
+        for index in range(replicas):  # one configuration, each replica its share
+            log_dir = work_dir / f"replica-{index}"
+            log_dir.mkdir()
+            exporters.append(stack.enter_context(harness.exporter(
+                log_dir, "--config", str(config_path), "--shard", f"{index}/{replicas}", module=module)))
+    config = _prometheus_config(fleet, plan, path, [exporter.url.removeprefix("http://") for exporter in exporters])
     prometheus = stack.enter_context(harness.prometheus(work_dir, config, extra_args=("--web.enable-admin-api",)))
-    return Stack(prometheus, work_dir / "data", exporter)
+    return Stack(prometheus, work_dir / "data", tuple(exporters))
 
 
-def workers_for(targets: int, per_worker: int) -> int:
-    return max(1, math.ceil(targets / per_worker)) if per_worker else 1
+def processes_for(targets: int, per_process: int) -> int:
+    """Replicas (or workers) of `per_process` engines each, rounded up; 0 for one whatever the number."""
+    return max(1, math.ceil(targets / per_process)) if per_process else 1
 
 
-def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: int = 1) -> dict:
+def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: int = 1, replicas: int = 1) -> dict:
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     try:
         with ExitStack() as stack:
-            processes = _start(stack, fleet, plan, path, work_dir, workers)
+            replicas = replicas if path in POLLING else 1
+            processes = _start(stack, fleet, plan, path, work_dir, workers if path == "exporter" else 1, replicas)
             url = processes.prometheus.url
             harness.wait_until(lambda: scalar(url, _up_query(path)) == plan.targets,
                                timeout=90 + 10 * plan.interval, interval=1.0, what=f"every engine up ({path})")
@@ -229,7 +237,8 @@ def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: i
                 harness.wait_until(lambda: scalar(url, "min(kvcache_exporter_poll_phase_locked)") == 1.0,
                                    timeout=20 * plan.interval, interval=1.0, what=f"the polls phase-locked ({path})")
             time.sleep(plan.warmup_cycles * plan.interval)
-            return {**_window(processes, fleet, plan, path), "workers": workers if path == "exporter" else 1}
+            return {**_window(processes, fleet, plan, path), "workers": workers if path == "exporter" else 1,
+                    "replicas": replicas}
     finally:
         shutil.rmtree(work_dir / "data", ignore_errors=True)  # up to a million series
 
@@ -273,7 +282,7 @@ def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
         "phase_locked": scalar(url, "min(kvcache_exporter_poll_phase_locked)") == 1.0 if path in POLLING else None,
         "engines_up": scalar(url, _up_query(path)),
     }
-    if processes.exporter is not None:
+    if processes.exporters:
         result["exporter_rss_mb"] = sum(procstat.memory_bytes(pid)[0] for pid in pids["exporter"]) / MB
     block = _snapshot_block(url, processes.data_dir)
     result["block"] = block
@@ -303,8 +312,10 @@ def arguments(argv: list[str]) -> argparse.Namespace:
                    help="intervals to wait once every engine is up (and, polling, once the polls are phase-locked)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
+    p.add_argument("--targets-per-replica", type=int, default=250,
+                   help="path B as exporter replicas, one per this many engines, each polling its share (0: one)")
     p.add_argument("--targets-per-worker", type=int, default=0,
-                   help="path B's exporter with a worker process per this many engines (0: one process)")
+                   help="each replica of path B with a worker process per this many of its engines (0: none)")
     p.add_argument("--fleet", choices=FLEETS, default="steady",
                    help=f"steady: one pool in {PRESSURE_EVERY} under KV pressure; pressure: every pool")
     p.add_argument("--out", type=Path, default=Path("bench/results-paths"))
@@ -318,7 +329,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = arguments(argv)
     out, page_paths, results = begin(args, paths=args.paths, evaluation_interval_s=EVALUATION_INTERVAL_S,
-                                     fleet=args.fleet, targets_per_worker=args.targets_per_worker,
+                                     fleet=args.fleet, targets_per_replica=args.targets_per_replica,
+                                     targets_per_worker=args.targets_per_worker,
                                      pressure_every=1 if args.fleet == "pressure" else PRESSURE_EVERY)
     for workload in args.workloads:
         served = [page_paths[name] for name in fleet_pages(workload, args.fleet)]
@@ -328,8 +340,10 @@ def main(argv: list[str]) -> int:
                 run = {"workload": workload, "targets": size}
                 for path in args.paths:
                     started = time.monotonic()
+                    replicas = processes_for(size, args.targets_per_replica)
                     run[path] = measure_path(fleet, plan, path, out / "work" / f"{workload}-{size}-{path}",
-                                             workers_for(size, args.targets_per_worker))
+                                             processes_for(math.ceil(size / replicas), args.targets_per_worker),
+                                             replicas)
                     figures = run[path]
                     print(f"{workload} N={size} {path}: {figures['monitoring_cores']:.3f} cores, "
                           f"{figures['samples_per_s']:,.0f} samples/s, {figures['head_series']:,.0f} series, "

@@ -39,9 +39,11 @@ def _at_scrape(figures: dict) -> str:
 
 
 def _path(path: str, figures: dict) -> str:
-    """The path's name, and its exporter's worker processes where it had any (absent before `workers:`)."""
-    workers = figures.get("workers", 1)
-    return f"{path}, {workers} workers" if workers > 1 else path
+    """The path's name, and its exporter's replicas and worker processes where it had more than one (absent
+    from results before `--shard` and `workers:`)."""
+    replicas, workers = figures.get("replicas", 1), figures.get("workers", 1)
+    parts = [f"{replicas} replicas"] * (replicas > 1) + [f"{workers} workers" + " each" * (replicas > 1)] * (workers > 1)
+    return ", ".join([path, *parts])
 
 
 def path_table(runs: list[dict], paths: list[str]) -> str:

@@ -46,6 +46,7 @@ ENVIRONMENT = {
     "poll_interval": "KVCACHE_EXPORTER_POLL_INTERVAL",
     "log_level": "KVCACHE_EXPORTER_LOG_LEVEL",
     "workers": "KVCACHE_EXPORTER_WORKERS",
+    "shard": "KVCACHE_EXPORTER_SHARD",
     "web_config_file": "KVCACHE_EXPORTER_WEB_CONFIG",
 }
 
@@ -157,6 +158,7 @@ class Config:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     pd_group_label: str = DEFAULT_PD_GROUP_LABEL
     workers: int = 1  # processes that poll the targets between them (exporter/runtime/workers.py)
+    shard: tuple[int, int] = (0, 1)  # (index, count): replicas of one configuration poll a share each
 
 
 def parse_duration(text: Any) -> float:
@@ -315,7 +317,7 @@ _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_a
                 "tls_insecure_skip_verify", "model_architecture", "kv_events", "role", "model"}
 
 _TOP_KEYS = {"poll_interval", "timeout", "staleness", "max_response_bytes", "labels", "pressure", "targets", "listen",
-             "log_level", "probe", "pd_group_label", "workers"}
+             "log_level", "probe", "pd_group_label", "workers", "shard"}
 _HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?.\-\[\]]+$")
 
 
@@ -443,6 +445,18 @@ def parse_workers(value: Any) -> int:
     return count
 
 
+def parse_shard(value: Any) -> tuple[int, int]:
+    """`INDEX/COUNT` (`1/4`: the second of four replicas), as a file, a flag or a variable gives it."""
+    index, sep, count = str(value).strip().partition("/")
+    if not (sep and index.isdigit() and count.isdigit()):
+        raise ValueError(f"must be INDEX/COUNT, e.g. 0/4 for the first of four replicas, got {value!r}")
+    if int(count) == 0:
+        raise ValueError(f"COUNT must be at least 1, got {value!r}")
+    if int(index) >= int(count):
+        raise ValueError(f"INDEX counts from 0 and must be below COUNT, got {value!r}")
+    return int(index), int(count)
+
+
 def _kv_layout(source: str, section: Any, key: str) -> KVLayout | None:
     if section is None:
         return None
@@ -507,7 +521,7 @@ def load_file(path: str) -> dict[str, Any]:
     for key, convert in (("poll_interval", parse_poll_interval), ("timeout", parse_duration),
                          ("staleness", parse_duration), ("max_response_bytes", parse_size),
                          ("labels", _labels), ("listen", parse_listen),
-                         ("log_level", _log_level), ("workers", parse_workers)):
+                         ("log_level", _log_level), ("workers", parse_workers), ("shard", parse_shard)):
         value = reader.get(key, convert)
         if value is not None:
             settings[key] = value
@@ -554,6 +568,7 @@ def build(source: str, settings: dict[str, Any]) -> Config:
         probe=settings.get("probe", ProbeConfig()),
         pd_group_label=settings.get("pd_group_label", DEFAULT_PD_GROUP_LABEL),
         workers=settings.get("workers", 1),
+        shard=settings.get("shard", (0, 1)),
     )
 
 
@@ -602,7 +617,7 @@ def resolve(flags: Mapping[str, object], environ: Mapping[str, str]) -> Config:
             extra.append(target)
         settings["targets"] = list(settings.get("targets", [])) + extra
     for name, convert in (("listen", parse_listen), ("poll_interval", parse_poll_interval),
-                          ("log_level", _log_level), ("workers", parse_workers)):
+                          ("log_level", _log_level), ("workers", parse_workers), ("shard", parse_shard)):
         found = given(flags, environ, name)
         if found:
             try:

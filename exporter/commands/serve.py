@@ -30,6 +30,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error (default info)")
     p.add_argument("--workers", metavar="N", help="processes that poll the targets between them, each on a core "
                    "(default 1; more for fleets whose pages take over a few tenths of the poll interval to read)")
+    p.add_argument("--shard", metavar="INDEX/COUNT",
+                   help="poll only this replica's share of the configured targets, by a hash of their names "
+                        "(0/4: the first of four replicas of one configuration; default 0/1, all of them)")
     p.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
                    help="TLS and basic auth for this endpoint, in the exporter-toolkit web-config.yml format")
     p.add_argument("--demo", action="store_true",

@@ -17,7 +17,7 @@ from ..config import Config, ConfigError
 from ..sources import parser
 from .probe import SCRAPE_TIMEOUT_HEADER, Prober
 from .server import MetricsServer, Request, Response
-from .shard import Shard
+from .shard import Shard, polled_by
 from .webconfig import WebConfig
 from .workers import Workers
 
@@ -68,7 +68,7 @@ class Exporter:
         self.state = ExporterState()
         # With workers, they poll the targets and this process serves them (and /probe) from its loop.
         self.workers = Workers(config.workers) if config.workers > 1 else None
-        self.shard = Shard(config, polls=(lambda name: True) if self.workers is None else (lambda name: False))
+        self.shard = Shard(config, polls=polled_by(config) if self.workers is None else (lambda name: False))
         self.scheduler = self.shard.scheduler
         self.server = MetricsServer(config.listen, {
             ("GET", "/metrics"): self._metrics,
@@ -87,9 +87,13 @@ class Exporter:
         if self.workers is not None:
             self.scheduler.run(self.workers.start(self.config))
         self.scheduler.run(self.server.serve())
-        log.info("kvcache-exporter listening on %s, polling %d target(s) every %gs%s",
-                 self.config.listen, len(self.config.targets), self.config.poll_interval,
-                 f" in {self.config.workers} worker processes" if self.workers is not None else "")
+        index, replicas = self.config.shard
+        share = f" (shard {index}/{replicas}: of the {len(self.config.targets)} configured, those whose name hashes to it)"
+        log.info("kvcache-exporter listening on %s, polling %d target(s) every %gs%s%s",
+                 self.config.listen, sum(map(polled_by(self.config), (t.name for t in self.config.targets))),
+                 self.config.poll_interval,
+                 f" in {self.config.workers} worker processes" if self.workers is not None else "",
+                 share if replicas > 1 else "")
         if not self.config.targets:
             log.warning("no targets configured (--target, %s or a --config file): %s",
                         "KVCACHE_EXPORTER_TARGETS", "serving /probe only" if self.config.probe.enabled
@@ -166,7 +170,7 @@ class Exporter:
             return True, "reloaded"
 
     def _apply(self, config: Config) -> None:
-        for key in ("listen", "workers"):
+        for key in ("listen", "workers", "shard"):
             if getattr(config, key) != getattr(self.config, key):
                 log.warning("%s changes only at restart; still %s", key, getattr(self.config, key))
                 config = replace(config, **{key: getattr(self.config, key)})

@@ -1,9 +1,10 @@
 """The targets one process polls: their poll loop, their KV event streams, and what a reload keeps.
 
 One exporter process polls every configured target (`workers: 1`, the default); with more workers,
-each worker process polls the targets whose name hashes to it (`shard_of`) and the parent polls none
-(exporter/runtime/workers.py). Either way the poll loop's thread also runs whatever else the process
-serves (the HTTP server, /probe).
+each worker process polls the targets whose name hashes to it and the parent polls none
+(exporter/runtime/workers.py). Replicas given one configuration and `shard: INDEX/COUNT` each poll the
+targets whose name hashes to their index, and split that share over their own workers (`owner`).
+Either way the poll loop's thread also runs whatever else the process serves (the HTTP server, /probe).
 """
 
 from __future__ import annotations
@@ -20,9 +21,18 @@ from .subscriber import Subscribers
 from .target import fetch_settings, new_target
 
 
-def shard_of(name: str, shards: int) -> int:
-    """The worker of `shards` that polls target `name`: the same after every restart and reload."""
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") % shards
+def owner(name: str, replicas: int, workers: int = 1) -> tuple[int, int]:
+    """(replica, worker) that polls target `name`: the same after every restart and reload. The replica is the
+    name's hash modulo the replicas, the worker the quotient's modulo the workers, so that every worker of a
+    replica gets a share of it."""
+    digest = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big")
+    return digest % replicas, digest // replicas % workers
+
+
+def polled_by(config: Config, worker: int = 0, workers: int = 1) -> Callable[[str], bool]:
+    """Whether worker `worker` of `workers` (the process itself: 0 of 1) of this replica polls a target."""
+    index, replicas = config.shard
+    return lambda name: owner(name, replicas, workers) == (index, worker)
 
 
 @dataclass(frozen=True)

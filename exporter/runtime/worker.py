@@ -12,7 +12,7 @@ import sys
 import time
 
 from .. import exposition
-from .shard import Shard, shard_of
+from .shard import Shard, polled_by
 from .workers import read_frame, write_frame
 
 
@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
     ident, _, config = first
     logging.basicConfig(level=config.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s")
-    shard = Shard(config, lambda name: shard_of(name, count) == index)
+    shard = Shard(config, polled_by(config, index, count))
     shard.start()
     write_frame(answers, (ident, True))
     try:

@@ -185,6 +185,10 @@ def test_listen_origin_names_where_the_address_came_from(tmp_path):
     ("workers: 0", "workers", "must be a positive whole number, got 0"),
     ("workers: 65", "workers", "must be at most 64, got 65"),
     ("workers: two", "workers", "must be a positive whole number, got 'two'"),
+    ("shard: 4/4", "shard", "INDEX counts from 0 and must be below COUNT, got '4/4'"),
+    ("shard: 0/0", "shard", "COUNT must be at least 1, got '0/0'"),
+    ("shard: 2", "shard", "must be INDEX/COUNT, e.g. 0/4 for the first of four replicas, got 2"),
+    ("shard: -1/4", "shard", "must be INDEX/COUNT, e.g. 0/4 for the first of four replicas, got '-1/4'"),
     ("labels: {cluster: a}\npd_group_label: deployment", "pd_group_label",
      "must be 'model' or 'cluster' (the model, or a static label of the configuration), got 'deployment'"),
 ])
@@ -211,6 +215,17 @@ def test_a_targets_role_and_the_pd_group_label(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(cfg.ConfigError, match=r"nope.yml: \(file\): No such file"):
         load(["--config", str(tmp_path / "nope.yml")])
+
+
+def test_shard_from_the_file_the_environment_and_the_command_line(tmp_path):
+    path = write(tmp_path, "shard: 1/4\ntargets: [{url: 'http://f:1/metrics'}]\n")
+    assert load(["--config", str(path)]).shard == (1, 4)
+    assert load(["--config", str(path)], {"KVCACHE_EXPORTER_SHARD": "2/4"}).shard == (2, 4)
+    assert load(["--config", str(path), "--shard", " 3/4"], {"KVCACHE_EXPORTER_SHARD": "2/4"}).shard == (3, 4)
+    assert load(["--target", "http://a:1/m"]).shard == (0, 1)
+    with pytest.raises(cfg.ConfigError, match="^environment: KVCACHE_EXPORTER_SHARD: INDEX counts from 0 and must "
+                                              "be below COUNT, got '3/3'$"):
+        load(["--target", "http://a:1/m"], {"KVCACHE_EXPORTER_SHARD": "3/3"})
 
 
 def test_workers_from_the_file_the_environment_and_the_command_line(tmp_path):

@@ -15,7 +15,8 @@ from kvcache_exporter.runtime import phase
 from kvcache_exporter.runtime.phase import ScrapeClock, Timetable, phase_of
 from kvcache_exporter.runtime import scheduler as scheduler_module
 from kvcache_exporter.runtime.scheduler import Scheduler
-from kvcache_exporter.runtime.shard import shard_of
+from kvcache_exporter.config import Config
+from kvcache_exporter.runtime.shard import owner, polled_by
 
 
 class FakeTarget:
@@ -205,7 +206,27 @@ def test_a_scheduler_with_no_targets_runs_work_given_from_another_thread():
 def test_every_target_has_one_worker_and_the_shares_are_even():
     names = [f"engine-{i}.llama.svc:8000" for i in range(2000)]
     for workers in (2, 3):
-        shares = Counter(shard_of(name, workers) for name in names)
-        assert set(shares) == set(range(workers))
+        shares = Counter(owner(name, 1, workers) for name in names)
+        assert set(shares) == {(0, worker) for worker in range(workers)}
         assert max(shares.values()) - min(shares.values()) < 0.1 * len(names) / workers  # hashed, not counted off
-    assert {shard_of(name, 1) for name in names} == {0}
+    assert {owner(name, 1) for name in names} == {(0, 0)}
+
+
+@pytest.mark.parametrize("replicas, workers", [(1, 1), (2, 1), (3, 2), (4, 3)])
+def test_replicas_of_one_configuration_and_their_workers_poll_every_target_once(replicas, workers):
+    """Each process of each replica asks polled_by; every name must be claimed by exactly one of them, and
+    every process must get about its even share (a replica's workers split the replica's share, not the names
+    the replica already left to the others)."""
+    names = [f"engine-{i}.llama.svc:8000" for i in range(3000)]
+    claims = Counter()
+    for index in range(replicas):
+        config = Config(targets=(), shard=(index, replicas))
+        for worker in range(workers):
+            polls = polled_by(config, worker, workers)
+            claims.update({(index, worker): sum(map(polls, names))})
+    assert sum(claims.values()) == len(names)
+    even = len(names) / (replicas * workers)
+    assert len(claims) == replicas * workers and all(abs(count - even) < 0.15 * even for count in claims.values())
+    every = [sum(polled_by(Config(targets=(), shard=(i, replicas)), w, workers)(name)
+                 for i in range(replicas) for w in range(workers)) for name in names]
+    assert set(every) == {1}
