@@ -113,7 +113,8 @@ def _fleet(settings: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    """Monitoring CPU, samples ingested, Prometheus memory and TSDB growth against N, per path and workload."""
+    """Monitoring CPU, samples ingested, Prometheus memory, TSDB growth and the oldest data a query sees against
+    N, per path and workload."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,8 +124,9 @@ def plot(results: dict, path: Path) -> None:
     figures = (("monitoring_cores", "cores", "CPU of the monitoring path"),
                ("samples_per_s", "samples/s", "Samples Prometheus ingests"),
                ("prometheus_rss_mb", "MB", "Prometheus resident memory"),
-               ("tsdb_mb_per_hour", "MB per hour", "TSDB growth on disk"))
-    figure, axes_row = plt.subplots(1, len(figures), figsize=(19, 4.8))
+               ("tsdb_mb_per_hour", "MB per hour", "TSDB growth on disk"),
+               ("oldest_age_s", "seconds", "Oldest data a query sees"))
+    figure, axes_row = plt.subplots(1, len(figures), figsize=(23, 4.8))
     styles = {"direct": "--s", "exporter": "-o", "probe": ":^", "replay": "-.v"}
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for color, workload in zip(colors, dict.fromkeys(run["workload"] for run in runs)):

@@ -1,9 +1,11 @@
 """Replicas of one configuration, each polling its share (`shard: INDEX/COUNT`, exporter/runtime/shard.py):
 every configured target on exactly one replica's page with its own page's value, whether the share is read
-by the replica itself or by its workers, and a reload that cannot move a replica to another share."""
+by the replica itself or by its workers; Debian's Prometheus scraping them with the scrape configuration
+docs/scaling.md shows (loaded from the page); and a reload that cannot move a replica to another share."""
 
 from __future__ import annotations
 
+import re
 import signal
 from contextlib import ExitStack
 
@@ -14,6 +16,9 @@ from devtools.harness import PageServer, page
 
 TARGETS = 12
 REPLICAS = 3
+SCALING_DOC = harness.REPO / "docs" / "scaling.md"
+DOC_MARKER = "<!-- tests/e2e/test_replica_shards.py loads the next YAML block -->"
+DOC_REPLICAS = ["kvcache-exporter-0:10490", "kvcache-exporter-1:10490", "kvcache-exporter-2:10490"]
 
 
 def usage(i: int) -> float:
@@ -81,3 +86,45 @@ def test_a_reload_keeps_the_replica_on_its_share(tmp_path):
                                what="the reload")
             assert "shard changes only at restart; still (0, 2)" in exporter.log_path.read_text()
             assert usages(exporter) == before
+
+
+def documented_job(replicas: list[str]) -> dict:
+    """The scrape job of docs/scaling.md's poll-mode replicas, with these replicas' addresses and a 1 s interval."""
+    blocks = re.findall(re.escape(DOC_MARKER) + r"\s*```yaml\n(.*?)```", SCALING_DOC.read_text(), re.S)
+    assert len(blocks) == 1, f"docs/scaling.md: expected 1 YAML block after {DOC_MARKER}, found {len(blocks)}"
+    (job,) = yaml.safe_load(blocks[0])["scrape_configs"]
+    (static,) = job["static_configs"]
+    assert static["targets"] == DOC_REPLICAS, "docs/scaling.md names other replicas: change DOC_REPLICAS with it"
+    static["targets"] = replicas
+    job.update(scrape_interval="1s", scrape_timeout="1s")
+    return job
+
+
+def test_prometheus_scrapes_each_replica_and_keeps_each_target_once_without_the_replica_address(tmp_path):
+    config = tmp_path / "exporter.yml"
+    with ExitStack() as stack:
+        engines = stack.enter_context(PageServer({f"/t/{i}": page(harness.vllm_page(usage(i), preemptions=i))
+                                                  for i in range(TARGETS)}))
+        write_config(config, engines)
+        replicas = []
+        for index in range(REPLICAS):
+            (tmp_path / f"r{index}").mkdir()
+            replicas.append(stack.enter_context(harness.exporter(tmp_path / f"r{index}", "--config", str(config),
+                                                                 "--shard", f"{index}/{REPLICAS}")))
+        addresses = [replica.url.removeprefix("http://") for replica in replicas]
+        job = documented_job(addresses)
+        prom = stack.enter_context(harness.prometheus(tmp_path / "prometheus", {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": [job]}))
+        harness.wait_until(lambda: len(harness.prom_vector(prom.url, "kvcache_usage_ratio")) == TARGETS, 30,
+                           what="every target's usage in Prometheus")
+        stored = harness.prom_vector(prom.url, "kvcache_usage_ratio")
+        assert {labels["target"]: value for labels, value in stored} == {f"t-{i}": usage(i) for i in range(TARGETS)}
+        assert all("instance" not in labels and labels["job"] == job["job_name"] for labels, _ in stored)
+        assert sorted(labels["instance"] for labels, _ in harness.prom_vector(prom.url, "kvcache_exporter_build_info")) \
+            == sorted(addresses)  # the exporter's own series keep the replica that sent them
+        assert {labels["instance"]: value for labels, value in
+                harness.prom_vector(prom.url, f'up{{job="{job["job_name"]}"}}')} == dict.fromkeys(addresses, 1.0)
+        # Each replica locks its polls to its own scrapes (eight regular ones: about 8 s at 1 s).
+        harness.wait_until(lambda: {labels["instance"]: value for labels, value in harness.prom_vector(
+            prom.url, "kvcache_exporter_poll_phase_locked")} == dict.fromkeys(addresses, 1.0), 30,
+            what="every replica phase-locked to its scrapes")
