@@ -172,7 +172,9 @@ class Exporter:
     def _apply(self, config: Config) -> None:
         for key in ("listen", "workers", "shard"):
             if getattr(config, key) != getattr(self.config, key):
-                log.warning("%s changes only at restart; still %s", key, getattr(self.config, key))
+                running = getattr(self.config, key)
+                log.warning("%s changes only at restart; still %s", key,
+                            "%d/%d" % running if key == "shard" else running)
                 config = replace(config, **{key: getattr(self.config, key)})
         self.config = config
         self.shard.apply(config)

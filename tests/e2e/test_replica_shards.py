@@ -84,7 +84,7 @@ def test_a_reload_keeps_the_replica_on_its_share(tmp_path):
                                                      "kvcache_exporter_config_last_reload_successful") == 1.0
                                and "shard changes only at restart" in exporter.log_path.read_text(), 20,
                                what="the reload")
-            assert "shard changes only at restart; still (0, 2)" in exporter.log_path.read_text()
+            assert "shard changes only at restart; still 0/2" in exporter.log_path.read_text()
             assert usages(exporter) == before
 
 
