@@ -229,6 +229,11 @@ class Request:
         """Tokens whose KV must be computed before the next token comes out."""
         return self.prompt_len + self.generated
 
+    @property
+    def output_to_come(self) -> int:
+        """Tokens it will still generate: what an admission reserve keeps KV back for."""
+        return self.output_len - self.generated
+
     def block_key(self, index: int, block_size: int) -> BlockKey:
         if (index + 1) * block_size <= self.prefix_len:
             return ("prefix", self.prefix_id, index)
@@ -543,14 +548,14 @@ class EngineModel:
         pool, config = self.pool, self.config
         if not self.waiting:
             return None
-        output_to_come = sum(r.output_len - r.generated for r in self.running)
+        output_to_come = self._running_output_to_come()
         while self.waiting:
             if budget <= 0:
                 return "budget"
             if len(self.running) >= config.max_num_seqs:
                 return "cap"
             request = self.waiting[0]
-            output_to_come += request.output_len - request.generated
+            output_to_come += request.output_to_come
             fit = self._fit(request, output_to_come)
             if fit is None:
                 return "kv"
@@ -578,6 +583,9 @@ class EngineModel:
             self._schedule(batch, request, chunk)
             budget -= chunk
         return None
+
+    def _running_output_to_come(self) -> int:
+        return sum(r.output_to_come for r in self.running)
 
     def _fit(self, request: Request, output_to_come: int) -> tuple[list[BlockKey], list[BlockKey], int] | None:
         """The blocks `request` would take (cached in the pool, in the tier, newly allocated) if it fits beside
@@ -667,8 +675,7 @@ class EngineModel:
         self.now = end
         if finished and self.waiting_reason == "kv" and not events.available_at_preemption:
             head = self.waiting[0]
-            output_to_come = sum(r.output_len - r.generated for r in self.running) + head.output_len - head.generated
-            if self._fit(head, output_to_come) is not None:
+            if self._fit(head, self._running_output_to_come() + head.output_to_come) is not None:
                 self.waiting_reason = "freed"
         self._after_step(prefill_tokens, prefill_hits, finished)
 
