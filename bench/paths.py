@@ -219,7 +219,7 @@ def _start(stack: ExitStack, fleet: Fleet, plan: Plan, path: str, work_dir: Path
 
 
 def processes_for(targets: int, per_process: int) -> int:
-    """Replicas (or workers) of `per_process` engines each, rounded up; 0 for one whatever the number."""
+    """Replicas (or workers) of `per_process` engines each, rounded up; `per_process` 0 means one process for any number."""
     return max(1, math.ceil(targets / per_process)) if per_process else 1
 
 
