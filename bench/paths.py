@@ -229,7 +229,8 @@ def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: i
     try:
         with ExitStack() as stack:
             replicas = replicas if path in POLLING else 1
-            processes = _start(stack, fleet, plan, path, work_dir, workers if path == "exporter" else 1, replicas)
+            workers = workers if path == "exporter" else 1
+            processes = _start(stack, fleet, plan, path, work_dir, workers, replicas)
             url = processes.prometheus.url
             harness.wait_until(lambda: scalar(url, _up_query(path)) == plan.targets,
                                timeout=90 + 10 * plan.interval, interval=1.0, what=f"every engine up ({path})")
@@ -237,8 +238,7 @@ def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: i
                 harness.wait_until(lambda: scalar(url, "min(kvcache_exporter_poll_phase_locked)") == 1.0,
                                    timeout=20 * plan.interval, interval=1.0, what=f"the polls phase-locked ({path})")
             time.sleep(plan.warmup_cycles * plan.interval)
-            return {**_window(processes, fleet, plan, path), "workers": workers if path == "exporter" else 1,
-                    "replicas": replicas}
+            return {**_window(processes, fleet, plan, path), "workers": workers, "replicas": replicas}
     finally:
         shutil.rmtree(work_dir / "data", ignore_errors=True)  # up to a million series
 

@@ -42,8 +42,12 @@ def _path(path: str, figures: dict) -> str:
     """The path's name, and its exporter's replicas and worker processes where it had more than one (absent
     from results before `--shard` and `workers:`)."""
     replicas, workers = figures.get("replicas", 1), figures.get("workers", 1)
-    parts = [f"{replicas} replicas"] * (replicas > 1) + [f"{workers} workers" + " each" * (replicas > 1)] * (workers > 1)
-    return ", ".join([path, *parts])
+    parts = [path]
+    if replicas > 1:
+        parts.append(f"{replicas} replicas")
+    if workers > 1:
+        parts.append(f"{workers} workers each" if replicas > 1 else f"{workers} workers")
+    return ", ".join(parts)
 
 
 def path_table(runs: list[dict], paths: list[str]) -> str:

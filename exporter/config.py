@@ -14,7 +14,7 @@ import ipaddress
 import os
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 from urllib.parse import urlsplit
 
 import yaml
@@ -144,6 +144,16 @@ def _is_network(pattern: str) -> bool:
         return False
 
 
+class ShardPosition(NamedTuple):
+    """This replica's place among the replicas of one configuration, written as it is given: INDEX/COUNT."""
+
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
 @dataclass(frozen=True)
 class Config:
     targets: tuple[TargetConfig, ...]
@@ -158,7 +168,7 @@ class Config:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     pd_group_label: str = DEFAULT_PD_GROUP_LABEL
     workers: int = 1  # processes that poll the targets between them (exporter/runtime/workers.py)
-    shard: tuple[int, int] = (0, 1)  # (index, count): replicas of one configuration poll a share each
+    shard: ShardPosition = ShardPosition(0, 1)  # replicas of one configuration poll a share each
 
 
 def parse_duration(text: Any) -> float:
@@ -445,7 +455,7 @@ def parse_workers(value: Any) -> int:
     return count
 
 
-def parse_shard(value: Any) -> tuple[int, int]:
+def parse_shard(value: Any) -> ShardPosition:
     """`INDEX/COUNT` (`1/4`: the second of four replicas), as a file, a flag or a variable gives it."""
     index, sep, count = str(value).strip().partition("/")
     if not (sep and index.isdigit() and count.isdigit()):
@@ -454,7 +464,7 @@ def parse_shard(value: Any) -> tuple[int, int]:
         raise ValueError(f"COUNT must be at least 1, got {value!r}")
     if int(index) >= int(count):
         raise ValueError(f"INDEX counts from 0 and must be below COUNT, got {value!r}")
-    return int(index), int(count)
+    return ShardPosition(int(index), int(count))
 
 
 def _kv_layout(source: str, section: Any, key: str) -> KVLayout | None:
@@ -568,7 +578,7 @@ def build(source: str, settings: dict[str, Any]) -> Config:
         probe=settings.get("probe", ProbeConfig()),
         pd_group_label=settings.get("pd_group_label", DEFAULT_PD_GROUP_LABEL),
         workers=settings.get("workers", 1),
-        shard=settings.get("shard", (0, 1)),
+        shard=settings.get("shard", ShardPosition(0, 1)),
     )
 
 

@@ -87,13 +87,13 @@ class Exporter:
         if self.workers is not None:
             self.scheduler.run(self.workers.start(self.config))
         self.scheduler.run(self.server.serve())
-        index, replicas = self.config.shard
-        share = f" (shard {index}/{replicas}: of the {len(self.config.targets)} configured, those whose name hashes to it)"
+        share = (f" (shard {self.config.shard}: of the {len(self.config.targets)} configured, "
+                 "those whose name hashes to it)")
         log.info("kvcache-exporter listening on %s, polling %d target(s) every %gs%s%s",
                  self.config.listen, sum(map(polled_by(self.config), (t.name for t in self.config.targets))),
                  self.config.poll_interval,
                  f" in {self.config.workers} worker processes" if self.workers is not None else "",
-                 share if replicas > 1 else "")
+                 share if self.config.shard.count > 1 else "")
         if not self.config.targets:
             log.warning("no targets configured (--target, %s or a --config file): %s",
                         "KVCACHE_EXPORTER_TARGETS", "serving /probe only" if self.config.probe.enabled
@@ -172,9 +172,7 @@ class Exporter:
     def _apply(self, config: Config) -> None:
         for key in ("listen", "workers", "shard"):
             if getattr(config, key) != getattr(self.config, key):
-                running = getattr(self.config, key)
-                log.warning("%s changes only at restart; still %s", key,
-                            "%d/%d" % running if key == "shard" else running)
+                log.warning("%s changes only at restart; still %s", key, getattr(self.config, key))
                 config = replace(config, **{key: getattr(self.config, key)})
         self.config = config
         self.shard.apply(config)

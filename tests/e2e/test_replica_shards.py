@@ -124,7 +124,8 @@ def test_prometheus_scrapes_each_replica_and_keeps_each_target_once_without_the_
             == sorted(addresses)  # the exporter's own series keep the replica that sent them
         assert {labels["instance"]: value for labels, value in
                 harness.prom_vector(prom.url, f'up{{job="{job["job_name"]}"}}')} == dict.fromkeys(addresses, 1.0)
-        # Each replica locks its polls to its own scrapes (eight regular ones: about 8 s at 1 s).
+        # Each replica locks its polls to its own scrapes (eight regular ones: about 8 s at 1 s; up to 60 s,
+        # as tests/e2e/test_phase_lock_prometheus.py allows, for a busy machine's irregular scrapes).
         harness.wait_until(lambda: {labels["instance"]: value for labels, value in harness.prom_vector(
-            prom.url, "kvcache_exporter_poll_phase_locked")} == dict.fromkeys(addresses, 1.0), 30,
+            prom.url, "kvcache_exporter_poll_phase_locked")} == dict.fromkeys(addresses, 1.0), 60,
             what="every replica phase-locked to its scrapes")
