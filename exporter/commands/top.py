@@ -12,6 +12,7 @@ import sys
 
 from .. import config as cfg
 from ..sources import parser as page_parser
+from ..thresholds import DEFAULT as THRESHOLDS
 from ..top import once
 from ..top.rows import SORTS
 from ..top.source import DirectSource, ExporterSource, SourceError
@@ -25,7 +26,12 @@ def argument_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="The fleet's KV state in a terminal: one row per pool, worst first. Keys: q quit, "
-                    "s cycle the sort column, / filter by text (Enter apply, Esc cancel), p pause.")
+                    "s cycle the sort column, / filter by text (Enter apply, Esc cancel), p pause.",
+        epilog=f"PREEMPT /min, HIT and TTFT p90 are over the pressure state's window (pressure: window_seconds, "
+               f"{THRESHOLDS.window_seconds:g}s by default; the summary's `window` says how much of it the reads "
+               f"cover so far): a pool is thrashing at {THRESHOLDS.thrashing_preemptions_per_second * 60:g} "
+               f"preemptions/min or more over it. HIT is the share of prompt tokens served from any cache, the GPU "
+               f"pool's or beyond it (an offload tier, LMCache), on every engine.")
     where = p.add_argument_group("what to read (default: --exporter " + DEFAULT_EXPORTER + ")")
     where.add_argument("--exporter", metavar="URL", help="a running exporter (its /metrics)")
     where.add_argument("--target", metavar="URL", action="append",
@@ -86,4 +92,5 @@ def main(argv: list[str]) -> int:
     from ..top import live
     from ..top.screen import ViewState
 
-    return live.run(source, interval, ViewState(source.description, sort=args.sort, filter=args.filter))
+    return live.run(source, interval, ViewState(source.description, source.thresholds.window_seconds, sort=args.sort,
+                                                filter=args.filter))

@@ -35,7 +35,7 @@ class Reader(threading.Thread):
     def __init__(self, source, interval: float):
         super().__init__(name="top-reader", daemon=True)
         self.source, self.interval = source, interval
-        self.window = RateWindow()
+        self.window = RateWindow(source.thresholds.window_seconds)
         self.stop = threading.Event()
         self.latest: tuple | None = None
 

@@ -13,7 +13,7 @@ from .source import read_frame
 def output(source, interval: float, sort: str, text_filter: str, as_json: bool) -> str:
     """Two reads, `interval` apart, so that the per-minute figures have a step; then the table, or the
     fleet and its rows as JSON. Closes the source; raises SourceError or parser.ParseError."""
-    window = RateWindow()
+    window = RateWindow(source.thresholds.window_seconds)
     try:
         for read in range(2):
             if read:
@@ -24,7 +24,7 @@ def output(source, interval: float, sort: str, text_filter: str, as_json: bool) 
         source.close()
     every_pool = build_rows(frame, window)
     rows = sort_rows(filter_rows(every_pool, text_filter), sort)
-    fleet = totals(frame, every_pool)  # the filter narrows the table, never the fleet
+    fleet = totals(frame, every_pool, window.window)  # the filter narrows the table, never the fleet
     if as_json:
         return json.dumps({"fleet": fleet, "pools": rows}, indent=2) + "\n"
     from .screen import plain  # rich, an optional dependency that --json does without

@@ -1,9 +1,11 @@
 """Per-minute figures from what changed between reads: preemptions and capacity misses per minute,
-the prefix hit ratio and p90 TTFT over the last minute.
+the prefix hit ratio and p90 TTFT over the pressure state's window (`window_seconds`, 60 s by default).
 
 Each pool keeps its readings of the last window, one per engine poll (a read that finds the same
-poll again adds nothing). A step in which a counter went down is an engine restart: it counts
-nothing, so a restart never shows as a burst, a negative rate or a hit ratio outside [0, 1].
+poll again adds nothing), and drops older ones as the exporter drops its preemption history: once top
+has read for a whole window, a pool's preemption rate is the one its state was derived from. A step in
+which a counter went down is an engine restart: it counts nothing, so a restart never shows as a
+burst, a negative rate or a hit ratio outside [0, 1].
 """
 
 from __future__ import annotations
@@ -12,9 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ..thresholds import DEFAULT as THRESHOLDS
 from .source import CAPACITY_MISSES, Frame, Pool
-
-WINDOW_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,7 @@ class Rates:
     prefix_hit_ratio: float | None = None
     ttft_p90_seconds: float | None = None
     capacity_misses_per_min: float | None = None
+    seconds: float | None = None  # the time the figures cover: the window, or less until top has read that long
 
 
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
@@ -64,11 +66,17 @@ def _counter(name: str) -> Callable[[Pool], tuple[float, ...] | None]:
     return lambda pool: (pool.counters[name],) if name in pool.counters else None
 
 
-def _prefix(pool: Pool) -> tuple[float, float] | None:
+def _prefix(pool: Pool) -> tuple[float, ...] | None:
+    """Prompt tokens looked up, then those served from any cache: the engine's prefix-cache hits and, where the
+    engine counts them apart, an external cache's (vLLM's hits are its GPU pool's; its KV connector's, LMCache or
+    its CPU offload, are counted as external hits, over the tokens the GPU pool did not have). SGLang's hits
+    already cover every source, so HIT means the same on every engine."""
     counters = pool.counters
     if "prefix_cache_hit_tokens_total" not in counters or "prefix_cache_queried_tokens_total" not in counters:
         return None
-    return counters["prefix_cache_hit_tokens_total"], counters["prefix_cache_queried_tokens_total"]
+    external = counters.get("external_cache_hit_tokens_total")
+    return (counters["prefix_cache_queried_tokens_total"], counters["prefix_cache_hit_tokens_total"],
+            *(() if external is None else (external,)))
 
 
 def _ttft_counts(pool: Pool) -> tuple[float, ...] | None:
@@ -78,7 +86,7 @@ def _ttft_counts(pool: Pool) -> tuple[float, ...] | None:
 class RateWindow:
     """The readings of the last `window` seconds of every pool, and the figures they give."""
 
-    def __init__(self, window: float = WINDOW_SECONDS):
+    def __init__(self, window: float = THRESHOLDS.window_seconds):
         self.window = window
         self._points: dict[tuple, list[Pool]] = {}
 
@@ -100,7 +108,8 @@ class RateWindow:
         points = self._points.get(key, [])
         if len(points) < 2:
             return Rates()
-        minutes = (points[-1].at - points[0].at) / 60.0
+        seconds = points[-1].at - points[0].at
+        minutes = seconds / 60.0
         preempted = _increase(points, _counter("preemptions_total"))
         misses = _increase(points, _counter(CAPACITY_MISSES))
         prefix = _increase(points, _prefix)
@@ -108,7 +117,8 @@ class RateWindow:
         bounds = [bound for bound, _ in points[-1].ttft]
         return Rates(
             preemptions_per_min=preempted[0] / minutes if preempted else None,
-            prefix_hit_ratio=min(1.0, max(0.0, prefix[0] / prefix[1])) if prefix and prefix[1] > 0 else None,
+            prefix_hit_ratio=min(1.0, max(0.0, sum(prefix[1:]) / prefix[0])) if prefix and prefix[0] > 0 else None,
             ttft_p90_seconds=histogram_quantile(0.9, list(zip(bounds, ttft))) if ttft else None,
             capacity_misses_per_min=misses[0] / minutes if misses else None,
+            seconds=seconds,
         )

@@ -7,10 +7,11 @@ Rows are plain dicts and `--json` prints them as they are; nothing here needs a 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .. import contract
+from ..units import format_duration
 from .rates import RateWindow
 from .source import CAPACITY_MISSES, Frame
 
@@ -41,6 +42,7 @@ def build_rows(frame: Frame, window: RateWindow) -> list[dict[str, Any]]:
             "preemptions_per_min": rates.preemptions_per_min,
             "prefix_hit_ratio": rates.prefix_hit_ratio,
             "ttft_p90_seconds": rates.ttft_p90_seconds,
+            "rates_seconds": rates.seconds,
             "polled_at": pool.at,
         })
         if CAPACITY_MISSES in pool.counters:  # the key exists only where the exporter has the series
@@ -52,14 +54,16 @@ def build_rows(frame: Frame, window: RateWindow) -> list[dict[str, Any]]:
     return rows
 
 
-def totals(frame: Frame, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Fleet sums (of what can be summed: tokens, requests, per-minute rates) and pools per state."""
+def totals(frame: Frame, rows: list[dict[str, Any]], window_seconds: float) -> dict[str, Any]:
+    """Fleet sums (of what can be summed: tokens, requests, per-minute rates), pools per state, the window of
+    the per-minute figures and how much of it the reads cover so far (the shortest of any pool's)."""
     def total(name: str) -> float | None:
         values = [row[name] for row in rows if row[name] is not None]
         return sum(values) if values else None
 
     capacity, free = total("capacity_tokens"), total("free_tokens")
     states = {state: sum(row["state"] == state for row in rows) for state in STATES}
+    covered = [row["rates_seconds"] for row in rows if row["rates_seconds"] is not None]
     return {
         "pools": len(rows),
         "targets": len(frame.targets_up),
@@ -72,6 +76,8 @@ def totals(frame: Frame, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "requests_waiting_with_kv_room": total("requests_waiting_with_kv_room"),
         "preemptions_per_min": total("preemptions_per_min"),
         "states": states,
+        "window_seconds": window_seconds,
+        "rates_seconds": min(covered, default=None),
     }
 
 
@@ -157,12 +163,14 @@ COLUMNS = (
            lambda r: _high_first(r["requests_waiting_for_kv"]), 97),
     Column("waiting-room", "WAIT\nROOM", lambda r: count(r["requests_waiting_with_kv_room"]),
            lambda r: _high_first(r["requests_waiting_with_kv_room"]), 96),
-    Column("preempt", "PREEMPT\n/min", lambda r: per_min(r["preemptions_per_min"]),
+    Column("preempt", "PREEMPT\n/min {window}", lambda r: per_min(r["preemptions_per_min"]),
            lambda r: _high_first(r["preemptions_per_min"]), 89),
-    Column("hit", "HIT\n1m", lambda r: _ratio(r["prefix_hit_ratio"]), lambda r: _low_first(r["prefix_hit_ratio"]), 60),
-    Column("ttft", "TTFT\np90 1m", lambda r: _seconds(r["ttft_p90_seconds"]),
+    # Prompt tokens served from any cache, the GPU pool's or beyond it, over those looked up (rates._prefix).
+    Column("hit", "HIT\n{window}", lambda r: _ratio(r["prefix_hit_ratio"]), lambda r: _low_first(r["prefix_hit_ratio"]),
+           60),
+    Column("ttft", "TTFT\np90 {window}", lambda r: _seconds(r["ttft_p90_seconds"]),
            lambda r: _high_first(r["ttft_p90_seconds"]), 88),
-    Column("misses", "MISSES\n/min", lambda r: per_min(r.get("capacity_misses_per_min")),
+    Column("misses", "MISSES\n/min {window}", lambda r: per_min(r.get("capacity_misses_per_min")),
            lambda r: _high_first(r.get("capacity_misses_per_min")), 70),
 )
 SORTS = tuple(column.name for column in COLUMNS if column.name not in ("dp", "role", "engine", "model"))
@@ -192,14 +200,16 @@ def _natural_widths(columns: list[Column], rows: list[dict]) -> dict[str, int]:
     return widths
 
 
-def fit(rows: list[dict], width: int | None, bar: bool) -> list[tuple[Column, int]]:
-    """The columns to show and their widths: every column when `width` is None, else the most
+def fit(rows: list[dict], width: int | None, bar: bool, window_seconds: float) -> list[tuple[Column, int]]:
+    """The columns to show, their headers naming the window of the per-minute figures, and their widths: every
+    column when `width` is None, else the most
     important ones that fit in `width` (one space between columns); the misses column only where the
     exporter has capacity misses, the role column only where a pool is not unified. The target column is cut
     (with an ellipsis) before anything is dropped."""
     shown = {"misses": any("capacity_misses_per_min" in r for r in rows),
              "role": any(r["role"] not in ("unified", "") for r in rows)}
-    columns = [c for c in COLUMNS if shown.get(c.name, True)]
+    window = format_duration(window_seconds)
+    columns = [replace(c, header=c.header.format(window=window)) for c in COLUMNS if shown.get(c.name, True)]
     widths = _natural_widths(columns, rows)
     if bar:
         widths["usage"] = USAGE_BAR_WIDTH + 5

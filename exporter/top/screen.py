@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..thresholds import DEFAULT as THRESHOLDS
+from ..units import format_duration
 from .rows import SORTS, STATES, USAGE_BAR_WIDTH, Column, count, filter_rows, fit, per_min, percent, sort_rows, totals
 from .source import Frame
 
@@ -47,8 +48,19 @@ def table(rows: list[dict], layout: list[tuple[Column, int]], styled: bool) -> T
     return grid
 
 
+def window(fleet: dict[str, Any]) -> str:
+    """The window of the per-minute figures, the pressure state's, and while the reads cover less of it so far
+    (a pool's first minute), how much: a thrashing pool's rate is the one that made it thrashing only over
+    the whole window."""
+    whole, covered = fleet["window_seconds"], fleet["rates_seconds"]
+    if covered is not None and covered >= whole:
+        return f"window {format_duration(whole)}"
+    return f"window {covered or 0:.0f}s of {format_duration(whole)}"
+
+
 def summary(fleet: dict[str, Any], styled: bool) -> list[Text]:
-    """The fleet's KV, its requests, and its pools per state: three lines of at most 80 columns."""
+    """The fleet's KV, its requests, its pools per state and the window of the per-minute figures: three lines
+    of at most 80 columns."""
     kv = Text(f"pools {fleet['pools']}  targets up {fleet['targets_up']}/{fleet['targets']}  "
               f"KV {percent(fleet['usage_ratio'])} used, {count(fleet['free_tokens'])} of "
               f"{count(fleet['capacity_tokens'])} tokens free")
@@ -61,7 +73,7 @@ def summary(fleet: dict[str, Any], styled: bool) -> list[Text]:
         pools = fleet["states"][state]
         states.append(f"{state} {pools}", STATE_STYLE[state] if styled and pools else "")
         states.append("  ")
-    states.rstrip()
+    states.append(window(fleet), "dim" if styled else "")
     return [kv, requests, states]
 
 
@@ -72,7 +84,7 @@ def plain(fleet: dict[str, Any], rows: list[dict]) -> str:
         for line in summary(fleet, styled=False):
             console.print(line)
         console.print()
-        console.print(table(rows, fit(rows, None, bar=False), styled=False))
+        console.print(table(rows, fit(rows, None, bar=False, window_seconds=fleet["window_seconds"]), styled=False))
     return "\n".join(line.rstrip() for line in captured.get().splitlines()) + "\n"
 
 
@@ -81,6 +93,7 @@ class ViewState:
     """What the operator chose and what the last read gave; the live screen renders it."""
 
     source: str
+    window_seconds: float  # of the per-minute figures: the pressure state's (the source's thresholds)
     sort: str = "state"
     filter: str = ""
     editing: str | None = None  # the filter being typed after `/`
@@ -112,10 +125,10 @@ class Screen:
         if state.error:
             lines.append(Text(state.error, style="bold red"))
         if state.frame is not None:
-            lines.extend(summary(totals(state.frame, rows), styled=True))
+            lines.extend(summary(totals(state.frame, rows, state.window_seconds), styled=True))
         shown = sort_rows(filter_rows(rows, state.filter), state.sort)
         room = max(0, height - len(lines) - 3)  # the table's two header lines and the footer
-        layout = fit(shown, width, bar=True)
+        layout = fit(shown, width, bar=True, window_seconds=state.window_seconds)
         lines.append(table(shown[:room], layout, styled=True))
         lines.append(self._footer(len(shown) - room))
         for line in lines:

@@ -17,6 +17,8 @@ from .. import contract, exposition
 from ..config import Config
 from ..runtime.direct import DirectPolls
 from ..sources import parser
+from ..thresholds import DEFAULT as DEFAULT_THRESHOLDS
+from ..thresholds import Thresholds
 
 # The families `top` reads, all in the contract (tests/unit/test_contract_table.py): a pool's polled gauges
 # and counters, its state and TTFT buckets, the capacity misses where a KV event stream is read (their
@@ -113,7 +115,10 @@ def metrics_url(url: str) -> str:
 
 
 class ExporterSource:
-    """A running exporter's /metrics."""
+    """A running exporter's /metrics. Its page does not say the exporter's thresholds: top assumes the defaults
+    (a `pressure:` override of window_seconds makes top's window differ from the state's)."""
+
+    thresholds: Thresholds = DEFAULT_THRESHOLDS
 
     def __init__(self, url: str, timeout: float):
         self.url = metrics_url(url)
@@ -147,6 +152,7 @@ class DirectSource:
 
     def __init__(self, config: Config):
         self.polls = DirectPolls(config)
+        self.thresholds = config.thresholds
 
     @property
     def description(self) -> str:

@@ -38,13 +38,13 @@ def test_once_prints_the_worst_pool_first_with_the_per_minute_figures():
     assert result.stdout == """\
 pools 3  targets up 3/4  KV 36% used, 41.8k of 65.5k tokens free
 running 38  waiting for KV 40, with KV room 100  preemptions/min 12.0
-thrashing 0  saturated 1  capped 1  tight 0  ok 1
+thrashing 0  saturated 1  capped 1  tight 0  ok 1  window 30s of 1m
 
-                                                 FREE HEAD     WAIT WAIT PREEMPT  HIT   TTFT MISSES
-TARGET    DP ENGINE MODEL    STATE     KV USED TOKENS ROOM RUN   KV ROOM    /min   1m p90 1m   /min
-sat       0  vllm   llama-8b saturated     95%    816    1  30   40    0    12.0 0.60  4.67s   60.0
-cap       0  sglang qwen-7b  capped        20%  26.2k   40 8/8    0  100     0.0    -   9.1s      -
-restarted 1  vllm   llama-8b ok            10%  14.7k    -   0    0    0     0.0    -      -      -
+                                                 FREE HEAD     WAIT WAIT PREEMPT  HIT   TTFT  MISSES
+TARGET    DP ENGINE MODEL    STATE     KV USED TOKENS ROOM RUN   KV ROOM /min 1m   1m p90 1m /min 1m
+sat       0  vllm   llama-8b saturated     95%    816    1  30   40    0    12.0 0.80  4.67s    60.0
+cap       0  sglang qwen-7b  capped        20%  26.2k   40 8/8    0  100     0.0    -   9.1s       -
+restarted 1  vllm   llama-8b ok            10%  14.7k    -   0    0    0     0.0    -      -       -
 """
     # KV: (65536 - 41776) / 65536 = 36%; 816 + 26214 + 14746 = 41776 free; preemptions 12 + 0 + 0.
 
@@ -58,15 +58,16 @@ def test_json_gives_the_same_rows_as_numbers():
         "usage_ratio": (65536 - 41776) / 65536, "requests_running": 38.0, "requests_waiting_for_kv": 40.0,
         "requests_waiting_with_kv_room": 100.0, "preemptions_per_min": 12.0,
         "states": {"ok": 1, "tight": 0, "capped": 1, "saturated": 1, "thrashing": 0},
+        "window_seconds": 60.0, "rates_seconds": 30.0,
     }
-    common = {"requests_running_max": None, "polled_at": 1030.0, "role": ""}  # recorded before the role label
+    common = {"requests_running_max": None, "polled_at": 1030.0, "role": "", "rates_seconds": 30.0}  # recorded before the role label
     sat, cap, restarted = out["pools"]
     assert math.isclose(sat.pop("ttft_p90_seconds"), 2.5 + 2.5 * (54 - 15) / (60 - 15), rel_tol=1e-12)
     assert sat == {**common, "target": "sat", "engine": "vllm", "model": "llama-8b", "dp_rank": "0",
                    "state": "saturated", "usage_ratio": 0.95, "capacity_tokens": 16384.0, "free_tokens": 816.0,
                    "headroom_requests": 1.5, "requests_running": 30.0, "requests_waiting": 40.0,
                    "requests_waiting_for_kv": 40.0, "requests_waiting_with_kv_room": 0.0,
-                   "preemptions_per_min": (16 - 10) / 0.5, "prefix_hit_ratio": (1600 - 1000) / (3000 - 2000),
+                   "preemptions_per_min": (16 - 10) / 0.5, "prefix_hit_ratio": ((1600 - 1000) + (300 - 100)) / (3000 - 2000),
                    "capacity_misses_per_min": (130 - 100) / 0.5}
     assert cap == {**common, "target": "cap", "engine": "sglang", "model": "qwen-7b", "dp_rank": "0",
                    "state": "capped", "usage_ratio": 0.2, "capacity_tokens": 32768.0, "free_tokens": 26214.0,

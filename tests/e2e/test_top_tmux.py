@@ -1,6 +1,8 @@
 """`kvcache-exporter top` used as a person would: in a real terminal (tmux), against an exporter
 polling simulated engines in the kv-saturation and concurrency-cap scenarios; keys sent with
-send-keys, the screen read back with capture-pane.
+send-keys, the screen read back with capture-pane. Then polling engine pages directly whose counters
+grow at rates set here, to read on the screen the preemption rate that makes a pool thrashing and one
+hit ratio for vLLM and SGLang.
 
 Timeline at SPEED 10 with seed 3 (simulator/scenarios.py): the cap binds from ~65 simulated seconds
 (6.5 s here); the saturation engine's pool fills and requests queue for KV from ~110 s, and its
@@ -22,6 +24,7 @@ import yaml
 
 from kvcache_exporter.simulator.server import start_engine
 from devtools import harness
+from devtools.harness import PageServer, dynamic
 
 SPEED = 10.0
 TARGETS = {"sat-pool": ("vllm-v1", "kv-saturation"), "cap-pool": ("vllm-v1", "concurrency-cap")}
@@ -120,7 +123,7 @@ def test_the_screen_shows_the_saturated_pool_on_top_and_answers_keys(terminal):
     # 80 columns: the columns that do not fit are dropped, not wrapped (one line per pool, two pools).
     header, rows = table(screen)
     assert len(rows) == 2 and all(len(line) <= 80 for line in screen), screen
-    assert header.split() == ["TARGET", "STATE", "KV", "USED", "TOKENS", "ROOM", "RUN", "KV", "ROOM", "/min",
+    assert header.split() == ["TARGET", "STATE", "KV", "USED", "TOKENS", "ROOM", "RUN", "KV", "ROOM", "/min", "1m",
                               "1m", "p90", "1m"], header
     assert "MODEL" not in header and "MISSES" not in "\n".join(screen)  # no capacity-miss series on this exporter
     assert screen[3].split()[:8] == ["thrashing", "0", "saturated", "1", "capped", "1", "tight", "0"], screen[3]
@@ -157,3 +160,78 @@ def test_the_screen_shows_the_saturated_pool_on_top_and_answers_keys(terminal):
     terminal.keys("q")
     harness.wait_until(lambda: not terminal.alive(), 5, what="top to quit on q")
     assert terminal.errors.read_text() == ""
+
+
+# Pages whose counters grow linearly with time since the server started: per second, the churning vLLM pool
+# preempts 2 requests (120/min), the calm one 0.01 (0.6/min, under the thrashing threshold of 0.02/s), and of
+# 1000 prompt tokens looked up 300 come from the GPU pool and, on the churning vLLM pool, 200 more from its KV
+# connector (counted by vLLM as external hits); the SGLang pool's 300 + 200 come from its device and host
+# cache sources. Over any window: 120.0 and 0.6 preemptions/min, hit ratios 0.50, 0.30 and 0.50.
+WINDOW = 4.0  # pressure: window_seconds, the state's window and so top's
+CHURNING, CALM = 2.0, 0.01
+
+
+def vllm_page(elapsed: float, preemptions_per_second: float, external: bool) -> str:
+    labels = '{engine="0",model_name="m"}'
+    lines = [f"vllm:kv_cache_usage_perc{labels} 0.5", f"vllm:num_requests_running{labels} 4",
+             f"vllm:num_requests_waiting{labels} 0",
+             f"vllm:num_preemptions_total{labels} {preemptions_per_second * elapsed}",
+             f"vllm:prefix_cache_queries_total{labels} {1000 * elapsed}",
+             f"vllm:prefix_cache_hits_total{labels} {300 * elapsed}",
+             'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1001"} 1']
+    if external:
+        lines += [f"vllm:external_prefix_cache_queries_total{labels} {700 * elapsed}",
+                  f"vllm:external_prefix_cache_hits_total{labels} {200 * elapsed}"]
+    return "\n".join(lines) + "\n"
+
+
+def sglang_page(elapsed: float) -> str:
+    labels = 'engine_type="unified",model_name="m"'
+    return "\n".join([
+        f"sglang:token_usage{{{labels}}} 0.5", f"sglang:max_total_num_tokens{{{labels}}} 16384",
+        f"sglang:num_running_reqs{{{labels}}} 4", f"sglang:num_queue_reqs{{{labels}}} 0",
+        f"sglang:prompt_tokens_total{{{labels}}} {1000 * elapsed}",
+        f'sglang:cached_tokens_total{{cache_source="device",{labels}}} {300 * elapsed}',
+        f'sglang:cached_tokens_total{{cache_source="host",{labels}}} {200 * elapsed}']) + "\n"
+
+
+@pytest.fixture
+def direct_terminal(tmp_path):
+    start = time.time()
+    routes = {"/churning": dynamic(lambda: vllm_page(time.time() - start, CHURNING, external=True)),
+              "/calm": dynamic(lambda: vllm_page(time.time() - start, CALM, external=False)),
+              "/sglang": dynamic(lambda: sglang_page(time.time() - start))}
+    with PageServer(routes) as server:
+        config = tmp_path / "exporter.yml"
+        config.write_text(yaml.safe_dump({"pressure": {"window_seconds": WINDOW}, "targets": [
+            {"name": name, "url": server.url(path), "engine": "sglang" if name == "sglang" else "vllm"}
+            for name, path in (("churning", "/churning"), ("calm", "/calm"), ("sglang", "/sglang"))]}))
+        command = (f"cd {harness.REPO} && PYTHONPATH={harness.REPO} {sys.executable} -m kvcache_exporter top "
+                   f"--config {config} --interval 0.25s")
+        terminal = Terminal(command, tmp_path)
+        try:
+            yield terminal
+        finally:
+            terminal.close()
+
+
+def test_a_thrashing_row_shows_the_rate_over_the_states_window_and_hit_means_one_thing(direct_terminal):
+    # The first reads cover less than the window, and the summary says how much.
+    wait_for_screen(direct_terminal, lambda s: re.search(r"window \d+s of 4s$", s[3]), 10,
+                    "the part of the window the reads cover so far")
+    screen = wait_for_screen(direct_terminal, lambda s: s[3].endswith("window 4s") and len(table(s)[1]) == 3, 20,
+                             "the whole window covered")
+    header, rows = table(screen)
+    assert header.split()[-5:] == ["/min", "4s", "4s", "p90", "4s"], header  # the columns name the window
+    by_target = {row[0]: row for row in rows}
+    # PREEMPT, HIT and TTFT are the last three columns (no TTFT histogram on these pages: "-").
+    churning, calm, sglang = by_target["churning"], by_target["calm"], by_target["sglang"]
+    assert churning[1] == "thrashing" and calm[1] == "ok" and sglang[1] == "ok", screen
+    # 120/min; the page's clock and the poll's timestamp differ by the time a poll takes, a few ms of 4 s.
+    assert abs(float(churning[-3]) - CHURNING * 60) <= 2, screen
+    assert calm[-3] == f"{CALM * 60:.1f}", screen
+    assert (churning[-2], calm[-2], sglang[-2]) == ("0.50", "0.30", "0.50"), screen
+    assert screen[3].split()[:2] == ["thrashing", "1"], screen[3]
+    direct_terminal.keys("q")
+    harness.wait_until(lambda: not direct_terminal.alive(), 5, what="top to quit on q")
+    assert direct_terminal.errors.read_text() == ""

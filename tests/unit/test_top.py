@@ -9,6 +9,8 @@ import math
 import pytest
 
 from devtools import harness
+from kvcache_exporter import derive
+from kvcache_exporter.thresholds import DEFAULT
 from kvcache_exporter.top import rows as top_rows, source
 from kvcache_exporter.top.rates import Rates, RateWindow, histogram_quantile
 from kvcache_exporter.top.source import Frame, Pool
@@ -45,6 +47,30 @@ def test_rates_use_the_last_minute_of_polls_and_count_nothing_for_a_restart():
     assert window.rates(pool(0, 0).key).preemptions_per_min == pytest.approx(30.0)
 
 
+def test_the_preemption_rate_is_the_one_the_pressure_state_reads():
+    # Polls at 0, 5, 12 and 20 s with 0, 1, 4 and 10 preemptions, window 10 s: the base is the last poll at or
+    # before 20 - 10 (5 s), so 9 preemptions in 15 s: 0.6/s, 36/min, the rate the state compares with its threshold.
+    window, history = RateWindow(10.0), ()
+    for at, preempted in ((0.0, 0.0), (5.0, 1.0), (12.0, 4.0), (20.0, 10.0)):
+        window.add(frame(pool(at, preempted)))
+        history = derive.extend_history(history, at, preempted, 10.0)
+    rates = window.rates(pool(0, 0).key)
+    assert (rates.preemptions_per_min, rates.seconds) == (pytest.approx(36.0), 15.0)
+    assert derive.rate(history) * 60 == pytest.approx(36.0)
+    assert RateWindow().window == DEFAULT.window_seconds == 60.0
+
+
+def test_hit_counts_an_external_caches_hits_beside_the_engines_own():
+    # vLLM's hits are its GPU pool's; its KV connector's (LMCache, CPU offload) are counted apart, over the tokens
+    # the GPU pool lacked: 300 + 200 of 1000 looked up come from a cache. SGLang's hits already hold every source.
+    window = RateWindow()
+    for at, scale in ((0.0, 1.0), (10.0, 2.0)):
+        counters = {"prefix_cache_queried_tokens_total": 1000 * scale, "prefix_cache_hit_tokens_total": 300 * scale,
+                    "external_cache_hit_tokens_total": 200 * scale}
+        window.add(frame(Pool("t", "vllm", "m", "0", "unified", at, counters=counters)))
+    assert window.rates(pool(0, 0).key).prefix_hit_ratio == pytest.approx(0.5)
+
+
 def test_a_pool_read_once_has_no_rates_yet():
     window = RateWindow()
     window.add(frame(pool(0.0, 1.0)))
@@ -61,11 +87,11 @@ def recorded_rows() -> list[dict]:
 
 @pytest.mark.parametrize("width", [40, 60, 80, 100, 200])
 def test_the_columns_fit_the_width_and_the_state_stays(width):
-    layout = top_rows.fit(recorded_rows(), width, bar=True)
+    layout = top_rows.fit(recorded_rows(), width, bar=True, window_seconds=60.0)
     names = [column.name for column, _ in layout]
     assert sum(w for _, w in layout) + len(layout) - 1 <= width
     assert {"target", "state", "usage"} <= set(names)
-    everything = top_rows.fit(recorded_rows(), None, bar=True)
+    everything = top_rows.fit(recorded_rows(), None, bar=True, window_seconds=60.0)
     if sum(w for _, w in everything) + len(everything) - 1 <= width:
         assert len(layout) == len(everything)
 
