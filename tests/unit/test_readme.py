@@ -71,7 +71,7 @@ def test_every_pressure_state_has_a_row_in_the_order_the_exporter_tests_them():
 
 
 def test_the_picture_is_a_small_png_under_docs():
-    (path,) = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", readme.README.read_text().split("## What it reads")[0])
+    (path,) = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", readme.README.read_text().split("## Pointing it at a fleet")[0])
     assert path.startswith("docs/")
     data = (readme.REPO / path).read_bytes()
     width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
