@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from kvcache_exporter.contract import PRESSURE_STATES
+from kvcache_exporter.thresholds import Thresholds
+from kvcache_exporter.units import format_duration
 
 from kvcache_exporter.dashboards import bands, promql
 from kvcache_exporter.dashboards.panels import Query, describe, stat, state_timeline, timeseries, value_names, without_source
@@ -129,6 +131,13 @@ def running(v: View):
     )
 
 
+def window_note(t: Thresholds) -> str:
+    """Preemptions per minute beside a pressure state: which window each reads."""
+    return (f" Preemptions per minute are over the rate interval; the state reads the last "
+            f"{format_duration(t.window_seconds)} (`window_seconds`), so a target thrashing on preemptions earlier "
+            "in that window can read less here.")
+
+
 def preemptions_per_minute(v: View):
     t = v.thresholds
     return stat(
@@ -136,7 +145,7 @@ def preemptions_per_minute(v: View):
         describe(
             "Requests the engines preempted (vLLM) or retracted (SGLang) to free KV, per minute, of the target "
             "that preempts most. Each one throws away computed KV that must be recomputed."
-            + without_source("preemptions_total"),
+            + without_source("preemptions_total") + window_note(t),
             f"at or above {t.thrashing_preemptions_per_second * 60:g}/min a target counts as thrashing (dark red at "
             f"the critical preemption-storm rate, {t.preemption_storm_critical_per_second * 60:g}/min). Find the "
             "pool in the Preemption rate panel and lower its concurrency or sequence length, or add KV capacity.",

@@ -40,7 +40,7 @@ def pools_needing_help(v: View):
             "One row per target, worst pressure state first. State, KV usage and headroom are those of its "
             "worst data-parallel rank; waiting, running and preemptions are summed over its ranks; TTFT "
             f"p{TRIAGE_QUANTILE * 100:g} comes from the target's own histogram over the rate interval. Filter "
-            "the table or sort by any column; click a target to open it.",
+            "the table or sort by any column; click a target to open it." + pressure.window_note(t),
             "the state column names what limits the pool: saturated or thrashing is KV (add KV capacity, shed "
             "load), capped is the running-request cap (raise it or add replicas). Headroom below 1 means the "
             "next typical request does not fit.",
