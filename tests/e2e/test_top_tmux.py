@@ -127,6 +127,8 @@ def test_the_screen_shows_the_saturated_pool_on_top_and_answers_keys(terminal):
                               "1m", "p90", "1m"], header
     assert "MODEL" not in header and "MISSES" not in "\n".join(screen)  # no capacity-miss series on this exporter
     assert screen[3].split()[:8] == ["thrashing", "0", "saturated", "1", "capped", "1", "tight", "0"], screen[3]
+    # Within the first minute the figures cover part of the state's window (60 s), and the summary says so.
+    assert re.search(r"  window \d+s of 1m$", screen[3]), screen[3]
 
     terminal.keys("s")  # state -> usage: the full pool still first, the capped one (usage < 0.3) second
     screen = wait_for_screen(terminal, lambda s: any("sort: usage" in line for line in s), 5,
