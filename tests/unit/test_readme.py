@@ -76,3 +76,11 @@ def test_the_picture_is_a_small_png_under_docs():
     data = (readme.REPO / path).read_bytes()
     width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
     assert data[:8] == PNG_SIGNATURE and len(data) < 300_000 and width >= 800, (path, len(data), width, height)
+
+
+def test_the_probe_endpoints_engine_list_is_the_registrys():
+    from kvcache_exporter.adapters import ADAPTERS
+
+    (listed,) = re.findall(r"/probe\?target=URL&engine=(auto\|[a-z|]+)", readme.README.read_text())
+    engines = listed.split("|")
+    assert len(engines) == len(set(engines)) and set(engines) == {"auto", *ADAPTERS}, engines
