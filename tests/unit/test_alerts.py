@@ -244,9 +244,9 @@ def alertmanager_config() -> dict:
     return yaml.safe_load((ALERTS / "alertmanager.yml").read_text())
 
 
-def test_groups_by_target_and_model_and_inhibits_nearly_full_during_a_shortage():
+def test_groups_by_alert_and_model_and_inhibits_nearly_full_during_a_shortage():
     config = alertmanager_config()
-    assert config["route"]["group_by"] == ["target", "model"]
+    assert config["route"]["group_by"] == ["alertname", "model"]
     assert {
         "source_matchers": ['alertname="KVCacheShortageQueueing"'],
         "target_matchers": ['alertname="KVCacheNearlyFull"'],
