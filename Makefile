@@ -70,6 +70,7 @@ dashboards: install
 
 alerts: install
 	$(PY) -m kvcache_exporter.alerts.generate
+	$(PY) -m kvcache_exporter.alerts.runbook
 
 # Both dashboards as Grafana 12.4's own frontend code draws them (devtools/grafana-render/, in Debian's
 # Chromium), from a running Prometheus: $(RENDER_DIR)/<dashboard>/<panel>.png, row-NN-<row>.png and
