@@ -1,16 +1,19 @@
 """Build alerts/runbook.md from alerts/runbook.template.md and exporter/thresholds.py.
 
-    python -m kvcache_exporter.alerts.runbook [--config exporter.yml] [--output FILE] [--check]
+    python -m kvcache_exporter.alerts.runbook [--config exporter.yml] [--html] [--output FILE] [--check]
 
 Every threshold the runbook states is a placeholder in the template, `{{name}}` or `{{name:format}}`, filled from
 `Thresholds`, so the runbook says what the rules of the same configuration do (`kvcache-exporter assets --config`
 writes both). Formats: `percent` (0.9 -> 90%), `duration` (seconds -> 1m), `per` (the reciprocal, 5e-05 s per token
 -> 20,000), `giga` (50e9 -> 50); none prints the value as the rules do (0.1, 2m).
+`--html` writes it as a page a web server or Prometheus (as a console template: the compose stack) can serve, each
+heading an anchor named as GitHub names it, so that a rule's runbook_url `...#<alert name>` lands on its section.
 """
 
 from __future__ import annotations
 
 import argparse
+import html
 import re
 import sys
 from importlib import resources
@@ -49,9 +52,36 @@ def render(thresholds: Thresholds = DEFAULT) -> str:
     return HEADER + PLACEHOLDER.sub(fill, template())
 
 
+def anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading, which the rules' runbook_url ends with."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def sections(markdown: str) -> list[tuple[str, str]]:
+    """(heading line, the text under it) of each heading, in order."""
+    return re.findall(r"^(#+ [^\n]+)\n(.*?)(?=^#+ |\Z)", markdown, flags=re.M | re.S)
+
+
+def to_html(markdown: str) -> str:
+    """The runbook as one HTML page: each heading an anchored heading, the text under it as written (preformatted,
+    wrapped). No `{{`: Prometheus reads a console as a template."""
+    body = []
+    for heading, text in sections(markdown.removeprefix(HEADER)):
+        level, title = heading.split(" ", 1)
+        body.append(f'<h{len(level)} id="{anchor(title)}">{html.escape(title)}</h{len(level)}>')
+        body.append(f"<pre>{html.escape(text.strip())}</pre>")
+    page = ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>KV-cache alerts: runbook</title>\n"
+            "<style>body { font-family: sans-serif; max-width: 60em; margin: auto; } "
+            "pre { white-space: pre-wrap; }</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
+    if "{{" in page:
+        raise ValueError("the runbook has `{{`, which Prometheus would read as a template action")
+    return page
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvcache_exporter.alerts.runbook", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, help="exporter config file whose `pressure:` section overrides thresholds")
+    parser.add_argument("--html", action="store_true", help="write the runbook as an HTML page")
     parser.add_argument("--output", default=str(RUNBOOK_PATH), help="runbook to write, `-` for stdout")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the runbook differs")
     args = parser.parse_args(argv)
@@ -60,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     except exporter_config.ConfigError as err:
         print(err, file=sys.stderr)
         return 2
-    return emit(render(thresholds), args.output, args.check)
+    text = render(thresholds)
+    return emit(to_html(text) if args.html else text, args.output, args.check)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -73,7 +73,7 @@ def parts(files: dict[str, bytes]) -> dict[tuple[str, str], str]:
         for rule in group["rules"]:
             key = rule.get("alert", rule.get("record")) + repr(rule.get("labels"))
             found["rules", key] = yaml.safe_dump(rule)
-    for title, body in re.findall(r"^(#+ [^\n]+)\n(.*?)(?=^#+ |\Z)", files[assets.RUNBOOK].decode(), flags=re.M | re.S):
+    for title, body in runbook.sections(files[assets.RUNBOOK].decode()):
         found["runbook", title] = body
     for path, content in files.items():
         if path.startswith("dashboards/"):
@@ -131,7 +131,7 @@ def test_each_threshold_changes_every_output_that_states_it(bundles, name):
 def test_the_template_states_no_threshold_but_through_a_placeholder():
     """Where a threshold's placeholder stands in a runbook section, its default value is not also written out."""
     template = runbook.template()
-    for title, body in re.findall(r"^(#+ [^\n]+)\n(.*?)(?=^#+ |\Z)", template, flags=re.M | re.S):
+    for title, body in runbook.sections(template):
         prose = runbook.PLACEHOLDER.sub("", body)
         for name in set(match[0] for match in runbook.PLACEHOLDER.findall(body)):
             written = sorted(form for form in forms(name, getattr(DEFAULT, name)) if occurs(form, prose))
