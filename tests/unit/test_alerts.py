@@ -226,6 +226,7 @@ def test_runbook_sections_say_how_to_confirm_and_what_to_change():
     for name, body in sections.items():
         assert "```promql" in body, f"{name}: no query to confirm it"
         assert "Change:" in body, f"{name}: nothing says what to change"
+        assert "Why these numbers:" in body, f"{name}: nothing says why its thresholds are what they are"
     remedies = ["max running requests", "gpu memory share", "max model length", "scale out",
                 "prefix-aware routing", "kv offload", "quantized kv cache"]
     assert [r for r in remedies if r not in runbook.lower()] == []
