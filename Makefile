@@ -76,8 +76,14 @@ dashboards: install
 	$(PY) -m pip install -q -e '.[dashboards]'
 	$(PY) -m devtools.build_dashboards
 
+# The compose stack's copy links each alert to the runbook its Prometheus serves as a console (docs/compose.md).
+COMPOSE_PROMETHEUS = deploy/compose/prometheus
 alerts: install
 	$(PY) -m kvcache_exporter.alerts.generate
+	$(PY) -m kvcache_exporter.alerts.runbook
+	$(PY) -m kvcache_exporter.alerts.generate --runbook-url-base '{{ $$externalURL }}/consoles/runbook.html' \
+		--output $(COMPOSE_PROMETHEUS)/kvcache-rules.yml
+	$(PY) -m kvcache_exporter.alerts.runbook --html --output $(COMPOSE_PROMETHEUS)/consoles/runbook.html
 	$(PY) -m devtools.readme
 
 # Both dashboards as Grafana 12.4's own frontend code draws them (devtools/grafana-render/, in Debian's

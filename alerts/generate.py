@@ -140,6 +140,9 @@ def recording_rules(t: Thresholds) -> list[dict]:
             f"  and ignoring (state) (kvcache_pressure_state{{state=~\"{KV_BOUND_STATES}\"}} == 1)\n"
             f")"
         )},
+        # How fast a target's queue grows (requests per second, a regression over the window): a KV-bound queue
+        # that grows is one that users wait longer on with every minute, which is what pages.
+        {"record": "kvcache:requests_waiting:deriv", "expr": f"sum {PER_TARGET} (deriv(kvcache_requests_waiting[{w}]))"},
         {"record": "kvcache:preemptions:rate", "expr": rate("kvcache_preemptions_total")},
         # Finished requests: the traffic floor of the rate-based alerts.
         {"record": "kvcache:requests_finished:rate", "expr": rate("kvcache_e2e_request_latency_seconds_count")},
@@ -430,15 +433,27 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             runbook_base,
         )
 
+    shortage = ("kvcache:requests_waiting_for_kv:sum\n"
+                f"and {UP_JOIN} (max_over_time(kvcache_target_up[{w}]) == 1)")
+    ttft = number(t.shortage_critical_ttft_seconds)
     return [
         alert(
-            "KVCacheShortageQueueing", "critical",
-            "kvcache:requests_waiting_for_kv:sum\n"
-            f"and {UP_JOIN} (max_over_time(kvcache_target_up[{w}]) == 1)",
-            t.shortage_for,
+            "KVCacheShortageQueueing", "warning", shortage, t.shortage_for,
             f"{WHERE}: requests are queueing because the KV cache is full",
             f"{{{{ $value | humanize }}}} requests wait for KV on {WHERE} while the engine answers. "
             "GPU memory looks flat because the KV pool is reserved at start; users see this as rising time to first token.",
+            runbook_base,
+        ),
+        # Pages only on user impact: the queue keeps growing, or the first tokens it lets through come late.
+        alert(
+            "KVCacheShortageQueueing", "critical",
+            f"{shortage}\nand on (target) (\n  kvcache:requests_waiting:deriv > 0\n"
+            f"  or\n  kvcache:time_to_first_token_seconds:mean > {ttft}\n)",
+            t.shortage_for,
+            f"{WHERE}: requests are queueing because the KV cache is full, and users wait",
+            f"{{{{ $value | humanize }}}} requests wait for KV on {WHERE} while the engine answers, and the queue grew "
+            f"over {w} or the mean time to first token is above {ttft} s: users wait longer the longer it lasts. "
+            "GPU memory looks flat because the KV pool is reserved at start.",
             runbook_base,
         ),
         storm("warning", t.preemption_storm_warning_per_second),
@@ -624,17 +639,21 @@ def main(argv: list[str] | None = None) -> int:
     if broken:
         print("\n".join(broken), file=sys.stderr)
         return 2
-    text = render(rules)
-    if args.check:
-        output = Path(args.output)
-        if not output.is_file() or output.read_text() != text:
-            print(f"{output} is out of date: run `make alerts`", file=sys.stderr)
+    return emit(render(rules), args.output, args.check)
+
+
+def emit(text: str, output: str, check: bool) -> int:
+    """Write `text` to `output` (`-`: stdout), or with `check` write nothing and exit 1 if the file differs."""
+    if check:
+        path = Path(output)
+        if not path.is_file() or path.read_text() != text:
+            print(f"{path} is out of date: run `make alerts`", file=sys.stderr)
             return 1
         return 0
-    if args.output == "-":
+    if output == "-":
         sys.stdout.write(text)
     else:
-        Path(args.output).write_text(text)
+        Path(output).write_text(text)
     return 0
 
 

@@ -42,6 +42,11 @@ def queue_share(t: Thresholds) -> Steps:
     return ((None, "green"), (t.queue_share_of_ttft, "red"))
 
 
+def time_to_first_token(t: Thresholds) -> Steps:
+    """Seconds to the first token: red above the bound past which KVCacheShortageQueueing pages."""
+    return ((None, "green"), (t.shortage_critical_ttft_seconds, "red"))
+
+
 def hit_ratio_vs_baseline(t: Thresholds) -> Steps:
     """Hit ratio as a fraction of its baseline: red below the KVCachePrefixHitRateDrop fraction."""
     return ((None, "red"), (t.prefix_hit_drop_fraction, "green"))

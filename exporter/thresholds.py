@@ -65,6 +65,11 @@ class Thresholds:
     # configured or probed for the model (kvcache_target_replica_info) that does not answer yet; one that was
     # already down this long ago is broken, not starting.
     replica_starting_lookback: str = "10m"
+    # KVCacheShortageQueueing pages (critical) only on user impact: besides a KV-bound queue held for `shortage_for`,
+    # the queue grows over the window, or the mean time to first token over the window exceeds this many seconds.
+    # 2 s: MLPerf Inference's bound on the first token for its llama2-70b server scenario; a chat user waiting
+    # longer on average is waiting on the queue, not on prefill.
+    shortage_critical_ttft_seconds: float = 2.0
     # `for:` durations of the alerts.
     shortage_for: str = "2m"
     nearly_full_for: str = "10m"

@@ -25,14 +25,14 @@ QUANTILES_SHOW = (
 )
 
 
-def _quantiles(v: View, title: str, histogram: str, shows: str, when_red: str):
+def _quantiles(v: View, title: str, histogram: str, shows: str, when_red: str, steps: bands.Steps = bands.neutral()):
     return timeseries(
         title,
         describe(shows + QUANTILES_SHOW + without_source(histogram.removeprefix("kvcache_")), when_red),
         SECONDS,
         [Query(promql.quantile(q, v.scope, histogram, PER_TARGET_QUANTILE),
                legend_of(PER_TARGET_QUANTILE, f"p{q * 100:g}")) for q in v.latency_quantiles],
-        bands.neutral(),
+        steps,
         v.drill_down,
     )
 
@@ -45,8 +45,10 @@ def ttft(v: View):
     return _quantiles(
         v, _named(v, "Time to first token"), TTFT,
         "Arrival to first output token (queueing included).",
-        "no absolute red (latency targets are per service). If TTFT rises with Queue time, requests wait for "
-        "capacity; see Share of TTFT spent queueing.",
+        f"above {v.thresholds.shortage_critical_ttft_seconds:g} s (shortage_critical_ttft_seconds): while requests "
+        "queue for KV, a mean TTFT above it pages (KVCacheShortageQueueing); set it to your latency target. If TTFT "
+        "rises with Queue time, requests wait for capacity; see Share of TTFT spent queueing.",
+        bands.time_to_first_token(v.thresholds),
     )
 
 

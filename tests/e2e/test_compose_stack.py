@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -191,6 +192,35 @@ def test_compose_configuration_runs_with_the_demo_engines(tmp_path):
         harness.wait_until(streaming, timeout=60, what="KV events of both demo engines in Prometheus")
         dropped = harness.prom_vector(datasource_url, "kvcache_events_dropped_total > 0")
         assert dropped == []
+
+
+def test_the_alerts_runbook_links_land_on_the_runbook_prometheus_serves(tmp_path):
+    """The compose Prometheus, with its own flags for the runbook (console templates, external URL), fires
+    KVCacheExporterAbsent as the compose rules word it (nothing is scraped; its `for` left out), and the alert's
+    runbook_url opens a page with a section for every alert of the rules."""
+    model = resolved()
+    net = Loopback(model)
+    service = model["services"]["prometheus"]
+    config = prometheus_config(model, net)
+    [rule_file] = config["rule_files"]
+    rules = [rule for group in yaml.safe_load(Path(rule_file).read_text())["groups"] for rule in group["rules"]]
+    absent = {key: value for key, value in next(r for r in rules if r.get("alert") == "KVCacheExporterAbsent").items()
+              if key != "for"}
+    config["rule_files"] = [str(write_yaml(tmp_path / "absent.yml", {"groups": [{"name": "kvcache", "rules": [absent]}]}))]
+    config["global"]["evaluation_interval"] = "1s"
+    port = net.port("prometheus")
+    external_url = f"http://127.0.0.1:{port}"
+    consoles = host_path(service, command_option(service, "web.console.templates"))
+    with harness.prometheus(tmp_path / "prometheus", config, port=port, extra_args=(
+            f"--web.console.templates={consoles}", f"--web.external-url={external_url}")):
+        [alert] = harness.wait_until(lambda: api(f"{external_url}/api/v1/alerts")["alerts"], timeout=30,
+                                     what="KVCacheExporterAbsent")
+        link = alert["annotations"]["runbook_url"]
+        assert link == f"{external_url}/consoles/runbook.html#kvcacheexporterabsent"
+        status, page = harness.http_get(link)
+    assert status == 200, page[:500]
+    anchors = set(re.findall(r'<h\d id="([^"]+)">', page))
+    assert {rule["alert"].lower() for rule in rules if "alert" in rule} <= anchors
 
 
 def test_alertmanager_starts_with_none_of_its_secret_files(tmp_path):

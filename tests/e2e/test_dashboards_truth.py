@@ -243,9 +243,16 @@ def filling(truth, name, t):
     return max(r.usage for r in truth.at(name, t)) >= THRESHOLDS.low_water_ratio
 
 
-# (alert name, severity) -> (condition that requires it, condition without which it must stay silent, for)
+def never(truth, name, t):
+    return False
+
+
+# (alert name, severity) -> (condition that requires it, condition without which it must stay silent, for).
+# The shortage pages only where its queue also grows or its first tokens come late, which the engines' state at
+# one instant does not tell: the page may fire only where the warning may; kv-saturation must page (below).
 STATE_ALERTS = {
-    ("KVCacheShortageQueueing", "critical"): (queued_for_kv, queued_for_kv, THRESHOLDS.shortage_for),
+    ("KVCacheShortageQueueing", "warning"): (queued_for_kv, queued_for_kv, THRESHOLDS.shortage_for),
+    ("KVCacheShortageQueueing", "critical"): (never, queued_for_kv, THRESHOLDS.shortage_for),
     ("KVCacheNearlyFull", "warning"): (nearly_full, filling, THRESHOLDS.nearly_full_for),
 }
 # Every target answers and the exporter runs the whole time: these never fire.

@@ -86,11 +86,11 @@ def test_the_wheel_holds_one_import_package_with_its_assets(wheel):
     expected_data = {"kvcache_exporter/dashboards/generated/kvcache-fleet.json",
                      "kvcache_exporter/dashboards/generated/kvcache-target.json",
                      "kvcache_exporter/alerts/kvcache-rules.yml", "kvcache_exporter/alerts/alertmanager.yml",
-                     "kvcache_exporter/alerts/runbook.md"}
+                     "kvcache_exporter/alerts/runbook.md", "kvcache_exporter/alerts/runbook.template.md"}
     assert expected_data <= set(names)
     # The generators ship (assets --config rebuilds with them); the development tools and promtool tests do not.
     assert {"kvcache_exporter/dashboards/build.py", "kvcache_exporter/alerts/generate.py",
-            "kvcache_exporter/simulator/server.py"} <= set(names)
+            "kvcache_exporter/alerts/runbook.py", "kvcache_exporter/simulator/server.py"} <= set(names)
     assert not [name for name in names if re.search(r"(^|/)(devtools|tests|lint|preview|contract_doc)\b", name)]
     # The compiled reader, built where the wheel was (a C compiler is here).
     assert len([name for name in names if re.fullmatch(r"kvcache_exporter/sources/cparser\.[\w.-]+\.so", name)]) == 1

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+import time
+import urllib.request
 
 import pytest
+import yaml
 
+from devtools import harness
+from devtools.alerting import SHIPPED_AM, Recorder, alertmanager_test_config
 from devtools.harness import REPO, require_binary
 from kvcache_exporter.alerts import generate
 from kvcache_exporter.thresholds import DEFAULT, Thresholds
 
 ALERTS = REPO / "alerts"
 UNIT_TESTS = sorted((ALERTS / "tests").glob("*.test.yml"))
+REPLICAS = 40  # the issue's fleet: 40 replicas of one model short of KV
 
 
 def run(*argv: str) -> subprocess.CompletedProcess:
@@ -29,9 +36,9 @@ def test_promtool_check_rules_passes(tmp_path, variant):
         path.write_text(generate.render(generate.build(thresholds)))
     result = run(require_binary("promtool"), "check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-    # 12 recording rules, 10 for what more KV would buy (2, then 2 per factor), 8 for disaggregated prefill/decode,
-    # 20 for the replicas of a model (imbalance and autoscaling), 19 alerting (the storm twice)
-    assert "SUCCESS: 69 rules found" in result.stdout
+    # 13 recording rules, 10 for what more KV would buy (2, then 2 per factor), 8 for disaggregated prefill/decode,
+    # 20 for the replicas of a model (imbalance and autoscaling), 20 alerting (the shortage and the storm twice)
+    assert "SUCCESS: 71 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass():
@@ -57,3 +64,51 @@ def test_routes_by_severity(labels, receiver):
                  f"--config.file={ALERTS / 'alertmanager.yml'}", f"--verify.receivers={receiver}", *labels)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.split() == [receiver]
+
+
+def test_one_notification_per_model_lists_its_replicas(tmp_path):
+    """The shipped grouping in Debian's Alertmanager, fed through its API: REPLICAS replicas of one model short of KV
+    are one page, one chat message and one webhook post that name every replica, not REPLICAS of each; another
+    model's shortage is a notification of its own."""
+    replicas = [f"llama-{i}" for i in range(REPLICAS)]
+    other = ["qwen-0", "qwen-1"]
+
+    def shortage(target: str, model: str) -> dict:
+        return {"labels": {"alertname": "KVCacheShortageQueueing", "severity": "critical", "target": target,
+                           "model": model, "engine": "vllm", "job": "kvcache-exporter"},
+                "annotations": {"summary": f"{target} (model {model}): requests are queueing because the KV cache is full",
+                                "description": f"8 requests wait for KV on {target} (model {model}).",
+                                "runbook_url": f"{generate.RUNBOOK_URL_BASE}#kvcacheshortagequeueing"}}
+
+    recorder = Recorder()
+    am_path = tmp_path / "alertmanager.yml"
+    am_path.write_text(yaml.safe_dump(alertmanager_test_config(yaml.safe_load(SHIPPED_AM.read_text()), recorder.url,
+                                                               tmp_path)))
+    try:
+        with harness.alertmanager(tmp_path / "am", am_path) as am:
+            body = json.dumps([shortage(t, "llama-3-70b") for t in replicas] + [shortage(t, "qwen") for t in other])
+            request = urllib.request.Request(f"{am.url}/api/v2/alerts", data=body.encode(),
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5) as response:
+                assert response.status == 200
+            harness.wait_until(lambda: len(recorder.received("/webhook")) >= 2 and len(recorder.received("/slack")) >= 2
+                               and len(recorder.received("/pagerduty")) >= 2,
+                               timeout=20, what="a page, a chat message and a webhook post per model")
+            time.sleep(3)  # past the test's group_interval (2s): a group that split per replica would have sent more
+            webhook = [body for _, body in recorder.received("/webhook")]
+            slack = [body for _, body in recorder.received("/slack")]
+            pages = [body for _, body in recorder.received("/pagerduty")]
+    finally:
+        recorder.close()
+
+    assert len(webhook) == len(slack) == len(pages) == 2
+    by_model = {post["groupLabels"]["model"]: post for post in webhook}
+    assert {model: sorted(a["labels"]["target"] for a in post["alerts"]) for model, post in by_model.items()} == {
+        "llama-3-70b": sorted(replicas), "qwen": sorted(other)}
+    [llama_chat] = [post for post in slack if "llama-3-70b" in post["attachments"][0]["title"]]
+    chat = llama_chat["attachments"][0]
+    assert chat["title"] == (f"[FIRING] KVCacheShortageQueueing, model llama-3-70b: {REPLICAS} firing, 0 resolved")
+    assert sorted(line.split()[1] for line in chat["text"].splitlines() if line.startswith("- ")) == sorted(replicas)
+    [llama_page] = [page for page in pages if "llama-3-70b" in page["payload"]["summary"]]
+    assert llama_page["payload"]["summary"] == f"KVCacheShortageQueueing: {REPLICAS} replicas of model llama-3-70b"
+    assert sorted(llama_page["payload"]["custom_details"]["replicas"].split()) == sorted(replicas)

@@ -27,6 +27,7 @@ from devtools.compose_model import (COMPOSE_FILE, DATASOURCE_UID, DEFAULT_SERVIC
                                     service_address_pattern)
 from devtools.harness import REPO, require_binary
 from kvcache_exporter import config as exporter_config
+from kvcache_exporter.alerts import generate, runbook
 
 DASHBOARD_UIDS = {"kvcache-fleet", "kvcache-target"}
 # Images from their publishers, pinned to an exact release.
@@ -81,7 +82,7 @@ def test_every_bind_mount_comes_from_the_repository(profiles):
             assert source.exists(), f"{name} mounts {source} at {target}, which does not exist"
             assert source.resolve().is_relative_to(REPO), f"{name} mounts {source} from outside the repository"
             mounts += 1
-    assert mounts == 14  # exporter 4, prometheus 2, alertmanager 3, grafana 5
+    assert mounts == 15  # exporter 4, prometheus 3, alertmanager 3, grafana 5
 
 
 def test_state_lives_on_named_volumes():
@@ -211,13 +212,23 @@ def prometheus_config_on_host(tmp_path) -> Path:
     return path
 
 
-def test_prometheus_loads_every_rule_file_of_alerts(tmp_path):
+def test_prometheus_loads_the_shipped_rules_linked_to_the_runbook_it_serves(tmp_path):
+    """alerts/kvcache-rules.yml but for each runbook_url, which is this Prometheus' external URL and the console it
+    serves the runbook as (alerts/runbook.md as a page): `make alerts` keeps both in step with the generators."""
     config = yaml.safe_load(prometheus_config_on_host(tmp_path).read_text())
-    rule_files = {Path(path) for path in config["rule_files"]}
-    in_alerts = {path for path in (REPO / "alerts").glob("*.y*ml")
-                 if "groups" in (yaml.safe_load(path.read_text()) or {})}
-    assert rule_files == in_alerts
-    assert REPO / "alerts" / "kvcache-rules.yml" in rule_files
+    [rule_file] = [Path(path) for path in config["rule_files"]]
+    prometheus = service("prometheus")
+    consoles = command_option(prometheus, "web.console.templates")
+    page = host_path(prometheus, f"{consoles}/runbook.html")
+    link = "{{ $externalURL }}/consoles/runbook.html"
+    shipped = yaml.safe_load((REPO / "alerts" / "kvcache-rules.yml").read_text())
+    for rule in shipped["groups"][0]["rules"]:
+        if "alert" in rule:
+            rule["annotations"]["runbook_url"] = rule["annotations"]["runbook_url"].replace(
+                f"{generate.RUNBOOK_URL_BASE}#", f"{link}#")
+    assert yaml.safe_load(rule_file.read_text()) == shipped
+    assert rule_file.read_text() == generate.render(generate.build(runbook_base=link))
+    assert page.read_text() == runbook.to_html((REPO / "alerts" / "runbook.md").read_text())
 
 
 def test_promtool_accepts_the_prometheus_configuration_and_its_rules(tmp_path):

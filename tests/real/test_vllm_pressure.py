@@ -277,7 +277,9 @@ def test_kv_bound_shortage_and_preemption_alerts_reach_the_webhook(kv_bound, sta
     assert KV_ALERTS <= received, kv_bound.diagnostics
     shortage = [alert for _, alert in stack.recorder.webhook_alerts("KVCacheShortageQueueing", KV_TARGET)]
     labels = shortage[0]["labels"]
-    assert (labels["severity"], labels["engine"], labels["model"]) == ("critical", "vllm", vllm_engine.MODEL_NAME)
+    assert (labels["engine"], labels["model"]) == ("vllm", vllm_engine.MODEL_NAME)
+    # The warning for the queue held; the page where it also grew or its first tokens came late.
+    assert {alert["labels"]["severity"] for alert in shortage} <= {"warning", "critical"}
     # The description opens with the number of requests waiting for KV, as Prometheus had it.
     assert float(shortage[0]["annotations"]["description"].split(" ", 1)[0]) >= 1
     storm = [alert for _, alert in stack.recorder.webhook_alerts("KVCachePreemptionStorm", KV_TARGET)]

@@ -10,7 +10,7 @@ import re
 import pytest
 import yaml
 
-from kvcache_exporter.alerts import generate
+from kvcache_exporter.alerts import generate, runbook
 from kvcache_exporter.thresholds import DEFAULT
 from devtools.harness import REPO
 
@@ -187,6 +187,24 @@ def test_runbook_url_base_is_a_setting(tmp_path):
 
 # --- runbook ----------------------------------------------------------------------------------
 
+def test_committed_runbook_is_what_its_generator_builds(tmp_path, capsys):
+    assert (ALERTS / "runbook.md").read_text() == runbook.render(), "run `make alerts` and commit the result"
+    assert (runbook.main(["--check"]), capsys.readouterr().err) == (0, "")
+    stale = tmp_path / "runbook.md"
+    stale.write_text(runbook.render().replace("high-water mark 90%", "high-water mark 95%"))
+    assert runbook.main(["--check", "--output", str(stale)]) == 1
+    assert capsys.readouterr().err == f"{stale} is out of date: run `make alerts`\n"
+
+
+def test_runbook_follows_a_configuration(tmp_path):
+    config = tmp_path / "exporter.yml"
+    config.write_text("pressure: {high_water_ratio: 0.95, shortage_critical_ttft_seconds: 5}\n")
+    out = tmp_path / "runbook.md"
+    assert runbook.main(["--config", str(config), "--output", str(out)]) == 0
+    text = out.read_text()
+    assert "high-water mark 95%" in text and "mean time to first token over the window is above 5 s" in text
+    assert "90%" not in text
+
 def github_anchor(heading: str) -> str:
     """The anchor GitHub gives a Markdown heading."""
     slug = re.sub(r"[^\w\- ]", "", heading.strip().lower())
@@ -208,6 +226,7 @@ def test_runbook_sections_say_how_to_confirm_and_what_to_change():
     for name, body in sections.items():
         assert "```promql" in body, f"{name}: no query to confirm it"
         assert "Change:" in body, f"{name}: nothing says what to change"
+        assert "Why these numbers:" in body, f"{name}: nothing says why its thresholds are what they are"
     remedies = ["max running requests", "gpu memory share", "max model length", "scale out",
                 "prefix-aware routing", "kv offload", "quantized kv cache"]
     assert [r for r in remedies if r not in runbook.lower()] == []
@@ -230,6 +249,7 @@ def test_unit_tests_cover_every_alert_firing_and_not_firing():
     assert set(firing) == EXPECTED_ALERTS
     assert quiet == EXPECTED_ALERTS
     assert firing["KVCachePreemptionStorm"] == {"warning", "critical"}
+    assert firing["KVCacheShortageQueueing"] == {"warning", "critical"}
 
 
 def test_unit_tests_cover_the_named_situations():
@@ -244,9 +264,9 @@ def alertmanager_config() -> dict:
     return yaml.safe_load((ALERTS / "alertmanager.yml").read_text())
 
 
-def test_groups_by_target_and_model_and_inhibits_nearly_full_during_a_shortage():
+def test_groups_by_alert_and_model_and_inhibits_nearly_full_during_a_shortage():
     config = alertmanager_config()
-    assert config["route"]["group_by"] == ["target", "model"]
+    assert config["route"]["group_by"] == ["alertname", "model"]
     assert {
         "source_matchers": ['alertname="KVCacheShortageQueueing"'],
         "target_matchers": ['alertname="KVCacheNearlyFull"'],
