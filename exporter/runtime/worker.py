@@ -12,16 +12,19 @@ import sys
 import time
 
 from .. import exposition
+from . import process_series
 from .shard import Shard, polled_by
 from .workers import read_frame, write_frame
 
 
-def answer(shard: Shard, kind: str, payload):
+def answer(shard: Shard, index: int, kind: str, payload):
     """The answer to one of the parent's requests (exporter/runtime/workers.py, Workers._ask)."""
     if kind == "scrape":
         texts = shard.scheduler.run(_observed(shard, payload))
         # Joined here, outside the poll loop: the parent only puts the workers' families side by side.
-        return exposition.families(texts, time.time(), shard.config.staleness), shard.scheduler.phase_state()
+        families = exposition.families(texts, time.time(), shard.config.staleness)
+        families.update((name, text.encode()) for name, text in process_series.lines(worker=index).items())
+        return families, shard.scheduler.phase_state()
     if kind == "ready":
         return shard.readiness()
     shard.apply(payload)  # "config": a reload
@@ -57,7 +60,7 @@ def main(argv: list[str]) -> int:
     try:
         while (request := read_frame(requests)) is not None:
             ident, kind, payload = request
-            write_frame(answers, (ident, answer(shard, kind, payload)))
+            write_frame(answers, (ident, answer(shard, index, kind, payload)))
     except BrokenPipeError:  # the parent is gone
         pass
     finally:
