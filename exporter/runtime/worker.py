@@ -6,13 +6,12 @@ targets of its shard and answers its parent's requests, read from stdin, on stdo
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
 import time
 
 from .. import exposition
-from . import process_series
+from . import logs, process_series
 from .shard import Shard, polled_by
 from .workers import read_frame, write_frame
 
@@ -52,8 +51,7 @@ def main(argv: list[str]) -> int:
     if first is None:
         return 0
     ident, _, config = first
-    logging.basicConfig(level=config.log_level.upper(),
-                        format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s")
+    logs.configure(config.log_level, config.log_format, worker=index)
     shard = Shard(config, polled_by(config, index, count))
     shard.start()
     write_frame(answers, (ident, True))
