@@ -66,3 +66,9 @@ def test_both_spellings_of_a_flag_give_the_setting_and_the_spelling_is_kept(tmp_
         assert cfg.given(flags, {}, setting) == ("command line", spelling, values[setting])
         configs.append(cfg.resolve(flags, {}))
     assert configs[0] == configs[1]
+
+
+def test_the_kubernetes_docs_name_the_registrys_engines():
+    text = (harness.REPO / "docs" / "kubernetes.md").read_text()
+    (listed,) = re.findall(r"one of the exporter's engines \(([^)]*)\)", text.replace("\n   ", " "))
+    assert re.findall(r"`([a-z]+)`", listed) == list(ADAPTERS)
