@@ -28,10 +28,14 @@ def engine_of(flavor: str) -> str:
     return flavor.partition("-")[0]
 
 
+def in_words(parts: list[str]) -> str:
+    """`a, b and c`, for a help text."""
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+
+
 def engines_in_words() -> str:
     """What the demo starts, for the help: `vLLM (kv-saturation), SGLang (steady), ... and vLLM (offload-tier)`."""
-    parts = [f"{ADAPTERS[engine_of(flavor)].title} ({scenario})" for flavor, scenario, _ in DEMO_ENGINES]
-    return ", ".join(parts[:-1]) + " and " + parts[-1]
+    return in_words([f"{ADAPTERS[engine_of(flavor)].title} ({scenario})" for flavor, scenario, _ in DEMO_ENGINES])
 
 
 def _free_port() -> int:
@@ -50,7 +54,8 @@ class RealVllm:
 
 
 def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | None, log_level: str | None,
-        real_vllm: RealVllm | None = None, log_format: str | None = None, flags: Mapping[str, object] | None = None) -> int:
+        real_vllm: RealVllm | None = None, log_format: str | None = None,
+        flags: Mapping[str, object] | None = None) -> int:
     """`listen_key` is (where, key) of the listen address, named in the error if it cannot be bound; `flags` the
     command line's, to name a flag as it was typed."""
     from ..simulator.server import start_engine  # the simulator is loaded for the demo only

@@ -24,9 +24,8 @@ class _Typed(argparse.Action):
 
 
 def engines_in_words() -> str:
-    """The registered engines' names, for the help: `vLLM, SGLang, ... and LMCache`."""
-    titles = [adapter.title for adapter in ADAPTERS.values()]
-    return ", ".join(titles[:-1]) + " and " + titles[-1]
+    """The registered engines' names, for the help: `Dynamo, LMCache, ... and vLLM`."""
+    return demo.in_words([adapter.title for adapter in ADAPTERS.values()])
 
 
 def parser() -> argparse.ArgumentParser:
@@ -73,8 +72,9 @@ def main(argv: list[str]) -> int:
     try:
         if flags["demo"]:
             listen = cfg.given(flags, environ, "listen")
-            return demo.run(listen[2] if listen else None, listen[:2] if listen else ("--demo", cfg.flag_name("listen")),
-                            flags["poll_interval"], flags["log_level"], log_format=flags["log_format"], flags=flags)
+            listen_key = listen[:2] if listen else ("--demo", cfg.flag_name("listen"))
+            return demo.run(listen[2] if listen else None, listen_key, flags["poll_interval"], flags["log_level"],
+                            log_format=flags["log_format"], flags=flags)
         config = cfg.resolve(flags, environ)
         web_config = flags["web_config_file"] or environ.get(cfg.ENVIRONMENT["web_config_file"])
         web = webconfig.load(web_config) if web_config else None

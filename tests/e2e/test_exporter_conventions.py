@@ -115,7 +115,8 @@ def test_the_prometheus_flag_names_and_the_earlier_ones_run_the_same_exporter(tm
     with PageServer({"/good": page(harness.vllm_page(0.25, preemptions=0))}) as server:
         config = tmp_path / "exporter.yml"
         config.write_text(yaml.safe_dump({"targets": [{"name": "good", "url": server.url("/good")}]}))
-        for spelling in (("--config.file", "--poll.interval", "--log.level"), ("--config", "--poll-interval", "--log-level")):
+        for spelling in (("--config.file", "--poll.interval", "--log.level"),
+                         ("--config", "--poll-interval", "--log-level")):
             with harness.exporter(tmp_path, *(value for pair in zip(spelling, (str(config), "0.5s", "debug"))
                                               for value in pair)) as exporter:
                 harness.wait_until(lambda: harness.series(harness.scrape(exporter.url), "kvcache_usage_ratio"), 20,
