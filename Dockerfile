@@ -21,7 +21,7 @@ RUN python -m venv /opt/kvcache \
 
 FROM python:3.13.11-slim-bookworm
 LABEL org.opencontainers.image.title="kvcache-exporter" \
-      org.opencontainers.image.description="KV-cache observability for vLLM and SGLang serving fleets" \
+      org.opencontainers.image.description="KV-cache observability for LLM serving fleets (vLLM, SGLang, TensorRT-LLM and more)" \
       org.opencontainers.image.licenses="Apache-2.0"
 # A fixed numeric uid/gid so that file permissions on mounted configs and secrets are predictable.
 RUN groupadd --system --gid 10490 kvcache \

@@ -22,7 +22,7 @@ FILENAME = "kvcache-fleet.json"
 
 def build(thresholds: Thresholds, static_labels: tuple[str, ...],
           pd_group_label: str = DEFAULT_PD_GROUP_LABEL) -> models.Dashboard:
-    labels = (*static_labels, "engine", "model", "target")
+    labels = variables.filtered(*static_labels, variables.NAMESPACE, "engine", "model", variables.POD, "target")
     # One p90 line per target: a fleet of 200 targets stays a readable graph, and no quantile adds
     # up two engines' unlike buckets.
     v = View(Scope(labels), split=("target",), per="per target", legend="{{target}}", thresholds=thresholds,

@@ -21,14 +21,15 @@ FILENAME = "kvcache-target.json"
 
 def drill_down_link(static_labels: tuple[str, ...]) -> Link:
     """A data link that opens this dashboard on the series' target, keeping data source, filters and time."""
-    params = [f"${{{name}:queryparam}}" for name in (DATASOURCE_VARIABLE, *static_labels)]
+    params = [f"${{{name}:queryparam}}"
+              for name in (DATASOURCE_VARIABLE, *variables.filtered(*static_labels, variables.NAMESPACE))]
     params += ["var-target=${__field.labels.target}", "${__url_time_range}"]
     return Link("Open ${__field.labels.target} in " + TITLE, f"/d/{UID}/kvcache-target?{'&'.join(params)}")
 
 
 def build(thresholds: Thresholds, static_labels: tuple[str, ...], pd_group_label: str = "") -> models.Dashboard:
     """(One target has no P/D group: `pd_group_label` is the fleet's.)"""
-    labels = (*static_labels, "target")
+    labels = variables.filtered(*static_labels, variables.NAMESPACE, "target")
     v = View(Scope(labels), split=("target", "dp_rank"), per="per rank", legend="{{target}} dp{{dp_rank}}",
              thresholds=thresholds, latency_quantiles=(0.5, 0.9, 0.99))
     rows = [

@@ -18,6 +18,14 @@ DEFAULT_VALUES_SOURCE = "kvcache_target_up"
 
 # "All" matches series that lack the label too (a static label not every target has).
 MATCH_ALL = ".*"
+# The labels Kubernetes probe mode's relabeling puts on every probed series (deploy/kubernetes/probe.py): where the
+# engine pod runs. Elsewhere no series has them, the filters list nothing and All matches everything.
+NAMESPACE, POD = "namespace", "pod"
+
+
+def filtered(*labels: str) -> tuple[str, ...]:
+    """The labels in order, each once: a static label may be named like a discovery label."""
+    return tuple(dict.fromkeys(labels))
 
 
 def datasource():

@@ -128,6 +128,10 @@ nothing. A series whose inputs the engine does not expose is absent, never a mad
 target stops answering, `kvcache_target_up` drops to 0 at once and its other series vanish after
 the staleness period instead of freezing at their last values. The prefix-cache hit ratio is
 `rate(hit) / rate(queried)` over a window, never a ratio of the lifetime counters.
+
+Beside them the page has the series every Python exporter has, by prometheus_client's process and
+platform collectors: `process_*` (CPU, memory, file descriptors, start time; Linux) and `python_info`.
+With `workers` above 1 each worker process reports its own `process_*`, labelled `worker`.
 """
 
 

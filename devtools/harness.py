@@ -19,6 +19,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -314,6 +315,17 @@ def value(samples: dict, name: str, **labels: str) -> float:
     if len(found) != 1:
         raise KeyError(f"{name}{labels}: {len(found)} samples")
     return next(iter(found.values()))
+
+
+_LOGFMT_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^ "=]*)(?: |$)')
+
+
+def logfmt(line: str) -> dict[str, str]:
+    """One logfmt line's pairs (a quoted value unescaped as JSON); a line that is not logfmt raises."""
+    pairs = _LOGFMT_PAIR.findall(line)
+    if "".join(f"{key}={value} " for key, value in pairs).rstrip() != line:
+        raise ValueError(f"not logfmt: {line!r}")
+    return {key: json.loads(value) if value.startswith('"') else value for key, value in pairs}
 
 
 # --- engine stand-ins: an HTTP server whose routes misbehave on purpose, a KV event publisher ----------

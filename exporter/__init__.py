@@ -1,4 +1,4 @@
-"""kvcache-exporter: KV-cache observability for vLLM and SGLang serving fleets."""
+"""kvcache-exporter: KV-cache observability for LLM serving fleets (the engines of kvcache_exporter.adapters)."""
 
 import logging
 from importlib.metadata import PackageNotFoundError, version

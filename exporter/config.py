@@ -45,10 +45,27 @@ ENVIRONMENT = {
     "listen": "KVCACHE_EXPORTER_LISTEN",
     "poll_interval": "KVCACHE_EXPORTER_POLL_INTERVAL",
     "log_level": "KVCACHE_EXPORTER_LOG_LEVEL",
+    "log_format": "KVCACHE_EXPORTER_LOG_FORMAT",
     "workers": "KVCACHE_EXPORTER_WORKERS",
     "shard": "KVCACHE_EXPORTER_SHARD",
     "web_config_file": "KVCACHE_EXPORTER_WEB_CONFIG",
 }
+# Setting -> its flags: the name the Prometheus exporters give it first, then the name it had before (kept).
+FLAGS = {
+    "config": ("--config.file", "--config"),
+    "target": ("--target",),
+    "listen": ("--web.listen-address", "--listen"),
+    "poll_interval": ("--poll.interval", "--poll-interval"),
+    "log_level": ("--log.level", "--log-level"),
+    "log_format": ("--log.format",),
+    "workers": ("--workers",),
+    "shard": ("--shard",),
+    "web_config_file": ("--web.config.file",),
+}
+# The key of the flags' mapping that says which spelling of a setting's flag the command line used.
+TYPED = "typed_flags"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("logfmt", "json")  # the first is the default
 
 
 class ConfigError(Exception):
@@ -165,6 +182,7 @@ class Config:
     thresholds: Thresholds = field(default_factory=Thresholds)
     listen: str = DEFAULT_LISTEN
     log_level: str = "info"
+    log_format: str = LOG_FORMATS[0]
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     pd_group_label: str = DEFAULT_PD_GROUP_LABEL
     workers: int = 1  # processes that poll the targets between them (exporter/runtime/workers.py)
@@ -327,7 +345,7 @@ _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_a
                 "tls_insecure_skip_verify", "model_architecture", "kv_events", "role", "model"}
 
 _TOP_KEYS = {"poll_interval", "timeout", "staleness", "max_response_bytes", "labels", "pressure", "targets", "listen",
-             "log_level", "probe", "pd_group_label", "workers", "shard"}
+             "log_level", "log_format", "probe", "pd_group_label", "workers", "shard"}
 _HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?.\-\[\]]+$")
 
 
@@ -531,7 +549,8 @@ def load_file(path: str) -> dict[str, Any]:
     for key, convert in (("poll_interval", parse_poll_interval), ("timeout", parse_duration),
                          ("staleness", parse_duration), ("max_response_bytes", parse_size),
                          ("labels", _labels), ("listen", parse_listen),
-                         ("log_level", _log_level), ("workers", parse_workers), ("shard", parse_shard)):
+                         ("log_level", parse_log_level), ("log_format", parse_log_format), ("workers", parse_workers),
+                         ("shard", parse_shard)):
         value = reader.get(key, convert)
         if value is not None:
             settings[key] = value
@@ -544,11 +563,17 @@ def load_file(path: str) -> dict[str, Any]:
     return settings
 
 
-def _log_level(value: Any) -> str:
+def parse_log_level(value: Any) -> str:
     level = str(value).lower()
-    if level not in ("debug", "info", "warning", "error"):
-        raise ValueError(f"must be debug, info, warning or error, got {value!r}")
+    if level not in LOG_LEVELS:
+        raise ValueError(f"must be {', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]}, got {value!r}")
     return level
+
+
+def parse_log_format(value: Any) -> str:
+    if value not in LOG_FORMATS:
+        raise ValueError(f"must be {' or '.join(LOG_FORMATS)}, got {value!r}")
+    return value
 
 
 def build(source: str, settings: dict[str, Any]) -> Config:
@@ -575,6 +600,7 @@ def build(source: str, settings: dict[str, Any]) -> Config:
         thresholds=settings.get("thresholds", Thresholds()),
         listen=settings.get("listen", DEFAULT_LISTEN),
         log_level=settings.get("log_level", "info"),
+        log_format=settings.get("log_format", LOG_FORMATS[0]),
         probe=settings.get("probe", ProbeConfig()),
         pd_group_label=settings.get("pd_group_label", DEFAULT_PD_GROUP_LABEL),
         workers=settings.get("workers", 1),
@@ -582,16 +608,18 @@ def build(source: str, settings: dict[str, Any]) -> Config:
     )
 
 
-def flag_name(setting: str) -> str:
-    """The command-line flag of a setting (`poll_interval` -> `--poll-interval`)."""
-    return "--web.config.file" if setting == "web_config_file" else "--" + setting.replace("_", "-")
+def flag_name(setting: str, flags: Mapping[str, object] | None = None) -> str:
+    """The command-line flag of a setting as `flags` says it was typed, else its name (`listen` ->
+    `--web.listen-address`)."""
+    typed = (flags or {}).get(TYPED) or {}
+    return typed.get(setting) or FLAGS[setting][0]
 
 
 def given(flags: Mapping[str, object], environ: Mapping[str, str], setting: str) -> tuple[str, str, object] | None:
     """(where, flag or variable, value) of a setting given as a flag (None: not given) or in the environment."""
     value = flags.get(setting)
     if value is not None:
-        return "command line", flag_name(setting), value
+        return "command line", flag_name(setting, flags), value
     if environ.get(ENVIRONMENT[setting]):
         return "environment", ENVIRONMENT[setting], environ[ENVIRONMENT[setting]]
     return None
@@ -621,13 +649,14 @@ def resolve(flags: Mapping[str, object], environ: Mapping[str, str]) -> Config:
                 raise ConfigError(origin, key, f"{url} is given twice")
             if target.name in named:  # the command line has no way to name a target
                 raise ConfigError(origin, key, f"{url} would be named {target.name!r} like "
-                                  f"{named[target.name]}: to poll both, list them in a --config file, each "
-                                  "with its own `name`")
+                                  f"{named[target.name]}: to poll both, list them in a configuration file "
+                                  f"({FLAGS['config'][0]}), each with its own `name`")
             named[target.name] = url
             extra.append(target)
         settings["targets"] = list(settings.get("targets", [])) + extra
     for name, convert in (("listen", parse_listen), ("poll_interval", parse_poll_interval),
-                          ("log_level", _log_level), ("workers", parse_workers), ("shard", parse_shard)):
+                          ("log_level", parse_log_level), ("log_format", parse_log_format), ("workers", parse_workers),
+                          ("shard", parse_shard)):
         found = given(flags, environ, name)
         if found:
             try:
@@ -645,4 +674,4 @@ def listen_origin(flags: Mapping[str, object], environ: Mapping[str, str]) -> tu
     config_path = given(flags, environ, "config")
     if config_path and "listen" in load_file(str(config_path[2])):
         return str(config_path[2]), "listen"
-    return "default", "--listen"
+    return "default", flag_name("listen")

@@ -23,14 +23,18 @@ class Group:
 
     identity: tuple[str, ...]
     # "exporter": the exporter itself (the process, its polls); "poll": the engine's /metrics page, read by
-    # its adapter and completed by exporter/derive.py; "events": the engine's KV event stream.
+    # its adapter and completed by exporter/derive.py; "events": the engine's KV event stream; "process":
+    # prometheus_client's process and platform collectors, read in each of the exporter's processes.
     fed_by: str
+    # Prepended to its families' names: the standard process families keep the names every exporter gives them.
+    prefix: str = PREFIX
 
 
 # `role`: the pool's part in disaggregated serving (ROLES), the same for every pool of a target.
 _POOL = ("target", "engine", "model", "dp_rank", "role")
 GROUPS = {
     "exporter": Group((), "exporter"),  # the process: no static labels either
+    "process": Group((), "process", prefix=""),  # process_* and python_info, as every Python exporter has them
     "target": Group(("target", "engine"), "exporter"),  # the outcome of the target's polls
     "pool": Group(_POOL, "poll"),  # one data-parallel replica's KV pool, queue and latencies
     "pressure": Group(_POOL, "poll"),
@@ -42,7 +46,7 @@ GROUPS = {
 
 @dataclass(frozen=True)
 class Family:
-    name: str  # without the prefix
+    name: str  # without its group's prefix
     type: str  # gauge, counter or histogram
     group: str  # a key of GROUPS
     unit: str  # one of UNITS, or "" for a count of something else, a flag or a state
@@ -54,7 +58,7 @@ class Family:
 
     @property
     def metric(self) -> str:
-        return PREFIX + self.name
+        return GROUPS[self.group].prefix + self.name
 
     @property
     def identity(self) -> tuple[str, ...]:
@@ -142,6 +146,9 @@ _HOLDERS = ("The top kv_events.top_holders by resident blocks, the rest summed a
 _TIER = "`tier` is " + ", ".join(TIERS) + ". "
 _KV_TRANSFER = "Disaggregated prefill/decode only (absent without a KV connector). "
 _TRANSFER = _TIER + "`direction` is " + ", ".join(f"{d} ({what})" for d, what in TRANSFER_DIRECTIONS.items()) + ". "
+# With `workers` above 1 each process reports its own: the serving process without `worker`, a worker with it.
+_PROCESS = ("prometheus_client's process collector (Linux: read from /proc). `worker`: absent on the process that "
+            "serves /metrics, the worker's index on a worker process's series (`workers` above 1).")
 
 # In the order the exporter serves them.
 _TABLE = (
@@ -177,6 +184,22 @@ _TABLE = (
     Family("exporter_worker_missed_replies_total", "counter", "exporter", "",
            "Requests to a worker process (a scrape of /metrics, a /ready) it did not answer within the poll "
            "timeout: the targets of its share were absent from that response.", stable=False),
+    # The processes, as prometheus_client's collectors describe any Python program.
+    Family("process_cpu_seconds_total", "counter", "process", "seconds", "User and system CPU time the process "
+           "has used. " + _PROCESS, ("worker",)),
+    Family("process_resident_memory_bytes", "gauge", "process", "bytes", "Resident memory of the process. "
+           + _PROCESS, ("worker",)),
+    Family("process_virtual_memory_bytes", "gauge", "process", "bytes", "Virtual memory of the process. "
+           + _PROCESS, ("worker",)),
+    Family("process_start_time_seconds", "gauge", "process", "seconds", "Unix time the process started. "
+           + _PROCESS, ("worker",)),
+    Family("process_open_fds", "gauge", "process", "", "File descriptors the process holds open (sockets to the "
+           "targets included). " + _PROCESS, ("worker",)),
+    Family("process_max_fds", "gauge", "process", "", "The process's limit on open file descriptors. " + _PROCESS,
+           ("worker",)),
+    Family("python_info", "gauge", "process", "", "1, with the Python that runs the exporter (prometheus_client's "
+           "platform collector); from the serving process only.",
+           ("implementation", "major", "minor", "patchlevel", "version")),
     # Its polls, per target.
     Family("target_up", "gauge", "target", "", "1 if the last poll of the target succeeded and parsed, else 0."),
     Family("target_scrape_duration_seconds", "gauge", "target", "seconds", "Duration of the last poll of the target."),
@@ -387,20 +410,22 @@ def names(group: str | None = None, type: str | None = None, fed_by: str | None 
 def label_names() -> frozenset[str]:
     """Every label name the exporter writes on a kvcache_* series: the groups' identities, the families' own
     labels and a histogram's `le`. A static label of the configuration must take none of them."""
-    return frozenset({"le"}.union(*(family.identity + family.labels for family in FAMILIES.values())))
+    return frozenset({"le"}.union(*(family.identity + family.labels for family in FAMILIES.values()
+                                    if family.metric.startswith(PREFIX))))
+
+
+_BY_METRIC = {family.metric: family for family in FAMILIES.values()}
 
 
 def family_of(series: str) -> Family | None:
-    """The family a series name belongs to (`kvcache_x`, or a histogram's `kvcache_x_bucket`); None if none."""
-    if not series.startswith(PREFIX):
-        return None
-    name = series[len(PREFIX):]
-    family = FAMILIES.get(name)
+    """The family a series name belongs to (`kvcache_x`, a histogram's `kvcache_x_bucket`, `process_x`); None
+    if none."""
+    family = _BY_METRIC.get(series)
     if family is not None and family.type != "histogram":
         return family
     for suffix in HISTOGRAM_SUFFIXES:
-        if name.endswith(suffix):
-            family = FAMILIES.get(name[:-len(suffix)])
+        if series.endswith(suffix):
+            family = _BY_METRIC.get(series[:-len(suffix)])
             if family is not None and family.type == "histogram":
                 return family
     return None

@@ -45,8 +45,27 @@ def project_version() -> str:
         return tomllib.load(handle)["project"]["version"]
 
 
+# The exporter's image as the manifests name it: kustomize's image transformer (base/kustomization.yaml's
+# `images:`, or an overlay's) maps it to the image the cluster pulls, the one place a user sets it.
+IMAGE_NAME = NAME
+
+
 def default_image() -> str:
-    return f"ghcr.io/kvcache-exporter/kvcache-exporter:{project_version()}"
+    """The image `docker build -t kvcache-exporter:VERSION .` makes: no registry publishes it, so a cluster
+    pulls it from where the user pushed it, set once in `images:`."""
+    return f"{IMAGE_NAME}:{project_version()}"
+
+
+def image_transform(image: str) -> dict[str, str]:
+    """The kustomize `images:` entry that makes the manifests' IMAGE_NAME `image` (REPOSITORY[:TAG] or
+    REPOSITORY@DIGEST)."""
+    repository, at, digest = image.partition("@")
+    if at:
+        return {"name": IMAGE_NAME, "newName": repository, "digest": digest}
+    head, colon, tag = repository.rpartition(":")
+    if colon and "/" not in tag:  # a colon in the last part is a tag's, else a registry's port
+        return {"name": IMAGE_NAME, "newName": head, "newTag": tag}
+    return {"name": IMAGE_NAME, "newName": repository}
 
 
 def meta_label(pod_label: str, kind: str = "label") -> str:

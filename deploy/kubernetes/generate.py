@@ -127,7 +127,7 @@ def render(deployment: Deployment, sources: Sources) -> dict[str, str]:
     resources = [Path(path).name for path in base if path.endswith(".yaml")]
     return {
         **base,
-        "base/kustomization.yaml": to_yaml(workload.kustomization(resources, deployment.namespace)),
+        "base/kustomization.yaml": to_yaml(workload.kustomization(resources, deployment)),
         "prometheus/kvcache-scrape-configs.yml": to_yaml(probe.plain_scrape_configs(deployment)),
         # Examples for an engine Deployment (edit its name, model and role): one of the two, not both.
         "autoscaling/keda-scaledobject.yaml": to_yaml(autoscaling.scaled_object(autoscaling.Scaled())),

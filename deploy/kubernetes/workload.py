@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .deployment import NAME, PORT, PORT_NAME, Deployment
+from .deployment import IMAGE_NAME, NAME, PORT, PORT_NAME, Deployment, image_transform
 
 CONFIG_MAP = NAME + "-config"
 CONFIG_DIR = "/etc/kvcache-exporter"
@@ -33,8 +33,8 @@ def _http_probe(path: str, period: int, failures: int) -> dict:
 def container(deployment: Deployment) -> dict:
     return {
         "name": "exporter",
-        "image": deployment.image,
-        "args": [f"--config={CONFIG_DIR}/{CONFIG_FILE}"],
+        "image": IMAGE_NAME,  # made the deployment's image by the kustomization's `images:`
+        "args": [f"--config.file={CONFIG_DIR}/{CONFIG_FILE}"],
         "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
         "livenessProbe": _http_probe("/healthz", period=10, failures=3),
         "readinessProbe": _http_probe("/ready", period=5, failures=2),
@@ -93,12 +93,14 @@ def stateful_set(deployment: Deployment) -> dict:
     }
 
 
-def kustomization(resources: list[str], namespace: str) -> dict:
+def kustomization(resources: list[str], deployment: Deployment) -> dict:
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "namespace": namespace,
+        "namespace": deployment.namespace,
         "resources": resources,
+        # The one place the exporter's image is set (`kustomize edit set image`, an overlay's `images:`, --image).
+        "images": [image_transform(deployment.image)],
         # The config's content hash becomes part of the ConfigMap's name, so a changed
         # configuration rolls the replicas instead of waiting for them to notice.
         "configMapGenerator": [{"name": CONFIG_MAP, "files": [CONFIG_FILE],

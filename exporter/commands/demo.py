@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from typing import Mapping
 
 from .. import config as cfg
+from ..adapters import ADAPTERS
 from ..runtime import app
-from ..simulator.server import start_engine
 
 DEMO_ENGINES = (
     # (flavor, scenario, target name): vLLM runs into a KV shortage and recovers; SGLang serves steadily;
@@ -20,6 +21,21 @@ DEMO_ENGINES = (
 )
 DEMO_LISTEN = "127.0.0.1:10490"
 DEMO_SPEED = 4.0
+
+
+def engine_of(flavor: str) -> str:
+    """The adapter that reads a simulator flavor's page: the flavors are named after it (`vllm-v1`, `sglang`)."""
+    return flavor.partition("-")[0]
+
+
+def in_words(parts: list[str]) -> str:
+    """`a, b and c`, for a help text."""
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+
+
+def engines_in_words() -> str:
+    """What the demo starts, for the help: `vLLM (kv-saturation), SGLang (steady), ... and vLLM (offload-tier)`."""
+    return in_words([f"{ADAPTERS[engine_of(flavor)].title} ({scenario})" for flavor, scenario, _ in DEMO_ENGINES])
 
 
 def _free_port() -> int:
@@ -38,13 +54,21 @@ class RealVllm:
 
 
 def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | None, log_level: str | None,
-        real_vllm: RealVllm | None = None) -> int:
-    """`listen_key` is (where, key) of the listen address, named in the error if it cannot be bound."""
+        real_vllm: RealVllm | None = None, log_format: str | None = None,
+        flags: Mapping[str, object] | None = None) -> int:
+    """`listen_key` is (where, key) of the listen address, named in the error if it cannot be bound; `flags` the
+    command line's, to name a flag as it was typed."""
+    from ..simulator.server import start_engine  # the simulator is loaded for the demo only
+
     listen = listen or DEMO_LISTEN
-    try:
-        interval = cfg.parse_poll_interval(poll_interval or "1s")
-    except ValueError as err:
-        raise cfg.ConfigError("command line", "--poll-interval", str(err)) from None
+    settings = {}
+    for setting, value, convert in (("poll_interval", poll_interval or "1s", cfg.parse_poll_interval),
+                                    ("log_level", log_level or "info", cfg.parse_log_level),
+                                    ("log_format", log_format or cfg.LOG_FORMATS[0], cfg.parse_log_format)):
+        try:
+            settings[setting] = convert(value)
+        except ValueError as err:
+            raise cfg.ConfigError("command line", cfg.flag_name(setting, flags), str(err)) from None
     simulated = DEMO_ENGINES[1:] if real_vllm else DEMO_ENGINES
     # Each engine publishes its KV events too, so that the "What more KV would buy" panels move.
     endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in simulated]
@@ -58,8 +82,7 @@ def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | No
             events = cfg.KVEventsConfig(endpoint=real_vllm.kv_events_endpoint, replay_endpoint=real_vllm.replay_endpoint)
             targets.insert(0, cfg.TargetConfig(name=DEMO_ENGINES[0][2], url=real_vllm.url, engine="vllm",
                                                labels={"cluster": "demo"}, kv_events=events))
-        config = cfg.build("--demo", {"targets": targets, "listen": cfg.parse_listen(listen),
-                                      "poll_interval": interval, "log_level": log_level or "info"})
+        config = cfg.build("--demo", {"targets": targets, "listen": cfg.parse_listen(listen), **settings})
         host, _, port = listen.rpartition(":")
 
         def banner() -> None:  # once the exporter listens: a port in use is one line of error, no banner

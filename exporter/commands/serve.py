@@ -9,34 +9,59 @@ import os
 import sys
 
 from .. import __version__, config as cfg
+from ..adapters import ADAPTERS
 from ..runtime import app, webconfig
+from . import demo
+
+
+class _Typed(argparse.Action):
+    """Stores a flag's value and the spelling the command line used (cfg.TYPED), so that an error names the flag as
+    the user typed it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, cfg.TYPED, {**(getattr(namespace, cfg.TYPED, None) or {}), self.dest: option_string})
+
+
+def engines_in_words() -> str:
+    """The registered engines' names, for the help: `Dynamo, LMCache, ... and vLLM`."""
+    return demo.in_words([adapter.title for adapter in ADAPTERS.values()])
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvcache-exporter",
-        description="Polls vLLM and SGLang /metrics endpoints and exposes the engine-independent kvcache_* "
-                    "contract. Subcommands: `kvcache-exporter kv-math --help` for KV memory arithmetic, "
-                    "`kvcache-exporter assets --help` to write out the dashboards and alert rules, "
+        description=f"Polls the /metrics endpoints of LLM serving engines ({engines_in_words()}) and exposes the "
+                    "engine-independent kvcache_* contract. Subcommands: `kvcache-exporter kv-math --help` for KV "
+                    "memory arithmetic, `kvcache-exporter assets --help` to write out the dashboards and alert rules, "
                     "`kvcache-exporter top --help` for the fleet's KV state in a terminal.",
         epilog="Each flag can also be set from its environment variable: "
                + ", ".join(f"{cfg.flag_name(k)}: {v}" for k, v in cfg.ENVIRONMENT.items())
-               + " (comma-separated URLs).",
+               + " (comma-separated URLs). A flag's second spelling is its earlier name, kept as an alias.",
     )
-    p.add_argument("--config", metavar="FILE", help="YAML configuration file")
-    p.add_argument("--target", metavar="URL", action="append", help="an engine's /metrics URL (repeatable)")
-    p.add_argument("--listen", metavar="HOST:PORT", help=f"where to serve /metrics (default {cfg.DEFAULT_LISTEN})")
-    p.add_argument("--poll-interval", metavar="DURATION", help="how often to poll each target (default 5s)")
-    p.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error (default info)")
-    p.add_argument("--workers", metavar="N", help="processes that poll the targets between them, each on a core "
-                   "(default 1; more for fleets whose pages take over a few tenths of the poll interval to read)")
-    p.add_argument("--shard", metavar="INDEX/COUNT",
-                   help="poll only this replica's share of the configured targets, by a hash of their names "
-                        "(0/4: the first of four replicas of one configuration; default 0/1, all of them)")
-    p.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
-                   help="TLS and basic auth for this endpoint, in the exporter-toolkit web-config.yml format")
+    p.set_defaults(**{cfg.TYPED: {}})
+
+    def flag(setting: str, **kwargs) -> None:
+        p.add_argument(*cfg.FLAGS[setting], dest=setting, action=_Typed, **kwargs)
+
+    flag("config", metavar="FILE", help="YAML configuration file")
+    p.add_argument(*cfg.FLAGS["target"], dest="target", metavar="URL", action="append",
+                   help="an engine's /metrics URL (repeatable)")
+    flag("listen", metavar="HOST:PORT", help=f"where to serve /metrics (default {cfg.DEFAULT_LISTEN})")
+    flag("poll_interval", metavar="DURATION",
+         help=f"how often to poll each target (default {cfg.DEFAULT_POLL_INTERVAL:g}s)")
+    flag("log_level", metavar="LEVEL", help=f"{', '.join(cfg.LOG_LEVELS)} (default info)")
+    flag("log_format", metavar="FORMAT",
+         help=f"{' or '.join(cfg.LOG_FORMATS)}: one line per record on stderr (default {cfg.LOG_FORMATS[0]})")
+    flag("workers", metavar="N", help="processes that poll the targets between them, each on a core "
+         "(default 1; more for fleets whose pages take over a few tenths of the poll interval to read)")
+    flag("shard", metavar="INDEX/COUNT",
+         help="poll only this replica's share of the configured targets, by a hash of their names "
+              "(0/4: the first of four replicas of one configuration; default 0/1, all of them)")
+    flag("web_config_file", metavar="FILE",
+         help="TLS and basic auth for this endpoint, in the exporter-toolkit web-config.yml format")
     p.add_argument("--demo", action="store_true",
-                   help="start a simulated vLLM and a simulated SGLang engine and poll them (no GPU needed)")
+                   help=f"start simulated {demo.engines_in_words()} engines and poll them (no GPU needed)")
     p.add_argument("--version", action="version", version=f"kvcache-exporter {__version__}")
     return p
 
@@ -46,11 +71,10 @@ def main(argv: list[str]) -> int:
     environ = dict(os.environ)
     try:
         if flags["demo"]:
-            from . import demo  # the simulator is loaded for the demo only
-
             listen = cfg.given(flags, environ, "listen")
-            return demo.run(listen[2] if listen else None, listen[:2] if listen else ("--demo", "--listen"),
-                            flags["poll_interval"], flags["log_level"])
+            listen_key = listen[:2] if listen else ("--demo", cfg.flag_name("listen"))
+            return demo.run(listen[2] if listen else None, listen_key, flags["poll_interval"], flags["log_level"],
+                            log_format=flags["log_format"], flags=flags)
         config = cfg.resolve(flags, environ)
         web_config = flags["web_config_file"] or environ.get(cfg.ENVIRONMENT["web_config_file"])
         web = webconfig.load(web_config) if web_config else None

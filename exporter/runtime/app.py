@@ -15,6 +15,7 @@ from typing import Awaitable, Callable
 from .. import __version__, contract, exposition
 from ..config import Config, ConfigError
 from ..sources import parser
+from . import logs, process_series
 from .probe import SCRAPE_TIMEOUT_HEADER, Prober
 from .server import MetricsServer, Request, Response
 from .shard import Shard, polled_by
@@ -140,7 +141,8 @@ class Exporter:
         # Joining every target's text takes milliseconds at a large fleet: in a worker thread, not the poll loop.
         body = await asyncio.to_thread(
             exposition.render, texts, time.time(), self.config.staleness,
-            self.state.lines(self.prober.probed(), self.prober.evictions, *phase_state, self.workers))
+            self.state.lines(self.prober.probed(), self.prober.evictions, *phase_state, self.workers)
+            | process_series.lines())
         return Response(200, body, CONTENT_TYPE)
 
     async def _probe(self, request: Request) -> Response:
@@ -191,7 +193,7 @@ def serve(config: Config, listen_key: tuple[str, str], reload_config=None,
           web: WebConfig | None = None, on_listening=None) -> int:
     """Run until SIGTERM or SIGINT; SIGHUP reloads the configuration file. `listen_key` is (where, key)
     of the listen address, named if it cannot be bound; `on_listening` runs once it is bound."""
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(config.log_level, config.log_format)
     exporter = Exporter(config, reload_config, web)
     try:
         exporter.start()

@@ -140,8 +140,10 @@ class Target:
             self.name_filter = IGNORED
             return self._read_whole(text, (adapter, samples))
         if not samples or not held <= samples.keys():
-            log.info("target %s: the engine's answer to a filtered request lacks series its whole page holds; "
-                     "reading whole pages", self.name)
+            # Expected of an engine that does not filter (SGLang's and trtllm-serve's multiprocess registries
+            # answer with no series): nothing is wrong, so not said at info.
+            log.debug("target %s: the engine does not filter its page by ?name[]= (its answer lacks series its whole "
+                      "page holds), as expected of engines that ignore the filter: reading whole pages", self.name)
             self.name_filter = IGNORED
             return self._read_whole(_text(await self.fetcher.fetch(_remaining(deadline))))
         self.name_filter = HONOURED

@@ -6,22 +6,24 @@ targets of its shard and answers its parent's requests, read from stdin, on stdo
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
 import time
 
 from .. import exposition
+from . import logs, process_series
 from .shard import Shard, polled_by
 from .workers import read_frame, write_frame
 
 
-def answer(shard: Shard, kind: str, payload):
+def answer(shard: Shard, index: int, kind: str, payload):
     """The answer to one of the parent's requests (exporter/runtime/workers.py, Workers._ask)."""
     if kind == "scrape":
         texts = shard.scheduler.run(_observed(shard, payload))
         # Joined here, outside the poll loop: the parent only puts the workers' families side by side.
-        return exposition.families(texts, time.time(), shard.config.staleness), shard.scheduler.phase_state()
+        families = exposition.families(texts, time.time(), shard.config.staleness)
+        families.update((name, text.encode()) for name, text in process_series.lines(worker=index).items())
+        return families, shard.scheduler.phase_state()
     if kind == "ready":
         return shard.readiness()
     shard.apply(payload)  # "config": a reload
@@ -49,15 +51,14 @@ def main(argv: list[str]) -> int:
     if first is None:
         return 0
     ident, _, config = first
-    logging.basicConfig(level=config.log_level.upper(),
-                        format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s")
+    logs.configure(config.log_level, config.log_format, worker=index)
     shard = Shard(config, polled_by(config, index, count))
     shard.start()
     write_frame(answers, (ident, True))
     try:
         while (request := read_frame(requests)) is not None:
             ident, kind, payload = request
-            write_frame(answers, (ident, answer(shard, kind, payload)))
+            write_frame(answers, (ident, answer(shard, index, kind, payload)))
     except BrokenPipeError:  # the parent is gone
         pass
     finally:

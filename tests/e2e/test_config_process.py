@@ -19,7 +19,7 @@ import pytest
      "(known: tls_server_config, basic_auth_users, http_server_config)\n"),
     (["--target", "http://a:1", "--target", "http://a:1/metrics"],
      "kvcache-exporter: command line: --target: http://a:1/metrics would be named 'a:1' like http://a:1: "
-     "to poll both, list them in a --config file, each with its own `name`\n"),
+     "to poll both, list them in a configuration file (--config.file), each with its own `name`\n"),
     (["--target", "http://a:1/x", "--target", "http://a:1/x"],
      "kvcache-exporter: command line: --target: http://a:1/x is given twice\n"),
     (["--target", "http://a:1/x", "--poll-interval", "5ms"],

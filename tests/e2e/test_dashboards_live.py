@@ -174,6 +174,9 @@ def test_every_variable_lists_values(prometheus_url, name):
     if name == fleet.FILENAME:
         assert listed["engine"] == ["sglang", "trtllm", "vllm"]
         assert listed["model"], "no model values"
+    # Kubernetes discovery's labels exist only in probe mode on Kubernetes: here nothing is listed, and All keeps
+    # every series (the queries above had data with them at All).
+    assert listed["namespace"] == [] and listed.get("pod", []) == []
 
 
 def test_panels_show_the_saturation_and_the_dead_target(prometheus_url):

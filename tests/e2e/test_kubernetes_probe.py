@@ -223,6 +223,19 @@ def loopback_config(directory: Path) -> Path:
     return path
 
 
+def dashboard_filter_values(prometheus_url: str, name: str, **chosen: str) -> list[str]:
+    """The values the fleet dashboard's variable `name` lists, the other variables at `chosen` or All."""
+    board = json.loads((REPO / "dashboards" / "generated" / "kvcache-fleet.json").read_text())
+    queries = {v["name"]: v["query"] for v in board["templating"]["list"] if v["type"] == "query"}
+    selector, label = re.fullmatch(r"label_values\((.*), (\w+)\)", queries[name]).groups()
+    for variable in queries:
+        selector = re.sub(rf"\${variable}\b", chosen.get(variable, ".*"), selector)
+    status, body = harness.http_get(f"{prometheus_url}/api/v1/label/{label}/values?"
+                                    + urllib.parse.urlencode({"match[]": selector}))
+    assert status == 200, body
+    return sorted(json.loads(body)["data"])
+
+
 def test_probe_mode_end_to_end(tmp_path):
     deployment = Deployment()
     config = plain_config()
@@ -286,6 +299,12 @@ def test_probe_mode_end_to_end(tmp_path):
         assert replica_of_pod["qwen-both-0"] == ("meta-llama/Llama-3.1-8B-Instruct", "unified")
         [(labels, _)] = harness.prom_vector(prometheus.url, 'kvcache_usage_ratio{pod="llama-prefill-0"}')
         assert labels["role"] == "prefill"
+
+        # The fleet dashboard's namespace and pod filters, by their own queries, list where the engines run.
+        assert dashboard_filter_values(prometheus.url, "namespace") == ["inference"]
+        assert dashboard_filter_values(prometheus.url, "pod", namespace="inference") == sorted(
+            pod.name for pod in probed.values())
+        assert dashboard_filter_values(prometheus.url, "pod", namespace="elsewhere") == []
 
         # The exporter's own /metrics, one series per replica, keeps KVCacheExporterAbsent quiet;
         # the rule group from the PrometheusRule loads and evaluates.

@@ -245,6 +245,19 @@ def documented_overlays(tmp_path: Path) -> dict[str, Path]:
     return overlays
 
 
+@pytest.mark.parametrize("image", ["registry.example.com:5000/team/kvcache-exporter:1.2.3",
+                                   "registry.example.com/kvcache-exporter@sha256:" + "ab" * 32,
+                                   "registry.example.com:5000/kvcache-exporter"])
+def test_the_image_is_set_in_one_place(tmp_path, image):
+    """The manifests name the image once, by a name kustomize's `images:` maps: what --image says is what runs,
+    and the base runs the local build's name, no registry's path nobody publishes to."""
+    assert [o["spec"]["template"]["spec"]["containers"][0]["image"] for o in built() if o["kind"] == "StatefulSet"] \
+        == [f"{NAME}:{generate.Deployment().image.rpartition(':')[2]}"]
+    assert "ghcr.io" not in "".join(path.read_text() for path in BASE.iterdir())
+    assert generated(tmp_path, "--image", image)["StatefulSet"]["spec"]["template"]["spec"]["containers"][0][
+        "image"] == image
+
+
 def test_documented_overlays_build(tmp_path):
     overlays = documented_overlays(tmp_path)
     assert sorted(overlays) == ["my-overlay", "no-operator"]

@@ -116,10 +116,13 @@ def test_resolve_takes_plain_values_and_absent_settings_keep_the_file_or_the_def
 def test_listen_origin_names_where_the_address_came_from(tmp_path):
     path = str(write(tmp_path, "listen: 127.0.0.1:1\n"))
     environ = {"KVCACHE_EXPORTER_LISTEN": "127.0.0.1:2"}
-    assert cfg.listen_origin({}, {}) == ("default", "--listen")
+    assert cfg.listen_origin({}, {}) == ("default", "--web.listen-address")
     assert cfg.listen_origin({"config": path}, {}) == (path, "listen")
     assert cfg.listen_origin({"config": path}, environ) == ("environment", "KVCACHE_EXPORTER_LISTEN")
-    assert cfg.listen_origin({"config": path, "listen": "127.0.0.1:3"}, environ) == ("command line", "--listen")
+    assert cfg.listen_origin({"config": path, "listen": "127.0.0.1:3"}, environ) == ("command line",
+                                                                                      "--web.listen-address")
+    typed = {"config": path, "listen": "127.0.0.1:3", cfg.TYPED: {"listen": "--listen"}}
+    assert cfg.listen_origin(typed, environ) == ("command line", "--listen")
 
 
 @pytest.mark.parametrize("text, key, problem", [
@@ -248,8 +251,8 @@ def test_a_command_line_target_named_like_a_file_target_says_to_name_both_in_the
     with pytest.raises(cfg.ConfigError) as err:
         load(["--config", str(path)], {"KVCACHE_EXPORTER_TARGETS": "http://a:1/"})
     assert str(err.value) == (f"environment: KVCACHE_EXPORTER_TARGETS: http://a:1/ would be named 'a:1' "
-                              f"like target 'a:1' of {path}: to poll both, list them in a --config file, "
-                              "each with its own `name`")
+                              f"like target 'a:1' of {path}: to poll both, list them in a configuration "
+                              "file (--config.file), each with its own `name`")
 
 
 def test_the_poll_interval_floor_is_allowed():

@@ -16,6 +16,7 @@ from devtools import harness
 from devtools import kvevents_wire as wire
 from devtools import lint_dashboards
 from kvcache_exporter import adapters, config, contract, exposition
+from kvcache_exporter.runtime import process_series
 from kvcache_exporter.runtime.app import ExporterState
 from kvcache_exporter.runtime.subscriber import EventStream
 from kvcache_exporter.runtime.target import new_target
@@ -74,8 +75,10 @@ def exposed(tmp_path_factory) -> str:
     rendered = {family for text in texts for family in (*text.status, *text.series)}
     # What the renderers produce but the table lacks would be left out of the page without a word.
     assert sorted(rendered - set(contract.FAMILIES)) == []
-    return b"".join(exposition.render(texts, with_events.outcome.last_success, 60.0,
-                                      ExporterState().lines(probed_targets=0, probe_evictions=0))).decode()
+    own = ExporterState().lines(probed_targets=0, probe_evictions=0) | process_series.lines()
+    # A worker process's share, as the serving process joins it (exporter/runtime/worker.py).
+    texts.append(exposition.TargetText({name: text.encode() for name, text in process_series.lines(1).items()}))
+    return b"".join(exposition.render(texts, with_events.outcome.last_success, 60.0, own)).decode()
 
 
 def target_config(page: str) -> dict:
@@ -107,7 +110,8 @@ def consumers(exposition_text: str) -> dict[str, set[str]]:
                   for name in NAME.findall(" ".join([rule["expr"], *rule.get("annotations", {}).values()]))},
         "docs/metrics.md": set(NAME.findall((harness.REPO / "docs" / "metrics.md").read_text())),
         "top": set(top_source.WANTED),
-        "self-metrics": {contract.PREFIX + name for name in ExporterState().lines(0, 0)},
+        "self-metrics": {contract.PREFIX + name for name in ExporterState().lines(0, 0)} | {
+            contract.FAMILIES[name].metric for name in process_series.lines()},
         "adapters": {contract.PREFIX + name for name in engines},
     }
 
@@ -145,6 +149,8 @@ def test_every_series_carries_its_familys_labels_and_values(exposed):
     for name, labels in samples(exposed):
         family = contract.family_of(name)
         own = family.labels + (("le",) if name.endswith("_bucket") else ())
+        if "worker" in family.labels and "worker" not in labels:  # the serving process's: empty, left out
+            labels = {**labels, "worker": ""}
         static = tuple(STATIC) if family.identity else ()
         assert sorted(labels) == sorted((*family.identity, *static, *own)), name
         for label in (*family.labels, *(label for label in family.identity if label in LABEL_VALUES)):
@@ -189,7 +195,7 @@ def test_the_dashboards_lint_knows_every_family():
 def test_the_stream_families_render_as_the_polled_ones(exposed):
     """A KV event stream's series come from the exposition's own rendering: one HELP and TYPE per family,
     with the polled targets' series of other families around them."""
-    heads = re.findall(r"^# TYPE (kvcache_\S+) ", exposed, re.MULTILINE)
+    heads = re.findall(r"^# TYPE (\S+) ", exposed, re.MULTILINE)
     assert heads == [family.metric for family in contract.FAMILIES.values() if family.metric in heads]
     assert len(heads) == len(set(heads)) == len(contract.FAMILIES)
     stored = [line for line in exposed.splitlines() if line.startswith("kvcache_events_blocks_stored_total{")]

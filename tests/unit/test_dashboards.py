@@ -11,6 +11,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as models
 
 from kvcache_exporter.dashboards import bands, build, fleet, target
+from kvcache_exporter.dashboards import variables as variables_module
 from devtools import build_dashboards, lint_dashboards as lint
 from kvcache_exporter.contract import PRESSURE_STATES
 from kvcache_exporter.thresholds import DEFAULT, Thresholds
@@ -106,20 +107,32 @@ def variables(dashboard: dict) -> dict[str, dict]:
     return {v["name"]: v for v in dashboard["templating"]["list"]}
 
 
-def test_fleet_variables_filter_by_static_labels_engine_model_and_target():
+def test_fleet_variables_filter_by_static_labels_namespace_engine_model_pod_and_target():
     fleet_vars = variables(committed(fleet.FILENAME))
-    assert list(fleet_vars) == ["datasource", "cluster", "pool", "engine", "model", "target"]
-    for name in ("cluster", "pool", "engine", "model", "target"):
+    assert list(fleet_vars) == ["datasource", "cluster", "pool", "namespace", "engine", "model", "pod", "target"]
+    for name in ("cluster", "pool", "namespace", "engine", "model", "pod", "target"):
         assert fleet_vars[name]["multi"] and fleet_vars[name]["includeAll"]
         assert fleet_vars[name]["allValue"] == ".*"
-    # Each filter lists only values that the filters before it allow.
+    # Each filter lists only values that the filters before it allow (a per-target family has no model).
     assert fleet_vars["target"]["query"] == (
-        'label_values(kvcache_target_up{cluster=~"$cluster", pool=~"$pool", engine=~"$engine"}, target)')
+        'label_values(kvcache_target_up{cluster=~"$cluster", pool=~"$pool", namespace=~"$namespace", '
+        'engine=~"$engine", pod=~"$pod"}, target)')
     assert fleet_vars["model"]["query"].startswith("label_values(kvcache_usage_ratio{")
 
     target_vars = variables(committed(target.FILENAME))
-    assert list(target_vars) == ["datasource", "cluster", "pool", "target"]
+    assert list(target_vars) == ["datasource", "cluster", "pool", "namespace", "target"]
     assert not target_vars["target"]["multi"] and not target_vars["target"]["includeAll"]
+
+
+def test_the_namespace_and_pod_filters_are_the_labels_kubernetes_probe_mode_sets():
+    from deploy.kubernetes import probe
+    from deploy.kubernetes.deployment import Deployment
+
+    relabeled = {rule.get("target_label") for rule in probe.relabel_rules(Deployment())}
+    assert {variables_module.NAMESPACE, variables_module.POD} <= relabeled
+    # A static label named like one of them is one filter, not two.
+    board = json.loads(build.render(build.build_all(static_labels=("namespace", "pool"))[fleet.FILENAME]))
+    assert list(variables(board)) == ["datasource", "namespace", "pool", "engine", "model", "pod", "target"]
 
 
 def test_bands_and_descriptions_come_from_thresholds():
@@ -184,7 +197,8 @@ def test_configuration_moves_bands_and_names_the_label_variables(tmp_path, capsy
     assert labels == ("region", "pool", "team") and pd_group_label == "model"
     assert build_dashboards.main(["--config", str(config), "--out", str(tmp_path)]) == 0
     built = json.loads((tmp_path / fleet.FILENAME).read_text())
-    assert list(variables(built)) == ["datasource", "region", "pool", "team", "engine", "model", "target"]
+    assert list(variables(built)) == ["datasource", "region", "pool", "team", "namespace", "engine", "model", "pod",
+                                      "target"]
     assert steps(panel(built, "Fullest pool's KV usage"))[-1] == (0.85, "red")
     assert 'team=~"$team"' in panel(built, "Fullest pool's KV usage")["targets"][0]["expr"]
 
@@ -270,3 +284,16 @@ def test_pressure_state_codes_follow_the_exporters_states():
         expr = timeline["targets"][0]["expr"]
         for code, state in enumerate(PRESSURE_STATES):
             assert f'state="{state}"}} * {code}' in expr
+
+
+def test_the_grafana_version_the_docs_state_is_the_one_tested():
+    """The compose stack's Grafana, the renderer's and the schema's packages are one version, and the README and
+    docs/dashboards.md name it."""
+    repo = build.GENERATED.parents[1]
+    (compose,) = re.findall(r"image: grafana/grafana:(\S+)", (repo / "docker-compose.yml").read_text())
+    packages = json.loads((repo / "devtools" / "grafana-render" / "package.json").read_text())["dependencies"]
+    assert {version for name, version in packages.items() if name.startswith("@grafana/")} == {compose}
+    minor = ".".join(compose.split(".")[:2])
+    assert re.findall(r"Tested against Grafana (\S+?):", (repo / "docs" / "dashboards.md").read_text()) == [minor]
+    assert re.findall(r"\*\*Grafana (\S+)\*\*: the version the dashboards are tested against",
+                      (repo / "README.md").read_text()) == [minor]

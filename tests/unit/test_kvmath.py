@@ -573,3 +573,17 @@ def test_cli_reads_a_live_targets_capacity(capsys):
         assert failed.out == ""
         assert failed.err.strip().endswith("poll failed (http_status)")
         assert failed.err.count("\n") == 1
+
+
+def test_the_docs_examples_run_as_written_from_the_repository(monkeypatch, capsys):
+    """docs/kv-math.md's `$ kvcache-exporter kv-math ...` lines, run from a checkout, print what follows them."""
+    import re
+    import shlex
+
+    text = (harness.REPO / "docs" / "kv-math.md").read_text()
+    examples = re.findall(r"^\$ kvcache-exporter kv-math (.*)\n((?:[^$`\n].*\n)+)", text, re.MULTILINE)
+    assert len(examples) == 3
+    monkeypatch.chdir(harness.REPO)
+    for argv, printed in examples:
+        assert main(shlex.split(argv)) == 0, argv
+        assert capsys.readouterr().out == printed, argv

@@ -6,6 +6,7 @@ refuse it, or honour part of it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from urllib.parse import parse_qs, urlsplit
 
@@ -99,13 +100,17 @@ def test_an_engine_that_ignores_the_filter_costs_no_extra_request():
     assert set(recorder.queries[1]) == adapters.ADAPTERS["vllm"].wanted
 
 
-def test_an_empty_answer_to_the_filter_is_refused_and_the_whole_page_read_at_once():
-    """SGLang and trtllm-serve today: a multiprocess registry answers a filtered request with no series."""
+def test_an_empty_answer_to_the_filter_is_refused_and_the_whole_page_read_at_once(caplog):
+    """SGLang and trtllm-serve today: a multiprocess registry answers a filtered request with no series. That
+    is expected of them, so it is said at debug, not at info on every start."""
+    caplog.set_level(logging.DEBUG, logger="kvcache_exporter")
     with start_engine("sglang", speed=SLOW) as engine:
         target = target_for(engine.url)
         seen = poll(target, 3)
     assert [state for _, state in seen] == [UNTRIED, IGNORED, IGNORED]
     assert all(outcome.up and outcome.ranks for outcome, _ in seen)
+    said = [(record.levelno, record.getMessage()) for record in caplog.records if "?name[]=" in record.getMessage()]
+    assert len(said) == 1 and said[0][0] == logging.DEBUG and "as expected" in said[0][1]
 
 
 def test_a_filter_honoured_in_part_is_refused():

@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     if config_path is None:
         print(NOTHING_TO_WATCH, file=sys.stderr)
         return 2
-    os.execvp("kvcache-exporter", ["kvcache-exporter", "--config", config_path, *argv])
+    os.execvp("kvcache-exporter", ["kvcache-exporter", "--config.file", config_path, *argv])
 
 
 if __name__ == "__main__":
