@@ -20,14 +20,15 @@ from kvcache_exporter.units import format_duration
 NAMES = [f.name for f in fields(DEFAULT)]
 # The thresholds the dashboards draw (a band, a line or a number in a description): the usage bands, the preemption
 # bands, the traffic floors the panels share with the alerts, the share and ratio bands, the time-to-full horizon,
-# the offload, transfer and TTFT bounds. The others are the rules' alone (durations, windows of rules, the
+# the offload, transfer and TTFT bounds, and the state's window (the preemption panels say which window the state
+# reads beside their own). The others are the rules' alone (durations, windows of rules, the
 # P/D and fleet alerts' shares).
 DRAWN = {"high_water_ratio", "low_water_ratio", "thrashing_preemptions_per_second",
          "preemption_storm_critical_per_second", "traffic_floor_requests_per_second",
          "traffic_floor_prefix_tokens_per_second", "prefix_hit_drop_fraction", "prefix_hit_baseline_offset",
          "capacity_miss_share", "queue_share_of_ttft", "nearly_full_horizon_seconds",
          "offload_load_max_seconds_per_token", "kv_transfer_failure_ratio", "kv_transfer_link_bytes_per_second",
-         "kv_transfer_bandwidth_low_fraction", "shortage_critical_ttft_seconds"}
+         "kv_transfer_bandwidth_low_fraction", "shortage_critical_ttft_seconds", "window_seconds"}
 # Read by the exporter alone (it decides the pressure state `thrashing`, which the rules read as a state).
 EXPORTER_ONLY = {"thrashing_preemptions_per_second"}
 
@@ -54,7 +55,7 @@ def forms(name: str, value) -> set[str]:
     elif name in ("window_seconds", "nearly_full_horizon_seconds"):
         found.add(format_duration(value))
     elif name.endswith("_preemptions_per_second") or name.startswith("preemption_storm"):
-        found.add(f"{value * 60:g}")
+        found |= {f"{value * 60:g}", json.dumps(value * 60)}  # as a label and as a panel threshold
     elif name == "kv_transfer_link_bytes_per_second":
         found.add(f"{value / 1e9:g}")
     elif name == "offload_load_max_seconds_per_token":
