@@ -23,6 +23,7 @@ from . import units
 from .adapters import ADAPTERS
 from .contract import ROLES, label_names
 from .kvmath import ArchitectureError, KVLayout, layout_from_mapping
+from .sources.fetch import read_certificates, read_credential
 from .thresholds import Thresholds
 
 DEFAULT_LISTEN = "0.0.0.0:10490"
@@ -53,7 +54,8 @@ ENVIRONMENT = {
 
 class ConfigError(Exception):
     def __init__(self, source: str, key: str, problem: str):
-        super().__init__(f"{source}: {key}: {problem}")
+        # One line whatever a file holds: a key or a path may carry a line break.
+        super().__init__(f"{source}: {key}: {problem}".replace("\r", "\\r").replace("\n", "\\n"))
 
 
 DEFAULT_MAX_EVENT_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -96,6 +98,8 @@ class TargetConfig:
     basic_auth_username: str | None = None
     basic_auth_password_file: str | None = None
     ca_file: str | None = None
+    # The ca_file's PEM text, read and checked at load: a reload or a worker never opens the file again.
+    ca_pem: str | None = field(default=None, repr=False)
     tls_insecure_skip_verify: bool = False
     kv_layout: KVLayout | None = None  # from `model_architecture:`; enables the *_bytes series
     kv_events: KVEventsConfig | None = None
@@ -337,7 +341,13 @@ def _boolean(value: Any) -> bool:
     return value
 
 
-def _basic_auth(source: str, section: Any, key: str) -> tuple[str | None, str | None]:
+def _credential_file(value: Any) -> str:
+    """The path of a bearer token's or a password's file that can be read and sent as it is."""
+    read_credential(_string(value))
+    return value
+
+
+def _basic_auth(source: str, section: Any, key: str, read_files: bool) -> tuple[str | None, str | None]:
     if section is None:
         return None, None
     reader = _Reader(source, section, key)
@@ -345,19 +355,22 @@ def _basic_auth(source: str, section: Any, key: str) -> tuple[str | None, str | 
         raise ConfigError(source, reader.key("password"), "secrets are not written in the configuration: "
                                                           "put the password in a file and set password_file")
     reader.reject_unknown({"username", "password_file"})
-    username, password_file = reader.get("username", _string), reader.get("password_file", _string)
+    username = reader.get("username", _string)
+    password_file = reader.get("password_file", _credential_file if read_files else _string)
     if username is None or password_file is None:
         raise ConfigError(source, key, "needs both username and password_file")
     return username, password_file
 
 
-def _target(source: str, item: Any, path: str) -> TargetConfig:
+def _target(source: str, item: Any, path: str, read_files: bool) -> TargetConfig:
+    """A `targets:` entry; with `read_files`, the files it names are read and checked (load_file)."""
     reader = _Reader(source, item, path)
     if isinstance(item, dict) and "bearer_token" in item:
         raise ConfigError(source, reader.key("bearer_token"), "secrets are not written in the configuration: "
                                                               "put the token in a file and set bearer_token_file")
     reader.reject_unknown(_TARGET_KEYS)
-    username, password_file = _basic_auth(source, reader.mapping.get("basic_auth"), reader.key("basic_auth"))
+    username, password_file = _basic_auth(source, reader.mapping.get("basic_auth"), reader.key("basic_auth"),
+                                          read_files)
     url = reader.get("url", _check_url)
     if url is None:
         raise ConfigError(source, reader.key("url"), "is required")
@@ -366,10 +379,11 @@ def _target(source: str, item: Any, path: str) -> TargetConfig:
         url=url,
         engine=reader.get("engine", _engine, "auto"),
         labels=reader.get("labels", _labels, {}),
-        bearer_token_file=reader.get("bearer_token_file", _string),
+        bearer_token_file=reader.get("bearer_token_file", _credential_file if read_files else _string),
         basic_auth_username=username,
         basic_auth_password_file=password_file,
         ca_file=reader.get("ca_file", _string),
+        ca_pem=reader.get("ca_file", read_certificates) if read_files else None,
         tls_insecure_skip_verify=reader.get("tls_insecure_skip_verify", _boolean, False),
         kv_layout=_kv_layout(source, reader.mapping.get("model_architecture"), reader.key("model_architecture")),
         kv_events=_kv_events(source, reader.mapping.get("kv_events"), reader.key("kv_events")),
@@ -488,7 +502,7 @@ class GeneratorSettings:
 
 def generator_settings(path: str) -> GeneratorSettings:
     """A configuration file's thresholds, static label names and P/D group label. Raises ConfigError."""
-    settings = load_file(path)
+    settings = load_file(path, read_files=False)
     return GeneratorSettings(settings.get("thresholds", Thresholds()), _static_label_names(settings),
                              settings.get("pd_group_label", DEFAULT_PD_GROUP_LABEL))
 
@@ -509,24 +523,33 @@ def _pd_group_label(path: str, value: Any, settings: dict[str, Any]) -> str:
     return value
 
 
-def load_file(path: str) -> dict[str, Any]:
-    """The file's settings as keyword arguments for build(); raises ConfigError."""
+def read_yaml(path: str) -> Any:
+    """A YAML file's document (None if it is empty); raises ConfigError."""
     try:
         with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+            return yaml.safe_load(handle)
     except OSError as err:
         raise ConfigError(path, "(file)", err.strerror or str(err)) from None
+    except UnicodeDecodeError:
+        raise ConfigError(path, "(file)", "not UTF-8 text") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "(file)"
         raise ConfigError(path, where, f"invalid YAML: {getattr(err, 'problem', None) or err}") from None
+
+
+def load_file(path: str, read_files: bool = True) -> dict[str, Any]:
+    """The file's settings as keyword arguments for build(); raises ConfigError. The TLS and credential files it
+    names are read and checked too, unless `read_files` is false: for what only reads the file's thresholds and
+    labels (the rule and dashboard generators), never for a configuration that runs."""
+    data = read_yaml(path)
     reader = _Reader(path, data if data is not None else {})
     reader.reject_unknown(_TOP_KEYS)
     raw_targets = reader.mapping.get("targets") or []
     if not isinstance(raw_targets, list):
         raise ConfigError(path, "targets", "must be a list")
     settings: dict[str, Any] = {
-        "targets": [_target(path, item, f"targets[{i}]") for i, item in enumerate(raw_targets)],
+        "targets": [_target(path, item, f"targets[{i}]", read_files) for i, item in enumerate(raw_targets)],
     }
     for key, convert in (("poll_interval", parse_poll_interval), ("timeout", parse_duration),
                          ("staleness", parse_duration), ("max_response_bytes", parse_size),
@@ -643,6 +666,6 @@ def listen_origin(flags: Mapping[str, object], environ: Mapping[str, str]) -> tu
     if found:
         return found[0], found[1]
     config_path = given(flags, environ, "config")
-    if config_path and "listen" in load_file(str(config_path[2])):
+    if config_path and "listen" in load_file(str(config_path[2]), read_files=False):
         return str(config_path[2]), "listen"
     return "default", "--listen"

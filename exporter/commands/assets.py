@@ -46,7 +46,7 @@ def committed() -> dict[str, bytes]:
 
 def for_config(path: str) -> dict[str, bytes]:
     """Output path -> the file rebuilt for an exporter configuration. Raises ConfigError or AssetsError."""
-    cfg.load_file(path)  # a broken file is reported first, as the exporter reports it
+    cfg.load_file(path, read_files=False)  # a broken file is reported first, as the exporter reports it
     from kvcache_exporter.alerts import generate as alerts
 
     try:

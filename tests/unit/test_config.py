@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from devtools import harness
 from kvcache_exporter import config as cfg
 from kvcache_exporter.commands import serve
 
@@ -21,21 +22,23 @@ def load(argv: list[str], environ: dict | None = None) -> cfg.Config:
 
 
 def test_full_file(tmp_path):
-    path = write(tmp_path, """
+    certs = harness.make_certs(tmp_path)
+    (tmp_path / "token").write_text("s3cret\n")
+    path = write(tmp_path, f"""
         poll_interval: 2s
         timeout: 1500ms
         staleness: 1m
         max_response_bytes: 4MiB
-        labels: {cluster: prod}
-        pressure: {high_water_ratio: 0.8}
+        labels: {{cluster: prod}}
+        pressure: {{high_water_ratio: 0.8}}
         targets:
           - url: http://10.0.0.1:8000/metrics
           - name: sg-0
             url: https://10.0.0.2:30000/metrics
             engine: sglang
-            labels: {pool: chat}
-            bearer_token_file: /run/secrets/token
-            ca_file: /etc/ca.pem
+            labels: {{pool: chat}}
+            bearer_token_file: {tmp_path / "token"}
+            ca_file: {certs.ca}
     """)
     config = load(["--config", str(path)])
     assert (config.poll_interval, config.timeout, config.staleness) == (2.0, 1.5, 60.0)
@@ -45,7 +48,8 @@ def test_full_file(tmp_path):
     first, second = config.targets
     assert (first.name, first.engine) == ("10.0.0.1:8000", "auto")
     assert (second.name, second.engine, second.labels) == ("sg-0", "sglang", {"pool": "chat"})
-    assert (second.bearer_token_file, second.ca_file) == ("/run/secrets/token", "/etc/ca.pem")
+    assert (second.bearer_token_file, second.ca_file) == (str(tmp_path / "token"), str(certs.ca))
+    assert second.ca_pem == certs.ca.read_text()  # read once, at load: the fetcher never opens the file
 
 
 def test_model_architecture_gives_bytes_per_token(tmp_path):
