@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import ipaddress
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -176,13 +177,13 @@ class Config:
 
 
 def parse_duration(text: Any) -> float:
-    if isinstance(text, (int, float)) and not isinstance(text, bool) and text > 0:
+    if isinstance(text, (int, float)) and not isinstance(text, bool) and 0 < text < math.inf:
         return float(text)
     try:
         seconds = units.parse_duration(str(text))
     except ValueError:
         seconds = 0.0
-    if seconds <= 0:
+    if not 0 < seconds < math.inf:
         raise ValueError(f"not a positive duration (e.g. 5s, 500ms, 1m): {text!r}")
     return seconds
 
@@ -207,8 +208,8 @@ def parse_size(text: Any) -> int:
     return size
 
 
-def parse_listen(text: str) -> str:
-    host, sep, port = text.rpartition(":")
+def parse_listen(text: Any) -> str:
+    host, sep, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     return text
@@ -270,6 +271,15 @@ def _labels(value: Any) -> dict[str, str]:
     return out
 
 
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+def key_name(name: Any) -> str:
+    """A key of a file as an error names it: as written, or quoted if that would not show it (an empty key, a
+    space, a colon, a line break)."""
+    return name if isinstance(name, str) and _PLAIN_KEY.match(name) else repr(name)
+
+
 class _Reader:
     """Reads keys of one mapping, turning every problem into a ConfigError with the full key path."""
 
@@ -293,7 +303,8 @@ class _Reader:
     def reject_unknown(self, known: set[str]) -> None:
         for name in self.mapping:
             if name not in known:
-                raise ConfigError(self.source, self.key(str(name)), f"unknown key (known: {', '.join(sorted(known))})")
+                raise ConfigError(self.source, self.key(key_name(name)),
+                                  f"unknown key (known: {', '.join(sorted(known))})")
 
 
 def _string(value: Any) -> str:
@@ -322,9 +333,33 @@ def _engine(value: Any) -> str:
 def _thresholds(source: str, value: Any) -> Thresholds:
     reader = _Reader(source, value, "pressure")
     reader.reject_unknown({f.name for f in fields(Thresholds)})
-    for key in reader.mapping:  # validate one key at a time so the error names it
-        reader.get(key, lambda v, key=key: Thresholds.from_mapping({key: v}))
-    return Thresholds.from_mapping(reader.mapping)
+    # one key at a time so the error names it; a key without a value keeps its default, as elsewhere
+    given = {key: reader.get(key, functools.partial(_threshold, key)) for key in reader.mapping}
+    thresholds = Thresholds.from_mapping({key: value for key, value in given.items() if value is not None})
+    if thresholds.low_water_ratio >= thresholds.high_water_ratio:
+        raise ConfigError(source, "pressure.low_water_ratio" if "low_water_ratio" in given else
+                          "pressure.high_water_ratio", f"low_water_ratio ({thresholds.low_water_ratio:g}) must be "
+                          f"below high_water_ratio ({thresholds.high_water_ratio:g})")
+    return thresholds
+
+
+def _threshold(key: str, value: Any) -> float | str:
+    """One `pressure:` value, of its field's type (TypeError) and in its range (ValueError): a share 0 to 1, a
+    number finite and not negative, a window above 0, a duration one a rule's `for:` takes."""
+    checked = getattr(Thresholds.from_mapping({key: value}), key)
+    if isinstance(checked, str):
+        try:
+            seconds = units.parse_duration(checked, strict=True)
+        except ValueError:
+            seconds = 0.0
+        if seconds <= 0:
+            raise ValueError(f"must be a positive Prometheus duration (e.g. 2m, 1h30m), got {value!r}")
+    elif not math.isfinite(checked) or checked < 0 or (key == "window_seconds" and checked == 0):
+        raise ValueError(f"must be a finite number {'above' if key == 'window_seconds' else 'at least'} 0, "
+                         f"got {value!r}")
+    elif any(word in key for word in ("ratio", "fraction", "share")) and checked > 1:
+        raise ValueError(f"must be a share from 0 to 1, got {value!r}")
+    return checked
 
 
 _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_auth", "ca_file",

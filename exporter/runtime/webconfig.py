@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import bcrypt
 
-from ..config import ConfigError, read_yaml
+from ..config import ConfigError, key_name, read_yaml
 from ..sources.fetch import FileProblem, read_certificates, read_text, ssl_problem
 
 CLIENT_AUTH = {
@@ -85,7 +85,7 @@ def load(path: str) -> WebConfig:
         raise ConfigError(path, "basic_auth_users", "must be a mapping of user names to bcrypt hashes")
     for user, hashed in users.items():
         if not isinstance(hashed, str) or not _BCRYPT.match(hashed):
-            raise ConfigError(path, f"basic_auth_users.{user}", "must be a bcrypt hash ($2y$...)")
+            raise ConfigError(path, f"basic_auth_users.{key_name(user)}", "must be a bcrypt hash ($2y$...)")
         web.users[str(user)] = hashed.encode()
     if web.users:
         cost = max(int(hashed[4:6]) for hashed in web.users.values())
@@ -98,7 +98,7 @@ def load(path: str) -> WebConfig:
 def _reject_unknown(path: str, section: str, mapping: dict, known: tuple[str, ...]) -> None:
     for key in mapping:
         if key not in known:
-            raise ConfigError(path, f"{section}{key}", f"unknown key (known: {', '.join(known)})")
+            raise ConfigError(path, f"{section}{key_name(key)}", f"unknown key (known: {', '.join(known)})")
 
 
 def _http_server_config(path: str, section: Any) -> dict[str, str]:
@@ -114,7 +114,7 @@ def _http_server_config(path: str, section: Any) -> dict[str, str]:
     allowed = {name.lower(): name for name in EXTRA_HEADERS}
     out = {}
     for name, value in headers.items():
-        key = f"http_server_config.headers.{name}"
+        key = f"http_server_config.headers.{key_name(name)}"
         if str(name).lower() not in allowed:
             raise ConfigError(path, key, f"not a header this file may set (one of {', '.join(EXTRA_HEADERS)})")
         if not isinstance(value, str) or not value or any(c in value for c in "\r\n"):
