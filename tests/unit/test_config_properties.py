@@ -1,4 +1,4 @@
-"""Any configuration, however broken, loads as a Config whose parts can all be built, or fails as one ConfigError
+"""Any configuration (and web configuration), however broken, loads as a Config whose parts can all be built, or fails as one ConfigError
 line naming the file and the key: never another exception. Hypothesis mutates a valid configuration (keys
 removed, added, re-typed, nested; values out of range; the files it names missing, not regular, empty, not UTF-8,
 of the wrong format; the YAML text cut) and loads it as the exporter does at start and at a reload."""
@@ -9,12 +9,14 @@ import math
 import os
 from pathlib import Path
 
+import bcrypt
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from devtools import harness
 from kvcache_exporter import config as cfg
+from kvcache_exporter.runtime import webconfig
 from kvcache_exporter.runtime.app import Exporter
 from kvcache_exporter.runtime.target import new_target
 
@@ -23,7 +25,8 @@ LLAMA_8B = ('{"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value
 # What a file a configuration names may turn out to be, by name; made once in the module's directory.
 BAD_FILES = ("missing", "directory", "fifo", "dangling-link", "empty", "blank", "not-utf8", "two-lines", "not-pem",
              "private-key", "not-json", "json-list", "json-without-layers")
-FILE_KEYS = ("ca_file", "bearer_token_file", "password_file", "config_json")
+FILE_KEYS = ("ca_file", "bearer_token_file", "password_file", "config_json", "cert_file", "key_file",
+             "client_ca_file")
 # Keys whose error a change elsewhere may cause (mutated key -> keys checked against it).
 CROSS_KEYS = {"poll_interval": ("timeout", "staleness"), "labels": ("pd_group_label",),
               "probe": ("probe.allow",), "targets": ("targets", "pd_group_label")}
@@ -37,8 +40,8 @@ def files(tmp_path_factory) -> dict[str, str]:
     """Good files for the base configuration, and one file of each BAD_FILES kind."""
     directory = tmp_path_factory.mktemp("named-files")
     certs = harness.make_certs(directory)
-    good = {"ca": str(certs.ca), "token": directory / "token", "password": directory / "password",
-            "config_json": directory / "config.json"}
+    good = {"ca": certs.ca, "cert": certs.server_cert, "key": certs.server_key, "token": directory / "token",
+            "password": directory / "password", "config_json": directory / "config.json"}
     good["token"].write_text("t0ken\n")
     good["password"].write_text("pa55word")
     good["config_json"].write_text(LLAMA_8B)
@@ -49,10 +52,10 @@ def files(tmp_path_factory) -> dict[str, str]:
     (bad / "dangling-link").symlink_to(bad / "nowhere")
     for name, content in (("empty", b""), ("blank", b" \n\n"), ("not-utf8", b"\xff\xfe\x00tok"),
                           ("two-lines", b"line one\nline two\n"), ("not-pem", b"not a certificate\n"),
-                          ("private-key", certs.server_key.read_bytes()), ("not-json", b"{layers: 32"),
+                          ("private-key", certs.client_key.read_bytes()), ("not-json", b"{layers: 32"),
                           ("json-list", b"[32, 8, 128]"), ("json-without-layers", b'{"hidden_size": 4096}')):
         (bad / name).write_bytes(content)
-    return {**{name: str(path) for name, path in good.items()}, **{name: str(bad / name) for name in BAD_FILES}}
+    return {name: str(path) for name, path in {**good, **{name: bad / name for name in BAD_FILES}}.items()}
 
 
 def base(files: dict[str, str]) -> dict:
@@ -74,6 +77,17 @@ def base(files: dict[str, str]) -> dict:
             {"url": "http://10.0.0.4:8000/metrics",
              "model_architecture": {"layers": 32, "kv_heads": 8, "head_dim": 128, "kv_cache_dtype": "fp8"}},
         ],
+    }
+
+
+def web_base(files: dict[str, str]) -> dict:
+    """A valid web configuration (--web.config.file) using every key it may have."""
+    return {
+        "tls_server_config": {"cert_file": files["cert"], "key_file": files["key"], "client_ca_file": files["ca"],
+                              "client_auth_type": "RequireAndVerifyClientCert", "min_version": "TLS12",
+                              "max_version": "TLS13"},
+        "basic_auth_users": {"prometheus": bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4)).decode()},
+        "http_server_config": {"http2": False, "headers": {"X-Frame-Options": "deny"}},
     }
 
 
@@ -173,18 +187,22 @@ def running(files, tmp_path_factory):
     exporter.stop()
 
 
+def assert_names_file_and_key(err: cfg.ConfigError, path: Path, mutated: list[tuple] | None) -> None:
+    message = str(err)
+    assert "\n" not in message and "\r" not in message, message
+    assert message.startswith(f"{path}: "), message
+    key, sep, problem = message[len(f"{path}: "):].partition(": ")
+    assert key and sep and problem, message
+    assert mutated is None or any(related(key, path) for _, path, _ in mutated), (message, mutated)
+
+
 def check_load(path: Path, mutated: list[tuple] | None) -> cfg.Config | None:
     """Load the file as the exporter does at start: a Config whose targets can all be built, or one ConfigError
     line naming the file and a key related to a mutated one (mutated None: the text was cut, any key)."""
     try:
         config = cfg.resolve({"config": str(path)}, {})
     except cfg.ConfigError as err:
-        message = str(err)
-        assert "\n" not in message and "\r" not in message, message
-        assert message.startswith(f"{path}: "), message
-        key, sep, problem = message[len(f"{path}: "):].partition(": ")
-        assert key and sep and problem, message
-        assert mutated is None or any(related(key, path) for _, path, _ in mutated), (message, mutated)
+        assert_names_file_and_key(err, path, mutated)
         return None
     numbers = [config.poll_interval, config.timeout, config.staleness,
                *(value for value in vars(config.thresholds).values() if isinstance(value, float))]
@@ -194,7 +212,7 @@ def check_load(path: Path, mutated: list[tuple] | None) -> cfg.Config | None:
     return config
 
 
-@settings(max_examples=400, deadline=None, derandomize=True,  # the same examples every run: no CI luck
+@settings(max_examples=300, deadline=None, derandomize=True,  # the same examples every run: no CI luck
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_a_mutated_configuration_loads_or_is_one_line_naming_file_and_key(files, running, tmp_path, data):
@@ -215,7 +233,7 @@ def test_a_mutated_configuration_loads_or_is_one_line_naming_file_and_key(files,
         assert message.startswith(f"reload failed: {reloaded}: ") and exporter.config is before, message
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
+@settings(max_examples=100, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(at=st.floats(0, 1), insert=st.sampled_from(("", "[", "{", ":", "- ", "\t", "'", "&a", "*b", "!!python/none",
                                                    "\n  x", "\x07", "\ufeff")))
@@ -223,6 +241,22 @@ def test_a_cut_or_spliced_text_loads_or_is_one_line(files, tmp_path, at, insert)
     path = tmp_path / "exporter.yml"
     path.write_text(text_cut(yaml.safe_dump(base(files)), at, insert))
     check_load(path, None)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_mutated_web_configuration_loads_or_is_one_line_naming_file_and_key(files, tmp_path, data):
+    document = web_base(files)
+    mutated = data.draw(st.lists(mutations(document), min_size=1, max_size=3))
+    for mutation in mutated:
+        document = apply(document, mutation, files)
+    path = tmp_path / "web.yml"
+    path.write_text(yaml.safe_dump(document, allow_unicode=True))
+    try:
+        assert isinstance(webconfig.load(str(path)), webconfig.WebConfig)
+    except cfg.ConfigError as err:
+        assert_names_file_and_key(err, path, mutated)
 
 
 def test_every_bad_file_kind_is_refused_under_each_key_that_names_a_file(files, tmp_path):
@@ -237,8 +271,17 @@ def test_every_bad_file_kind_is_refused_under_each_key_that_names_a_file(files, 
             (tmp_path / "exporter.yml").write_text(yaml.safe_dump(document))
             if check_load(tmp_path / "exporter.yml", [("file", path, kind)]) is None:
                 refused[path[-1]].append(kind)
-    # a CA bundle or a credential is text whatever its format; a private key or a list is no certificate, no
-    # token holds a line break, and config.json must be an object with the layers
+    for path in key_paths(web_base(files)):
+        if not path or path[-1] not in FILE_KEYS:
+            continue
+        for kind in BAD_FILES:
+            (tmp_path / "web.yml").write_text(yaml.safe_dump(apply(web_base(files), ("file", path, kind), files)))
+            try:
+                webconfig.load(str(tmp_path / "web.yml"))
+            except cfg.ConfigError as err:
+                assert_names_file_and_key(err, tmp_path / "web.yml", [("file", path, kind)])
+                refused[path[-1]].append(kind)
+    # a token or a password is any one line of text, JSON or not; every other file has a format
     assert refused == {
         "ca_file": list(BAD_FILES),
         "bearer_token_file": [k for k in BAD_FILES if k not in ("not-pem", "not-json", "json-list",
@@ -246,4 +289,5 @@ def test_every_bad_file_kind_is_refused_under_each_key_that_names_a_file(files, 
         "password_file": [k for k in BAD_FILES if k not in ("not-pem", "not-json", "json-list",
                                                             "json-without-layers")],
         "config_json": list(BAD_FILES),
+        "cert_file": list(BAD_FILES), "key_file": list(BAD_FILES), "client_ca_file": list(BAD_FILES),
     }
