@@ -127,8 +127,6 @@ def _tls_context(path: str, section: Any) -> ssl.SSLContext:
     if not isinstance(section, dict):
         raise ConfigError(path, "tls_server_config", "must be a mapping")
     _reject_unknown(path, "tls_server_config.", section, _TLS_KEYS)
-    cert_file, _ = _file(path, section, "cert_file", read_certificates)
-    key_file, _ = _file(path, section, "key_file", read_text)
     auth_type = section.get("client_auth_type", "NoClientCert")
     if not isinstance(auth_type, str) or auth_type not in CLIENT_AUTH:
         raise ConfigError(path, "tls_server_config.client_auth_type",
@@ -138,6 +136,8 @@ def _tls_context(path: str, section: Any) -> ssl.SSLContext:
     context.maximum_version = _tls_version(path, section, "max_version", "TLS13")
     if context.minimum_version > context.maximum_version:
         raise ConfigError(path, "tls_server_config.max_version", "is below min_version")
+    cert_file, _ = _file(path, section, "cert_file", read_certificates)
+    key_file, _ = _file(path, section, "key_file", read_text)
     try:  # the certificate was read above: what fails now is the key
         context.load_cert_chain(cert_file, key_file)
     except ssl.SSLError as err:
