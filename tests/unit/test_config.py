@@ -195,6 +195,24 @@ def test_listen_origin_names_where_the_address_came_from(tmp_path):
     ("shard: -1/4", "shard", "must be INDEX/COUNT, e.g. 0/4 for the first of four replicas, got '-1/4'"),
     ("labels: {cluster: a}\npd_group_label: deployment", "pd_group_label",
      "must be 'model' or 'cluster' (the model, or a static label of the configuration), got 'deployment'"),
+    ("poll_interval: .inf", "poll_interval", "not a positive duration (e.g. 5s, 500ms, 1m): inf"),
+    ("staleness: .inf", "staleness", "not a positive duration"),
+    ("listen: 10490", "listen", "expected HOST:PORT, got 10490"),
+    ("pressure: {high_water_ratio: 1.5}", "pressure.high_water_ratio", "must be a share from 0 to 1, got 1.5"),
+    ("pressure: {thrashing_preemptions_per_second: -1}", "pressure.thrashing_preemptions_per_second",
+     "must be a finite number at least 0, got -1"),
+    ("pressure: {window_seconds: .nan}", "pressure.window_seconds", "must be a finite number above 0, got nan"),
+    ("pressure: {window_seconds: 0}", "pressure.window_seconds", "must be a finite number above 0, got 0"),
+    ("pressure: {shortage_for: 2.5m}", "pressure.shortage_for",
+     "must be a positive Prometheus duration (e.g. 2m, 1h30m), got '2.5m'"),
+    ("pressure: {low_water_ratio: 0.95}", "pressure.low_water_ratio",
+     "low_water_ratio (0.95) must be below high_water_ratio (0.9)"),
+    ("pressure: {high_water_ratio: 0.7}", "pressure.high_water_ratio",
+     "low_water_ratio (0.75) must be below high_water_ratio (0.7)"),
+    ("targets: [{url: 'http://a:1/m', model_architecture: {0: 32}}]", "targets[0].model_architecture.0",
+     "unknown key"),
+    ("'': 1", "''", "unknown key"),
+    ('"a\\nb": 1', "'a\\nb'", "unknown key"),  # a key with a line break, shown on one line
 ])
 def test_bad_files_name_file_key_and_problem(tmp_path, text, key, problem):
     path = write(tmp_path, text)
@@ -214,6 +232,11 @@ def test_a_targets_role_and_the_pd_group_label(tmp_path):
     assert config.pd_group_label == "pair"
     assert cfg.generator_settings(str(path)).pd_group_label == "pair"
     assert cfg.generator_settings(str(write(tmp_path, "targets: []"))).pd_group_label == "model"
+
+
+def test_a_pressure_key_without_a_value_keeps_its_default(tmp_path):
+    assert load(["--config", str(write(tmp_path, "pressure: {high_water_ratio: null, shortage_for: 5m}"))]
+                ).thresholds == cfg.Thresholds(shortage_for="5m")
 
 
 def test_missing_file(tmp_path):

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from devtools import harness
 from kvcache_exporter import config as cfg
-from kvcache_exporter.runtime import webconfig
+from kvcache_exporter.runtime import shard, webconfig
 from kvcache_exporter.runtime.app import Exporter
 from kvcache_exporter.runtime.target import new_target
 
@@ -291,3 +291,33 @@ def test_every_bad_file_kind_is_refused_under_each_key_that_names_a_file(files, 
         "config_json": list(BAD_FILES),
         "cert_file": list(BAD_FILES), "key_file": list(BAD_FILES), "client_ca_file": list(BAD_FILES),
     }
+
+
+def test_a_fault_while_applying_a_reload_fails_it_and_changes_no_running_target(files, tmp_path, monkeypatch, caplog):
+    """The last resort: whatever building the new configuration's parts raises is a failed reload, logged with its
+    traceback; the new targets are built before any running one changes, so nothing half-applies."""
+    path = tmp_path / "exporter.yml"
+    path.write_text(yaml.safe_dump(base(files)))
+    exporter = Exporter(cfg.resolve({"config": str(path)}, {}), lambda: cfg.resolve({"config": str(path)}, {}))
+    try:
+        running, labels = list(exporter.shard.targets), [target.labels for target in exporter.shard.targets]
+        document = base(files)
+        document["labels"] = {"cluster": "staging"}  # every running target's labels would change...
+        document["targets"].append({"name": "new", "url": "http://10.0.0.9:8000/metrics"})  # ...and one is built
+        path.write_text(yaml.safe_dump(document))
+
+        def fault(target, config):
+            raise RuntimeError("a fault of ours")
+
+        monkeypatch.setattr(shard, "new_target", fault)
+        assert exporter.reload() == (False, "reload failed: unexpected error: RuntimeError: a fault of ours")
+        assert exporter.state.reload_ok is False
+        assert exporter.shard.targets == running and [target.labels for target in running] == labels
+        assert exporter.config.labels == {"cluster": "prod"}
+        assert "Traceback" in caplog.text and "RuntimeError: a fault of ours" in caplog.text
+
+        monkeypatch.undo()
+        assert exporter.reload() == (True, "reloaded") and exporter.state.reload_ok
+        assert [target.labels["cluster"] for target in exporter.shard.targets] == ["staging"] * 5
+    finally:
+        exporter.stop()
