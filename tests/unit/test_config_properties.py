@@ -172,6 +172,15 @@ def apply(document, mutation: tuple, files: dict[str, str]):
     return holder.get("")
 
 
+def write_mutated(data: st.DataObject, document: dict, files: dict[str, str], path: Path) -> list[tuple]:
+    """Write the document with one to three mutations drawn from `data` to `path`; the mutations."""
+    mutated = data.draw(st.lists(mutations(document), min_size=1, max_size=3))
+    for mutation in mutated:
+        document = apply(document, mutation, files)
+    path.write_text(yaml.safe_dump(document, allow_unicode=True))
+    return mutated
+
+
 def text_cut(text: str, at: float, insert: str) -> str:
     position = int(len(text) * at)
     return text[:position] + insert + text[position:]
@@ -216,12 +225,8 @@ def check_load(path: Path, mutated: list[tuple] | None) -> cfg.Config | None:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_a_mutated_configuration_loads_or_is_one_line_naming_file_and_key(files, running, tmp_path, data):
-    document = base(files)
-    mutated = data.draw(st.lists(mutations(document), min_size=1, max_size=3))
-    for mutation in mutated:
-        document = apply(document, mutation, files)
     path = tmp_path / "exporter.yml"
-    path.write_text(yaml.safe_dump(document, allow_unicode=True))
+    mutated = write_mutated(data, base(files), files, path)
     loaded = check_load(path, mutated)
 
     exporter, reloaded = running  # the same file at a reload: kept running configuration and a 0 gauge, or applied
@@ -247,12 +252,8 @@ def test_a_cut_or_spliced_text_loads_or_is_one_line(files, tmp_path, at, insert)
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_a_mutated_web_configuration_loads_or_is_one_line_naming_file_and_key(files, tmp_path, data):
-    document = web_base(files)
-    mutated = data.draw(st.lists(mutations(document), min_size=1, max_size=3))
-    for mutation in mutated:
-        document = apply(document, mutation, files)
     path = tmp_path / "web.yml"
-    path.write_text(yaml.safe_dump(document, allow_unicode=True))
+    mutated = write_mutated(data, web_base(files), files, path)
     try:
         assert isinstance(webconfig.load(str(path)), webconfig.WebConfig)
     except cfg.ConfigError as err:
