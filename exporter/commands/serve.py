@@ -18,8 +18,7 @@ def parser() -> argparse.ArgumentParser:
         description="Polls vLLM and SGLang /metrics endpoints and exposes the engine-independent kvcache_* "
                     "contract. Subcommands: `kvcache-exporter check-config FILE` to check a configuration file "
                     "and the files it names without starting, `kvcache-exporter kv-math --help` for KV memory "
-                    "arithmetic, "
-                    "`kvcache-exporter assets --help` to write out the dashboards and alert rules, "
+                    "arithmetic, `kvcache-exporter assets --help` to write out the dashboards and alert rules, "
                     "`kvcache-exporter top --help` for the fleet's KV state in a terminal.",
         epilog="Each flag can also be set from its environment variable: "
                + ", ".join(f"{cfg.flag_name(k)}: {v}" for k, v in cfg.ENVIRONMENT.items())
