@@ -176,7 +176,7 @@ class Exporter:
         return False, f"reload failed: {reason}"
 
     def _apply(self, config: Config) -> None:
-        """Every configuration file names has been read at load, so building its targets cannot fail on a file;
+        """Every file the configuration names was read at load, so building its targets cannot fail on a file;
         the shard builds its new targets before it changes a running one."""
         for key in ("listen", "workers", "shard"):
             if getattr(config, key) != getattr(self.config, key):
