@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import ipaddress
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -23,6 +24,7 @@ from . import units
 from .adapters import ADAPTERS
 from .contract import ROLES, label_names
 from .kvmath import ArchitectureError, KVLayout, layout_from_mapping
+from .sources.fetch import read_certificates, read_credential
 from .thresholds import Thresholds
 
 DEFAULT_LISTEN = "0.0.0.0:10490"
@@ -70,7 +72,8 @@ LOG_FORMATS = ("logfmt", "json")  # the first is the default
 
 class ConfigError(Exception):
     def __init__(self, source: str, key: str, problem: str):
-        super().__init__(f"{source}: {key}: {problem}")
+        # One line whatever a file holds: a key or a path may carry a line break.
+        super().__init__(f"{source}: {key}: {problem}".replace("\r", "\\r").replace("\n", "\\n"))
 
 
 DEFAULT_MAX_EVENT_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -113,6 +116,8 @@ class TargetConfig:
     basic_auth_username: str | None = None
     basic_auth_password_file: str | None = None
     ca_file: str | None = None
+    # The ca_file's PEM text, read and checked at load: a reload or a worker never opens the file again.
+    ca_pem: str | None = field(default=None, repr=False)
     tls_insecure_skip_verify: bool = False
     kv_layout: KVLayout | None = None  # from `model_architecture:`; enables the *_bytes series
     kv_events: KVEventsConfig | None = None
@@ -190,13 +195,13 @@ class Config:
 
 
 def parse_duration(text: Any) -> float:
-    if isinstance(text, (int, float)) and not isinstance(text, bool) and text > 0:
+    if isinstance(text, (int, float)) and not isinstance(text, bool) and 0 < text < math.inf:
         return float(text)
     try:
         seconds = units.parse_duration(str(text))
     except ValueError:
         seconds = 0.0
-    if seconds <= 0:
+    if not 0 < seconds < math.inf:
         raise ValueError(f"not a positive duration (e.g. 5s, 500ms, 1m): {text!r}")
     return seconds
 
@@ -221,8 +226,8 @@ def parse_size(text: Any) -> int:
     return size
 
 
-def parse_listen(text: str) -> str:
-    host, sep, port = text.rpartition(":")
+def parse_listen(text: Any) -> str:
+    host, sep, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     return text
@@ -284,6 +289,15 @@ def _labels(value: Any) -> dict[str, str]:
     return out
 
 
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+def key_name(name: Any) -> str:
+    """A key of a file as an error names it: as written, or quoted if that would not show it (an empty key, a
+    space, a colon, a line break)."""
+    return name if isinstance(name, str) and _PLAIN_KEY.match(name) else repr(name)
+
+
 class _Reader:
     """Reads keys of one mapping, turning every problem into a ConfigError with the full key path."""
 
@@ -307,7 +321,8 @@ class _Reader:
     def reject_unknown(self, known: set[str]) -> None:
         for name in self.mapping:
             if name not in known:
-                raise ConfigError(self.source, self.key(str(name)), f"unknown key (known: {', '.join(sorted(known))})")
+                raise ConfigError(self.source, self.key(key_name(name)),
+                                  f"unknown key (known: {', '.join(sorted(known))})")
 
 
 def _string(value: Any) -> str:
@@ -336,9 +351,33 @@ def _engine(value: Any) -> str:
 def _thresholds(source: str, value: Any) -> Thresholds:
     reader = _Reader(source, value, "pressure")
     reader.reject_unknown({f.name for f in fields(Thresholds)})
-    for key in reader.mapping:  # validate one key at a time so the error names it
-        reader.get(key, lambda v, key=key: Thresholds.from_mapping({key: v}))
-    return Thresholds.from_mapping(reader.mapping)
+    # one key at a time so the error names it; a key without a value keeps its default, as elsewhere
+    given = {key: reader.get(key, functools.partial(_threshold, key)) for key in reader.mapping}
+    thresholds = Thresholds.from_mapping({key: value for key, value in given.items() if value is not None})
+    if thresholds.low_water_ratio >= thresholds.high_water_ratio:
+        raise ConfigError(source, "pressure.low_water_ratio" if "low_water_ratio" in given else
+                          "pressure.high_water_ratio", f"low_water_ratio ({thresholds.low_water_ratio:g}) must be "
+                          f"below high_water_ratio ({thresholds.high_water_ratio:g})")
+    return thresholds
+
+
+def _threshold(key: str, value: Any) -> float | str:
+    """One `pressure:` value, of its field's type (TypeError) and in its range (ValueError): a share 0 to 1, a
+    number finite and not negative, a window above 0, a duration one a rule's `for:` takes."""
+    checked = getattr(Thresholds.from_mapping({key: value}), key)
+    if isinstance(checked, str):
+        try:
+            seconds = units.parse_duration(checked, strict=True)
+        except ValueError:
+            seconds = 0.0
+        if seconds <= 0:
+            raise ValueError(f"must be a positive Prometheus duration (e.g. 2m, 1h30m), got {value!r}")
+    elif not math.isfinite(checked) or checked < 0 or (key == "window_seconds" and checked == 0):
+        raise ValueError(f"must be a finite number {'above' if key == 'window_seconds' else 'at least'} 0, "
+                         f"got {value!r}")
+    elif any(word in key for word in ("ratio", "fraction", "share")) and checked > 1:
+        raise ValueError(f"must be a share from 0 to 1, got {value!r}")
+    return checked
 
 
 _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_auth", "ca_file",
@@ -355,7 +394,13 @@ def _boolean(value: Any) -> bool:
     return value
 
 
-def _basic_auth(source: str, section: Any, key: str) -> tuple[str | None, str | None]:
+def _credential_file(value: Any) -> str:
+    """The path of a bearer token's or a password's file that can be read and sent as it is."""
+    read_credential(_string(value))
+    return value
+
+
+def _basic_auth(source: str, section: Any, key: str, read_files: bool) -> tuple[str | None, str | None]:
     if section is None:
         return None, None
     reader = _Reader(source, section, key)
@@ -363,19 +408,22 @@ def _basic_auth(source: str, section: Any, key: str) -> tuple[str | None, str | 
         raise ConfigError(source, reader.key("password"), "secrets are not written in the configuration: "
                                                           "put the password in a file and set password_file")
     reader.reject_unknown({"username", "password_file"})
-    username, password_file = reader.get("username", _string), reader.get("password_file", _string)
+    username = reader.get("username", _string)
+    password_file = reader.get("password_file", _credential_file if read_files else _string)
     if username is None or password_file is None:
         raise ConfigError(source, key, "needs both username and password_file")
     return username, password_file
 
 
-def _target(source: str, item: Any, path: str) -> TargetConfig:
+def _target(source: str, item: Any, path: str, read_files: bool) -> TargetConfig:
+    """A `targets:` entry; with `read_files`, the files it names are read and checked (load_file)."""
     reader = _Reader(source, item, path)
     if isinstance(item, dict) and "bearer_token" in item:
         raise ConfigError(source, reader.key("bearer_token"), "secrets are not written in the configuration: "
                                                               "put the token in a file and set bearer_token_file")
     reader.reject_unknown(_TARGET_KEYS)
-    username, password_file = _basic_auth(source, reader.mapping.get("basic_auth"), reader.key("basic_auth"))
+    username, password_file = _basic_auth(source, reader.mapping.get("basic_auth"), reader.key("basic_auth"),
+                                          read_files)
     url = reader.get("url", _check_url)
     if url is None:
         raise ConfigError(source, reader.key("url"), "is required")
@@ -384,10 +432,11 @@ def _target(source: str, item: Any, path: str) -> TargetConfig:
         url=url,
         engine=reader.get("engine", _engine, "auto"),
         labels=reader.get("labels", _labels, {}),
-        bearer_token_file=reader.get("bearer_token_file", _string),
+        bearer_token_file=reader.get("bearer_token_file", _credential_file if read_files else _string),
         basic_auth_username=username,
         basic_auth_password_file=password_file,
         ca_file=reader.get("ca_file", _string),
+        ca_pem=reader.get("ca_file", read_certificates) if read_files else None,
         tls_insecure_skip_verify=reader.get("tls_insecure_skip_verify", _boolean, False),
         kv_layout=_kv_layout(source, reader.mapping.get("model_architecture"), reader.key("model_architecture")),
         kv_events=_kv_events(source, reader.mapping.get("kv_events"), reader.key("kv_events")),
@@ -506,7 +555,7 @@ class GeneratorSettings:
 
 def generator_settings(path: str) -> GeneratorSettings:
     """A configuration file's thresholds, static label names and P/D group label. Raises ConfigError."""
-    settings = load_file(path)
+    settings = load_file(path, read_files=False)
     return GeneratorSettings(settings.get("thresholds", Thresholds()), _static_label_names(settings),
                              settings.get("pd_group_label", DEFAULT_PD_GROUP_LABEL))
 
@@ -527,24 +576,33 @@ def _pd_group_label(path: str, value: Any, settings: dict[str, Any]) -> str:
     return value
 
 
-def load_file(path: str) -> dict[str, Any]:
-    """The file's settings as keyword arguments for build(); raises ConfigError."""
+def read_yaml(path: str) -> Any:
+    """A YAML file's document (None if it is empty); raises ConfigError."""
     try:
         with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+            return yaml.safe_load(handle)
     except OSError as err:
         raise ConfigError(path, "(file)", err.strerror or str(err)) from None
+    except UnicodeDecodeError:
+        raise ConfigError(path, "(file)", "not UTF-8 text") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "(file)"
         raise ConfigError(path, where, f"invalid YAML: {getattr(err, 'problem', None) or err}") from None
+
+
+def load_file(path: str, read_files: bool = True) -> dict[str, Any]:
+    """The file's settings as keyword arguments for build(); raises ConfigError. The TLS and credential files it
+    names are read and checked too, unless `read_files` is false: for what only reads the file's thresholds and
+    labels (the rule and dashboard generators), never for a configuration that runs."""
+    data = read_yaml(path)
     reader = _Reader(path, data if data is not None else {})
     reader.reject_unknown(_TOP_KEYS)
     raw_targets = reader.mapping.get("targets") or []
     if not isinstance(raw_targets, list):
         raise ConfigError(path, "targets", "must be a list")
     settings: dict[str, Any] = {
-        "targets": [_target(path, item, f"targets[{i}]") for i, item in enumerate(raw_targets)],
+        "targets": [_target(path, item, f"targets[{i}]", read_files) for i, item in enumerate(raw_targets)],
     }
     for key, convert in (("poll_interval", parse_poll_interval), ("timeout", parse_duration),
                          ("staleness", parse_duration), ("max_response_bytes", parse_size),
@@ -672,6 +730,6 @@ def listen_origin(flags: Mapping[str, object], environ: Mapping[str, str]) -> tu
     if found:
         return found[0], found[1]
     config_path = given(flags, environ, "config")
-    if config_path and "listen" in load_file(str(config_path[2])):
+    if config_path and "listen" in load_file(str(config_path[2]), read_files=False):
         return str(config_path[2]), "listen"
     return "default", flag_name("listen")

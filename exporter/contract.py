@@ -115,7 +115,7 @@ TRANSFER_FAILURE_KINDS = {
 FAILURE_REASONS = {
     "timeout": "no complete response within the timeout",
     "connect": "no connection, a broken one, TLS refused, or an answer that is not HTTP",
-    "credentials": "the target's bearer_token_file or password_file cannot be read, or holds a line break",
+    "credentials": "the target's bearer_token_file or password_file cannot be read, is empty or holds a line break",
     "http_status": "an answer other than 200, a redirect to another host, or too many redirects",
     "too_large": "a page above max_response_bytes, decompressed",
     "parse": "a page that is not Prometheus text, not UTF-8, or badly compressed",

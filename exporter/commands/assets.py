@@ -51,7 +51,7 @@ def committed(runbook_url_base: str | None = None) -> dict[str, bytes]:
 
 def for_config(path: str, runbook_url_base: str | None = None) -> dict[str, bytes]:
     """Output path -> the file rebuilt for an exporter configuration. Raises ConfigError or AssetsError."""
-    cfg.load_file(path)  # a broken file is reported first, as the exporter reports it
+    cfg.load_file(path, read_files=False)  # a broken file is reported first, as the exporter reports it
     from kvcache_exporter.alerts import generate as alerts
     from kvcache_exporter.alerts import runbook
 

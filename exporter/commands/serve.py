@@ -32,8 +32,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvcache-exporter",
         description=f"Polls the /metrics endpoints of LLM serving engines ({engines_in_words()}) and exposes the "
-                    "engine-independent kvcache_* contract. Subcommands: `kvcache-exporter kv-math --help` for KV "
-                    "memory arithmetic, `kvcache-exporter assets --help` to write out the dashboards and alert rules, "
+                    "engine-independent kvcache_* contract. Subcommands: `kvcache-exporter check-config FILE` to "
+                    "check a configuration file and the files it names without starting, `kvcache-exporter kv-math "
+                    "--help` for KV memory arithmetic, `kvcache-exporter assets --help` to write out the dashboards "
+                    "and alert rules, "
                     "`kvcache-exporter top --help` for the fleet's KV state in a terminal.",
         epilog="Each flag can also be set from its environment variable: "
                + ", ".join(f"{cfg.flag_name(k)}: {v}" for k, v in cfg.ENVIRONMENT.items())

@@ -109,6 +109,8 @@ def _load_config(source: str | Path | Mapping[str, Any]) -> Mapping[str, Any]:
     path = Path(source)
     if path.is_dir():  # a model snapshot directory
         path = path / "config.json"
+    if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
+        raise ArchitectureError("config_json", f"{path} is not a regular file")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as err:
@@ -279,7 +281,7 @@ def layout_from_mapping(
     if not isinstance(values, Mapping):
         raise ArchitectureError(prefix.rstrip(".") or "model_architecture", "must be a mapping")
     reader = _Reader(values, prefix)
-    unknown = sorted(set(values) - set(MAPPING_KEYS))
+    unknown = [str(key) for key in values if key not in MAPPING_KEYS]  # a YAML key may be a number
     if unknown:
         raise reader.error(unknown[0], f"unknown key (known: {', '.join(MAPPING_KEYS)})")
     overrides = {

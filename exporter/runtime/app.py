@@ -162,22 +162,30 @@ class Exporter:
         with self._reload_lock:
             try:
                 config = self._reload_config()
+                self._apply(config)
             except ConfigError as err:
-                self.state.reload_failed()
-                log.error("reload failed, keeping the running configuration: %s", err)
-                return False, f"reload failed: {err}"
-            self._apply(config)
+                return self._reload_failed(str(err))
+            except Exception as err:  # the last resort: a fault of ours fails the reload, never ends the process
+                log.exception("reload: unexpected error")
+                return self._reload_failed(f"unexpected error: {type(err).__name__}: {err}")
             self.state.reload_succeeded()
             log.info("configuration reloaded: %d target(s)", len(config.targets))
             return True, "reloaded"
 
+    def _reload_failed(self, reason: str) -> tuple[bool, str]:
+        self.state.reload_failed()
+        log.error("reload failed, keeping the running configuration: %s", reason)
+        return False, f"reload failed: {reason}"
+
     def _apply(self, config: Config) -> None:
+        """Every file the configuration names was read at load, so building its targets cannot fail on a file;
+        the shard builds its new targets before it changes a running one."""
         for key in ("listen", "workers", "shard"):
             if getattr(config, key) != getattr(self.config, key):
                 log.warning("%s changes only at restart; still %s", key, getattr(self.config, key))
                 config = replace(config, **{key: getattr(self.config, key)})
-        self.config = config
         self.shard.apply(config)
+        self.config = config
         if self.workers is not None and self.scheduler.running:
             self.scheduler.run(self.workers.apply(config))
 

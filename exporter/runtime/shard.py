@@ -74,16 +74,13 @@ class Shard:
     def apply(self, config: Config) -> None:
         """A reload: a target polled the same way keeps its series, history and failure counts."""
         kept = {_identity(self.config, t.config): t for t in self.targets}
-        targets = []
-        for target_config in config.targets:
-            if not self._polls(target_config.name):
-                continue
-            target = kept.pop(_identity(config, target_config), None)
-            if target is None:
-                target = new_target(target_config, config)
-            else:
+        plan = [(target_config, kept.pop(_identity(config, target_config), None))
+                for target_config in config.targets if self._polls(target_config.name)]
+        # The new targets first: one that cannot be built raises before any running target has changed.
+        targets = [new_target(target_config, config) if target is None else target for target_config, target in plan]
+        for target_config, target in plan:
+            if target is not None:
                 target.update(target_config, config.thresholds, config.labels)
-            targets.append(target)
         self.config = config
         self.targets = targets
         self.scheduler.interval = config.poll_interval

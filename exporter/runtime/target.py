@@ -198,7 +198,7 @@ def _remaining(deadline: float) -> float:
 def fetch_settings(config: Config, target: TargetConfig) -> FetchSettings:
     return FetchSettings(timeout=config.timeout, max_bytes=config.max_response_bytes,
                          bearer_token_file=target.bearer_token_file, basic_auth_username=target.basic_auth_username,
-                         basic_auth_password_file=target.basic_auth_password_file, ca_file=target.ca_file,
+                         basic_auth_password_file=target.basic_auth_password_file, ca_pem=target.ca_pem,
                          verify_tls=not target.tls_insecure_skip_verify)
 
 

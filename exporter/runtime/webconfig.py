@@ -10,12 +10,12 @@ import re
 import ssl
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import bcrypt
-import yaml
 
-from ..config import ConfigError
+from ..config import ConfigError, key_name, read_yaml
+from ..sources.fetch import FileProblem, read_certificates, read_text, ssl_problem
 
 CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -73,13 +73,7 @@ class WebConfig:
 
 def load(path: str) -> WebConfig:
     """Raises ConfigError naming the file and key."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle) or {}
-    except OSError as err:
-        raise ConfigError(path, "(file)", err.strerror or str(err)) from None
-    except yaml.YAMLError as err:
-        raise ConfigError(path, "(file)", f"invalid YAML: {err}") from None
+    data = read_yaml(path) or {}
     if not isinstance(data, dict):
         raise ConfigError(path, "(top level)", "must be a mapping")
     _reject_unknown(path, "", data, _TOP_KEYS)
@@ -91,7 +85,7 @@ def load(path: str) -> WebConfig:
         raise ConfigError(path, "basic_auth_users", "must be a mapping of user names to bcrypt hashes")
     for user, hashed in users.items():
         if not isinstance(hashed, str) or not _BCRYPT.match(hashed):
-            raise ConfigError(path, f"basic_auth_users.{user}", "must be a bcrypt hash ($2y$...)")
+            raise ConfigError(path, f"basic_auth_users.{key_name(user)}", "must be a bcrypt hash ($2y$...)")
         web.users[str(user)] = hashed.encode()
     if web.users:
         cost = max(int(hashed[4:6]) for hashed in web.users.values())
@@ -104,7 +98,7 @@ def load(path: str) -> WebConfig:
 def _reject_unknown(path: str, section: str, mapping: dict, known: tuple[str, ...]) -> None:
     for key in mapping:
         if key not in known:
-            raise ConfigError(path, f"{section}{key}", f"unknown key (known: {', '.join(known)})")
+            raise ConfigError(path, f"{section}{key_name(key)}", f"unknown key (known: {', '.join(known)})")
 
 
 def _http_server_config(path: str, section: Any) -> dict[str, str]:
@@ -120,7 +114,7 @@ def _http_server_config(path: str, section: Any) -> dict[str, str]:
     allowed = {name.lower(): name for name in EXTRA_HEADERS}
     out = {}
     for name, value in headers.items():
-        key = f"http_server_config.headers.{name}"
+        key = f"http_server_config.headers.{key_name(name)}"
         if str(name).lower() not in allowed:
             raise ConfigError(path, key, f"not a header this file may set (one of {', '.join(EXTRA_HEADERS)})")
         if not isinstance(value, str) or not value or any(c in value for c in "\r\n"):
@@ -133,34 +127,43 @@ def _tls_context(path: str, section: Any) -> ssl.SSLContext:
     if not isinstance(section, dict):
         raise ConfigError(path, "tls_server_config", "must be a mapping")
     _reject_unknown(path, "tls_server_config.", section, _TLS_KEYS)
-    for key in ("cert_file", "key_file"):
-        if not section.get(key):
-            raise ConfigError(path, f"tls_server_config.{key}", "is required")
     auth_type = section.get("client_auth_type", "NoClientCert")
-    if auth_type not in CLIENT_AUTH:
-        raise ConfigError(path, "tls_server_config.client_auth_type", f"must be one of {', '.join(CLIENT_AUTH)}")
+    if not isinstance(auth_type, str) or auth_type not in CLIENT_AUTH:
+        raise ConfigError(path, "tls_server_config.client_auth_type",
+                          f"must be one of {', '.join(CLIENT_AUTH)}, got {auth_type!r}")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = _tls_version(path, section, "min_version", "TLS12")
     context.maximum_version = _tls_version(path, section, "max_version", "TLS13")
     if context.minimum_version > context.maximum_version:
         raise ConfigError(path, "tls_server_config.max_version", "is below min_version")
-    try:
-        context.load_cert_chain(section["cert_file"], section["key_file"])
-    except (OSError, ssl.SSLError) as err:
-        raise ConfigError(path, "tls_server_config.cert_file", f"cannot load certificate and key: {err}") from None
+    cert_file, _ = _file(path, section, "cert_file", read_certificates)
+    key_file, _ = _file(path, section, "key_file", read_text)
+    try:  # the certificate was read above: what fails now is the key
+        context.load_cert_chain(cert_file, key_file)
+    except ssl.SSLError as err:
+        raise ConfigError(path, "tls_server_config.key_file",
+                          f"{key_file} is not the PEM private key of {cert_file}: {ssl_problem(err)}") from None
     context.verify_mode = CLIENT_AUTH[auth_type]
     if auth_type in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert") or section.get("client_ca_file"):
         if not section.get("client_ca_file"):
             raise ConfigError(path, "tls_server_config.client_ca_file", f"is required with {auth_type}")
-        try:
-            context.load_verify_locations(section["client_ca_file"])
-        except (OSError, ssl.SSLError) as err:
-            raise ConfigError(path, "tls_server_config.client_ca_file", f"cannot load: {err}") from None
+        context.load_verify_locations(cadata=_file(path, section, "client_ca_file", read_certificates)[1])
     return context
+
+
+def _file(path: str, section: dict, key: str, read: Callable[[str], str]) -> tuple[str, str]:
+    """(the file path under `key`, its text as `read` checks it: a reader of sources.fetch)."""
+    value = section.get(key)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(path, f"tls_server_config.{key}", f"is required: a file path, got {value!r}")
+    try:
+        return value, read(value)
+    except FileProblem as err:
+        raise ConfigError(path, f"tls_server_config.{key}", str(err)) from None
 
 
 def _tls_version(path: str, section: dict, key: str, default: str) -> ssl.TLSVersion:
     name = section.get(key, default)
-    if name not in TLS_VERSIONS:
+    if not isinstance(name, str) or name not in TLS_VERSIONS:
         raise ConfigError(path, f"tls_server_config.{key}", f"must be one of {', '.join(TLS_VERSIONS)}, got {name!r}")
     return TLS_VERSIONS[name]

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import re
 import ssl
+import stat
 import zlib
 from dataclasses import dataclass
 from typing import AbstractSet
@@ -45,8 +47,53 @@ class FetchSettings:
     bearer_token_file: str | None = None
     basic_auth_username: str | None = None
     basic_auth_password_file: str | None = None
-    ca_file: str | None = None
+    ca_pem: str | None = None  # the CA bundle's text (config.py reads the ca_file once, at load); None: the system's
     verify_tls: bool = True
+
+
+class FileProblem(ValueError):
+    """A file a target's settings name cannot serve: the message names the file and says why."""
+
+
+def read_credential(path: str) -> str:
+    """A bearer token's or a password's file, without surrounding whitespace. Raises FileProblem."""
+    value = read_text(path).strip()
+    if not value:
+        raise FileProblem(f"{path} is empty")
+    if "\r" in value or "\n" in value:  # it would end the header and start one of its own
+        raise FileProblem(f"{path} holds a line break")
+    return value
+
+
+def read_certificates(path: str) -> str:
+    """A file of PEM certificates (a CA bundle, a certificate chain), checked by loading it as a fetch loads a
+    target's CA bundle. Raises FileProblem."""
+    pem = read_text(path)
+    if not pem.strip():  # no text at all would leave the system's CAs trusted
+        raise FileProblem(f"{path} is empty")
+    try:
+        tls_context(pem)
+    except ssl.SSLError as err:
+        raise FileProblem(f"{path} holds no PEM certificate: {ssl_problem(err)}") from None
+    return pem
+
+
+def ssl_problem(err: ssl.SSLError) -> str:
+    """OpenSSL's words for a failure, without the (_ssl.c:LINE) of the Python build."""
+    return re.sub(r" \(_ssl\.c:\d+\)$", "", str(err.args[1] if len(err.args) > 1 else err))
+
+
+def read_text(path: str) -> str:
+    """A regular file's UTF-8 text. Raises FileProblem naming the file."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block or never end
+            raise FileProblem(f"{path} is not a regular file")
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as err:
+        raise FileProblem(f"cannot read {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise FileProblem(f"{path} is not UTF-8 text") from None
 
 
 class SecretFile:
@@ -58,14 +105,16 @@ class SecretFile:
         self._value = ""
 
     def read(self) -> str:
-        stat = os.stat(self.path)
-        stamp = (stat.st_mtime, stat.st_size)
-        if stamp != self._stamp:
-            with open(self.path, encoding="utf-8") as handle:
-                value = handle.read().strip()
-            if "\r" in value or "\n" in value:  # it would end the header and start one of its own
-                raise FetchError("credentials", f"{self.path} holds a line break")
-            self._value, self._stamp = value, stamp
+        """Raises FetchError (`credentials`) if the file cannot serve."""
+        try:
+            status = os.stat(self.path)
+            stamp = (status.st_mtime, status.st_size)
+            if stamp != self._stamp:
+                self._value, self._stamp = read_credential(self.path), stamp
+        except OSError as err:
+            raise FetchError("credentials", f"cannot read {self.path}: {err.strerror or err}") from None
+        except FileProblem as err:
+            raise FetchError("credentials", str(err)) from None
         return self._value
 
 
@@ -80,7 +129,7 @@ class Fetcher:
         self._host = parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._host_header = parts.netloc.rpartition("@")[2]
-        self._tls = _tls_context(settings) if parts.scheme == "https" else None
+        self._tls = tls_context(settings.ca_pem, settings.verify_tls) if parts.scheme == "https" else None
         self._token = SecretFile(settings.bearer_token_file) if settings.bearer_token_file else None
         self._password = SecretFile(settings.basic_auth_password_file) if settings.basic_auth_password_file else None
         self._stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
@@ -107,16 +156,11 @@ class Fetcher:
     def _headers(self) -> str:
         headers = {"Host": self._host_header, "Accept": ACCEPT, "Accept-Encoding": "gzip",
                    "User-Agent": USER_AGENT}
-        try:
-            if self._token is not None:
-                headers["Authorization"] = "Bearer " + self._token.read()
-            elif self._password is not None:
-                pair = f"{self.settings.basic_auth_username}:{self._password.read()}".encode()
-                headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-        except (OSError, UnicodeDecodeError) as err:
-            path = self._token.path if self._token is not None else self._password.path
-            problem = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
-            raise FetchError("credentials", f"cannot read {path}: {problem}") from None
+        if self._token is not None:
+            headers["Authorization"] = "Bearer " + self._token.read()
+        elif self._password is not None:
+            pair = f"{self.settings.basic_auth_username}:{self._password.read()}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
         return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
 
     def _filtered_url(self, names: AbstractSet[str]) -> str:
@@ -275,9 +319,11 @@ async def _read_exactly(reader: asyncio.StreamReader, size: int, body: _Body) ->
         body.add(chunk)
 
 
-def _tls_context(settings: FetchSettings) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=settings.ca_file)
-    if not settings.verify_tls:
+def tls_context(ca_pem: str | None, verify: bool = True) -> ssl.SSLContext:
+    """The client context of an https target: its CA bundle's text, or the system's CAs. Raises ssl.SSLError
+    for text that holds no PEM certificate."""
+    context = ssl.create_default_context(cadata=ca_pem)
+    if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     return context

@@ -1,11 +1,19 @@
-"""Bad configuration, end to end: `python -m kvcache_exporter` prints one line naming file, key and problem, and exits 2."""
+"""Bad configuration, end to end: `python -m kvcache_exporter` (and `check-config`) prints one line naming file, key
+and problem, and exits 2; a good one starts (and `check-config` says OK, polling nothing)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import pytest
+
+from devtools import harness
+from devtools.harness import GOOD_PAGE, PageServer, page
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -35,3 +43,163 @@ def test_the_process_prints_one_line_and_exits_2(tmp_path, argv, expected):
     assert result.returncode == 2
     assert result.stderr == expected.format(tmp=tmp_path)
     assert result.stdout == ""
+
+
+def named_files(tmp_path: Path) -> Path:
+    """The files a configuration may name, good and bad, in `tmp_path`: a CA, a server certificate and key, a token,
+    a config.json, and files of the wrong kind."""
+    harness.make_certs(tmp_path)
+    (tmp_path / "token").write_text("t0ken\n")
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 32, "num_attention_heads": 32, '
+                                          '"num_key_value_heads": 8, "hidden_size": 4096, "torch_dtype": "bfloat16"}')
+    (tmp_path / "two-lines").write_text("line one\nline two\n")
+    (tmp_path / "empty").write_text("")
+    (tmp_path / "not-utf8").write_bytes(b"\xff\xfe\x00t0ken")
+    (tmp_path / "not-pem").write_text("not a certificate\n")
+    (tmp_path / "not-json").write_text("{layers: 32")
+    (tmp_path / "directory").mkdir()
+    return tmp_path
+
+
+GOOD_CONFIG = """targets:
+  - {{name: plain, url: '{url}', bearer_token_file: '{tmp}/token'}}
+  - {{name: tls, url: 'https://127.0.0.1:9/metrics', ca_file: '{tmp}/ca.crt',
+      basic_auth: {{username: u, password_file: '{tmp}/token'}}, model_architecture: {{config_json: '{tmp}/config.json'}}}}
+"""
+GOOD_WEB = "tls_server_config: {{cert_file: '{tmp}/server.crt', key_file: '{tmp}/server.key'}}\n"
+# One target naming a bad file (key: value in a flow mapping), and the line the exporter prints; OpenSSL's words for a
+# file that holds no certificate are its own, so that case is matched up to them.
+BAD_FILES = [
+    ("ca_file: '{tmp}/missing.pem'", "targets[0].ca_file: cannot read {tmp}/missing.pem: No such file or directory\n"),
+    ("ca_file: '{tmp}/not-pem'", "targets[0].ca_file: {tmp}/not-pem holds no PEM certificate: "),
+    ("ca_file: '{tmp}/server.key'", "targets[0].ca_file: {tmp}/server.key holds no PEM certificate: "),
+    ("ca_file: '{tmp}/directory'", "targets[0].ca_file: {tmp}/directory is not a regular file\n"),
+    ("bearer_token_file: '{tmp}/two-lines'", "targets[0].bearer_token_file: {tmp}/two-lines holds a line break\n"),
+    ("bearer_token_file: '{tmp}/empty'", "targets[0].bearer_token_file: {tmp}/empty is empty\n"),
+    ("basic_auth: {{username: u, password_file: '{tmp}/not-utf8'}}",
+     "targets[0].basic_auth.password_file: {tmp}/not-utf8 is not UTF-8 text\n"),
+    ("model_architecture: {{config_json: '{tmp}/not-json'}}",
+     "targets[0].model_architecture.config_json: {tmp}/not-json is not valid JSON: "),
+]
+BAD_WEB = [
+    ("{{cert_file: '{tmp}/missing.crt', key_file: '{tmp}/server.key'}}",
+     "tls_server_config.cert_file: cannot read {tmp}/missing.crt: No such file or directory\n"),
+    ("{{cert_file: '{tmp}/server.crt', key_file: '{tmp}/client.key'}}",
+     "tls_server_config.key_file: {tmp}/client.key is not the PEM private key of {tmp}/server.crt: "),
+    ("{{cert_file: '{tmp}/server.crt', key_file: '{tmp}/server.key', client_auth_type: RequireAndVerifyClientCert,"
+     " client_ca_file: '{tmp}/not-pem'}}", "tls_server_config.client_ca_file: {tmp}/not-pem holds no PEM certificate: "),
+    ("{{cert_file: [a], key_file: '{tmp}/server.key'}}",
+     "tls_server_config.cert_file: is required: a file path, got ['a']\n"),
+]
+
+
+def one_line_exit_2(result: subprocess.CompletedProcess, expected: str) -> None:
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(expected) and result.stderr.count("\n") == 1 and result.stderr.endswith("\n"), \
+        result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvcache_exporter", *argv], capture_output=True, text=True,
+                          timeout=30, env={"PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("entry, expected", BAD_FILES)
+def test_a_bad_file_the_configuration_names_is_one_line_and_exit_2_at_start_and_in_check_config(tmp_path, entry,
+                                                                                                  expected):
+    tmp = named_files(tmp_path)
+    config = tmp / "exporter.yml"
+    config.write_text(f"targets: [{{url: 'https://127.0.0.1:9/metrics', {entry.format(tmp=tmp)}}}]\n")
+    line = f"kvcache-exporter: {config}: {expected.format(tmp=tmp)}"
+    started = run("--config", str(config), "--listen", f"127.0.0.1:{harness.free_port()}")
+    one_line_exit_2(started, line)
+    checked = run("check-config", str(config))
+    assert checked.stderr == started.stderr  # the same check, the same line
+    one_line_exit_2(checked, line)
+
+
+@pytest.mark.parametrize("tls, expected", BAD_WEB)
+def test_a_bad_file_the_web_configuration_names_is_one_line_and_exit_2(tmp_path, tls, expected):
+    tmp = named_files(tmp_path)
+    web = tmp / "web.yml"
+    web.write_text(f"tls_server_config: {tls.format(tmp=tmp)}\n")
+    (tmp / "exporter.yml").write_text("targets: []\n")
+    line = f"kvcache-exporter: {web}: {expected.format(tmp=tmp)}"
+    one_line_exit_2(run("--web.config.file", str(web), "--listen", f"127.0.0.1:{harness.free_port()}"), line)
+    one_line_exit_2(run("check-config", str(tmp / "exporter.yml"), "--web.config.file", str(web)), line)
+
+
+def test_a_good_configuration_starts_and_check_config_says_ok_without_polling(tmp_path):
+    tmp = named_files(tmp_path)
+    with PageServer({"/metrics": page(GOOD_PAGE)}) as server:
+        config, web = tmp / "exporter.yml", tmp / "web.yml"
+        config.write_text(GOOD_CONFIG.format(tmp=tmp, url=server.url("/metrics")))
+        web.write_text(GOOD_WEB.format(tmp=tmp))
+        checked = run("check-config", str(config), "--web.config.file", str(web))
+        assert (checked.returncode, checked.stderr) == (0, "")
+        assert checked.stdout == (f"{config}: OK: 2 target(s) (auto 2; TLS 1, credentials 2, architecture 1), "
+                                  f"polled every 5s, probe off; {web}: OK: TLS on, 0 basic auth user(s)\n")
+        assert server.requests == {}  # no network: nothing polled
+        with harness.exporter(tmp, "--config", str(config), "--poll-interval", "0.3s") as exporter:
+            harness.wait_until(lambda: harness.value(harness.scrape(exporter.url), "kvcache_target_up",
+                                                     target="plain") == 1.0, 15, what="the good target polled")
+
+
+def test_check_config_usage(tmp_path):
+    assert run("check-config").returncode == 2  # argparse: FILE is required
+    result = run("check-config", str(tmp_path / "nope.yml"))
+    one_line_exit_2(result, f"kvcache-exporter: {tmp_path}/nope.yml: (file): No such file or directory\n")
+    assert "check-config FILE" in run("--help").stdout
+
+
+def post(url: str) -> tuple[int, str]:
+    request = urllib.request.Request(url, method="POST", data=b"")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_a_reload_naming_a_bad_file_keeps_the_process_and_the_running_configuration(tmp_path):
+    """Each bad file a new target names, by SIGHUP and by POST /-/reload: the process lives on, the gauge reads 0,
+    the endpoint answers 500 with the reason, the running target is still polled and the new one never is."""
+    tmp = named_files(tmp_path)
+    with PageServer({"/a": page(GOOD_PAGE), "/b": page(GOOD_PAGE)}) as server:
+        config = tmp / "exporter.yml"
+        good = f"poll_interval: 0.3s\ntargets:\n  - {{name: a, url: '{server.url('/a')}'}}\n"
+        config.write_text(good)
+        with harness.exporter(tmp, "--config", str(config)) as exporter:
+            def reload_gauge() -> float:
+                return harness.value(harness.scrape(exporter.url), "kvcache_exporter_config_last_reload_successful")
+
+            def failures_logged() -> int:
+                return exporter.log_path.read_text().count("reload failed, keeping the running configuration")
+
+            for entry, expected in BAD_FILES:
+                reason = f"{config}: {expected.format(tmp=tmp).replace('targets[0]', 'targets[1]')}".rstrip("\n")
+                assert reload_gauge() == 1.0
+                config.write_text(good + f"  - {{name: b, url: '{server.url('/b')}', {entry.format(tmp=tmp)}}}\n")
+
+                logged = failures_logged()
+                exporter.signal(signal.SIGHUP)
+                harness.wait_until(lambda: failures_logged() == logged + 1, 10, what="the SIGHUP reload refused")
+                assert exporter.proc.poll() is None
+                assert reload_gauge() == 0.0
+                assert f"reload failed, keeping the running configuration: {reason}" in exporter.log_path.read_text()
+
+                status, body = post(exporter.url + "/-/reload")
+                assert status == 500 and body.startswith(f"reload failed: {reason}") and body.count("\n") == 1, body
+                assert exporter.proc.poll() is None and reload_gauge() == 0.0
+
+                polls = server.requests.get("/a", 0)
+                harness.wait_until(lambda: server.requests.get("/a", 0) >= polls + 2, 10, what="a still polled")
+                samples = harness.scrape(exporter.url)
+                assert {dict(key[1])["target"] for key in harness.series(samples, "kvcache_target_up")} == {"a"}
+                assert harness.value(samples, "kvcache_target_up", target="a") == 1.0
+                assert "/b" not in server.requests
+
+                config.write_text(good)  # the same file without the bad target: reloads
+                assert post(exporter.url + "/-/reload") == (200, "reloaded\n")
+            assert "Traceback" not in exporter.log_path.read_text()

@@ -28,8 +28,9 @@ def guarded(expected: dict[str, str]):
 
 def test_tls_and_credentials(tmp_path):
     certs = make_certs(tmp_path)
-    token_file, password_file = tmp_path / "token", tmp_path / "password"
+    token_file, password_file, lost_file = tmp_path / "token", tmp_path / "password", tmp_path / "lost-token"
     token_file.write_text("first-token\n")
+    lost_file.write_text("first-token\n")  # read at load; removed once the exporter runs
     password_file.write_text("hunter2")
     bearer = {"header": "Bearer first-token"}
     basic = {"header": "Basic " + base64.b64encode(b"scraper:hunter2").decode()}
@@ -47,18 +48,20 @@ def test_tls_and_credentials(tmp_path):
             {"name": "untrusted", "url": https + "/open"},  # verification on by default: unknown CA
             {"name": "skip-verify", "url": https + "/open", "tls_insecure_skip_verify": True},
             {"name": "no-token", "url": https + "/bearer", "ca_file": str(certs.ca),
-             "bearer_token_file": str(tmp_path / "missing-token")},
+             "bearer_token_file": str(lost_file)},
         ]}))
         with harness.exporter(tmp_path, "--config", str(config), "--log-level", "debug") as exporter:
+            lost_file.unlink()
             harness.wait_until(lambda: value(scrape(exporter.url), "kvcache_target_up", target="basic") == 1.0, 15,
                                what="basic auth target up")
+            harness.wait_until(lambda: value(scrape(exporter.url), "kvcache_target_scrape_failures_total",
+                                             target="no-token", reason="credentials") >= 1, 10, what="token lost")
             samples = scrape(exporter.url)
             assert value(samples, "kvcache_target_up", target="bearer") == 1.0
             assert value(samples, "kvcache_target_up", target="untrusted") == 0.0
             assert value(samples, "kvcache_target_scrape_failures_total", target="untrusted", reason="connect") >= 1
             assert value(samples, "kvcache_target_up", target="skip-verify") == 1.0
             assert value(samples, "kvcache_target_up", target="no-token") == 0.0
-            assert value(samples, "kvcache_target_scrape_failures_total", target="no-token", reason="credentials") >= 1
             assert value(samples, "kvcache_target_scrape_failures_total", target="no-token", reason="connect") == 0
 
             bearer["header"] = "Bearer second-token"  # the engine rotates its token...
@@ -72,4 +75,4 @@ def test_tls_and_credentials(tmp_path):
         for secret in ("first-token", "second-token", "hunter2", base64.b64encode(b"scraper:hunter2").decode()):
             assert secret not in log
         assert "bearer" in log  # the log did record the failures, without their secrets
-        assert f"target no-token: poll failed (credentials): cannot read {tmp_path / 'missing-token'}: " in log
+        assert f"target no-token: poll failed (credentials): cannot read {lost_file}: " in log

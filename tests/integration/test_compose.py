@@ -464,8 +464,9 @@ def test_launcher_adds_the_demo_engines_when_the_demo_profile_runs(launcher, tmp
 def test_shipped_exporter_configurations_are_valid():
     counts = {}
     for path in (DEPLOY / "exporter.yml", DEPLOY / "exporter.example.yml", DEPLOY / "demo" / "exporter.yml"):
-        counts[path.name if path.parent == DEPLOY else "demo"] = len(
-            exporter_config.build(str(path), exporter_config.load_file(str(path))).targets)
+        # the token and CA files the example names are the container's (/run/secrets/kvcache), not this machine's
+        counts[path.name if path.parent == DEPLOY else "demo"] = len(exporter_config.build(
+            str(path), exporter_config.load_file(str(path), read_files=False)).targets)
     assert counts == {"exporter.yml": 0, "exporter.example.yml": 3, "demo": 2}
 
 

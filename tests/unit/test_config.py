@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from devtools import harness
 from kvcache_exporter import config as cfg
 from kvcache_exporter.commands import serve
 
@@ -21,21 +22,23 @@ def load(argv: list[str], environ: dict | None = None) -> cfg.Config:
 
 
 def test_full_file(tmp_path):
-    path = write(tmp_path, """
+    certs = harness.make_certs(tmp_path)
+    (tmp_path / "token").write_text("s3cret\n")
+    path = write(tmp_path, f"""
         poll_interval: 2s
         timeout: 1500ms
         staleness: 1m
         max_response_bytes: 4MiB
-        labels: {cluster: prod}
-        pressure: {high_water_ratio: 0.8}
+        labels: {{cluster: prod}}
+        pressure: {{high_water_ratio: 0.8}}
         targets:
           - url: http://10.0.0.1:8000/metrics
           - name: sg-0
             url: https://10.0.0.2:30000/metrics
             engine: sglang
-            labels: {pool: chat}
-            bearer_token_file: /run/secrets/token
-            ca_file: /etc/ca.pem
+            labels: {{pool: chat}}
+            bearer_token_file: {tmp_path / "token"}
+            ca_file: {certs.ca}
     """)
     config = load(["--config", str(path)])
     assert (config.poll_interval, config.timeout, config.staleness) == (2.0, 1.5, 60.0)
@@ -45,7 +48,8 @@ def test_full_file(tmp_path):
     first, second = config.targets
     assert (first.name, first.engine) == ("10.0.0.1:8000", "auto")
     assert (second.name, second.engine, second.labels) == ("sg-0", "sglang", {"pool": "chat"})
-    assert (second.bearer_token_file, second.ca_file) == ("/run/secrets/token", "/etc/ca.pem")
+    assert (second.bearer_token_file, second.ca_file) == (str(tmp_path / "token"), str(certs.ca))
+    assert second.ca_pem == certs.ca.read_text()  # read once, at load: the fetcher never opens the file
 
 
 def test_model_architecture_gives_bytes_per_token(tmp_path):
@@ -194,6 +198,24 @@ def test_listen_origin_names_where_the_address_came_from(tmp_path):
     ("shard: -1/4", "shard", "must be INDEX/COUNT, e.g. 0/4 for the first of four replicas, got '-1/4'"),
     ("labels: {cluster: a}\npd_group_label: deployment", "pd_group_label",
      "must be 'model' or 'cluster' (the model, or a static label of the configuration), got 'deployment'"),
+    ("poll_interval: .inf", "poll_interval", "not a positive duration (e.g. 5s, 500ms, 1m): inf"),
+    ("staleness: .inf", "staleness", "not a positive duration"),
+    ("listen: 10490", "listen", "expected HOST:PORT, got 10490"),
+    ("pressure: {high_water_ratio: 1.5}", "pressure.high_water_ratio", "must be a share from 0 to 1, got 1.5"),
+    ("pressure: {thrashing_preemptions_per_second: -1}", "pressure.thrashing_preemptions_per_second",
+     "must be a finite number at least 0, got -1"),
+    ("pressure: {window_seconds: .nan}", "pressure.window_seconds", "must be a finite number above 0, got nan"),
+    ("pressure: {window_seconds: 0}", "pressure.window_seconds", "must be a finite number above 0, got 0"),
+    ("pressure: {shortage_for: 2.5m}", "pressure.shortage_for",
+     "must be a positive Prometheus duration (e.g. 2m, 1h30m), got '2.5m'"),
+    ("pressure: {low_water_ratio: 0.95}", "pressure.low_water_ratio",
+     "low_water_ratio (0.95) must be below high_water_ratio (0.9)"),
+    ("pressure: {high_water_ratio: 0.7}", "pressure.high_water_ratio",
+     "low_water_ratio (0.75) must be below high_water_ratio (0.7)"),
+    ("targets: [{url: 'http://a:1/m', model_architecture: {0: 32}}]", "targets[0].model_architecture.0",
+     "unknown key"),
+    ("'': 1", "''", "unknown key"),
+    ('"a\\nb": 1', "'a\\nb'", "unknown key"),  # a key with a line break, shown on one line
 ])
 def test_bad_files_name_file_key_and_problem(tmp_path, text, key, problem):
     path = write(tmp_path, text)
@@ -213,6 +235,11 @@ def test_a_targets_role_and_the_pd_group_label(tmp_path):
     assert config.pd_group_label == "pair"
     assert cfg.generator_settings(str(path)).pd_group_label == "pair"
     assert cfg.generator_settings(str(write(tmp_path, "targets: []"))).pd_group_label == "model"
+
+
+def test_a_pressure_key_without_a_value_keeps_its_default(tmp_path):
+    assert load(["--config", str(write(tmp_path, "pressure: {high_water_ratio: null, shortage_for: 5m}"))]
+                ).thresholds == cfg.Thresholds(shortage_for="5m")
 
 
 def test_missing_file(tmp_path):

@@ -172,3 +172,14 @@ def test_a_missing_credentials_file_is_a_credentials_failure_that_names_the_file
         asyncio.run(fetch_times("http://127.0.0.1:9/metrics", 1, bearer_token_file=str(missing)))
     assert failed.value.reason == "credentials"
     assert failed.value.detail == f"cannot read {missing}: No such file or directory"
+
+
+@pytest.mark.parametrize("content, problem", [(b"", "is empty"), (b" \n", "is empty"),
+                                               (b"\xff\xfe", "is not UTF-8 text")])
+def test_a_credentials_file_emptied_or_garbled_after_load_sends_nothing(tmp_path, content, problem):
+    """The configuration refuses such a file at load; one that becomes so while the exporter runs is a failure too."""
+    token = tmp_path / "token"
+    token.write_bytes(content)
+    with pytest.raises(FetchError) as failed:
+        asyncio.run(fetch_times("http://127.0.0.1:9/metrics", 1, bearer_token_file=str(token)))
+    assert (failed.value.reason, failed.value.detail) == ("credentials", f"{token} {problem}")
