@@ -38,6 +38,8 @@ def changed(name: str):
     default = getattr(DEFAULT, name)
     if isinstance(default, str):
         return "17m"
+    if name == "high_water_ratio":
+        return 0.97  # the configuration requires it above low_water_ratio
     if name.endswith(("_ratio", "_fraction", "_share", "_of_ttft")):
         return 0.37
     return default * 7
