@@ -36,11 +36,13 @@ INFO_LABEL_SOURCES = {
         "tier_capacity_tokens": "`vllm:kv_offload_config_info{cpu_kv_cache_size_tokens}` (tier=cpu; each engine "
                                 "its own)",
         "kv_transfer_failures_total": "plus `vllm:mooncake_num_failed_recvs_total` under kind=transfer",
-        "kv_transfer_prompt_tokens_total": "before 0.32 (no `p2p` source): `vllm:prompt_tokens_by_source_total"
-                                           "{source=\"external_kv_transfer\"}` where the page has a P/D "
-                                           "connector's (NIXL's, Mooncake's) transfer series",
+        "kv_transfer_prompt_tokens_total": "`vllm:prompt_tokens_by_source_total{source=\"external_kv_transfer\"}` "
+                                           "where the page has a P/D connector's (NIXL's, Mooncake's) transfer "
+                                           "series",
     },
     "sglang": {
+        "requests_waiting": "on a decode server, the sum of its three P/D queues (`kvcache_kv_transfer_requests`: "
+                            "pre-allocation, transfer, waiting)",
         "capacity_blocks": "`sglang:cache_config_info{num_pages}` (0.5.10)",
         "block_size_tokens": "`sglang:cache_config_info{page_size}` (0.5.10)",
     },
@@ -68,7 +70,8 @@ DERIVED = {
     "tier_used_tokens": "usage ratio x capacity tokens, per tier",
     "tier_usage_ratio": "used tokens / capacity tokens, per tier",
     "requests_waiting_for_kv": "the queue the pressure rule counts while KV is short (below), else 0",
-    "requests_waiting_with_kv_room": "requests waiting - requests waiting for KV",
+    "requests_waiting_with_kv_room": "the queue the pressure rule counts while KV has room, less a decode pool's "
+                                     "transfers waiting to start, else 0",
     "headroom_requests": "free tokens / live tokens per request",
     "kv_transfer_requests_waiting_for_kv": "on a decode pool, its waiting_to_start stage while KV is short (as for "
                                            "requests waiting for KV), else 0",
@@ -376,8 +379,54 @@ longer per token than recomputing is KVCacheOffloadLoadSlow ([runbook](../alerts
 """
 
 
+# Where each engine's P/D queues and transfer series come from: the engine function that fills the series, in the
+# engine's source (vLLM 0.32-0.34, SGLang 0.5.2x). A request goes through the stages in this order, then runs.
+PD_STAGE_SOURCES = (
+    ("waiting_to_start",
+     "decode: `num_requests_kv_fetch_by_stage{stage=\"waiting_to_start\"}`, set by `Scheduler._set_kv_fetch_stage` "
+     "from `Scheduler.add_request` (a `do_remote_prefill` request, at arrival) until `Scheduler.schedule` has "
+     "allocated its blocks; such a request stays in the plain waiting queue (`reason=\"capacity\"`)",
+     "decode: `num_decode_prealloc_queue_reqs` = `len(disagg_decode_prealloc_queue.queue)` "
+     "(`SchedulerMetricsMixin.log_decode_stats`): the handshake, then KV pre-allocated once the pool has room "
+     "(`DecodePreallocQueue`); prefill: `num_prefill_bootstrap_queue_reqs` = `len(disagg_prefill_bootstrap_queue"
+     ".queue)` (`log_prefill_stats`), waiting for the decode side's allocation"),
+    ("in_progress",
+     "decode: `stage=\"in_progress\"`, from the allocation (`WAITING_FOR_REMOTE_KVS`) until the connector reports "
+     "the request received (`Scheduler._update_from_kv_xfer_finished`); `skip_request` defers it "
+     "(`reason=\"deferred\"`)",
+     "decode: `num_decode_transfer_queue_reqs` = `len(disagg_decode_transfer_queue.queue)` (`DecodeTransferQueue`); "
+     "prefill: `num_prefill_inflight_queue_reqs` = `len(disagg_prefill_inflight_queue)`, computed, KV being sent"),
+    ("completed_waiting",
+     "decode: `stage=\"completed_waiting\"`, from `_update_from_kv_xfer_finished` until `Scheduler.schedule` runs "
+     "it; still deferred",
+     "decode: `num_queue_reqs` = `len(waiting_queue)` (`log_decode_stats`): `DecodeTransferQueue.pop_transferred` "
+     "moves a received request there; read as this stage on a decode server only"),
+    ("(running)",
+     "`num_requests_running` (`requests_running`)",
+     "`num_running_reqs` (`requests_running`)"),
+)
+
+
+def _stage_table() -> str:
+    rows = "\n".join(f"| `{stage}` | {contract.TRANSFER_STAGES.get(stage, 'running: in the batch')} | {vllm} | "
+                     f"{sglang} |" if stage in contract.TRANSFER_STAGES else
+                     f"| {stage} | in the running batch | {vllm} | {sglang} |"
+                     for stage, vllm, sglang in PD_STAGE_SOURCES)
+    return f"""\
+`stage` of `kvcache_kv_transfer_requests`, in the same words for every engine, and where each engine fills it
+(its metrics code: vLLM `vllm/v1/core/sched/scheduler.py`, read out by `PrometheusStatLogger.record` in
+`vllm/v1/metrics/loggers.py`; SGLang `srt/managers/scheduler_metrics_mixin.py` from the queues of
+`srt/disaggregation/decode.py` and `prefill.py`). The queue the pressure state counts holds no stage but
+waiting_to_start: vLLM's `capacity` reason holds no deferred request, and SGLang's decode queue is read less
+the transfer and waiting queues. A waiting_to_start request counts as waiting for KV while the pool is short,
+and is never evidence of room or of a cap.
+
+| stage | requests | vLLM | SGLang |
+|---|---|---|---|
+{rows}"""
+
+
 def _disaggregation_section() -> str:
-    stages = "\n".join(f"| `{stage}` | {meaning} |" for stage, meaning in contract.TRANSFER_STAGES.items())
     kinds = "\n".join(f"| `{kind}` | {meaning} |" for kind, meaning in contract.TRANSFER_FAILURE_KINDS.items())
     return f"""\
 ## Disaggregated prefill/decode
@@ -410,16 +459,18 @@ The KV transfer families are absent where the engine has no KV connector, never 
   the reading is broken, not fast (SGLang counts every chunk's bytes over the last chunk's time with chunked
   prefill or early prefix send), and it is recorded apart as
   `kvcache:kv_transfer_bytes_per_second_above_link:ratio` instead. SGLang's own speed histogram is not read.
-- **Prompt tokens from a peer.** vLLM's `prompt_tokens_cached_by_source_total{{source="p2p"}}` (0.32) is
-  both `kvcache_kv_transfer_prompt_tokens_total` and the `peer` source of `kvcache_cached_prompt_tokens_total`
-  (not a storage tier). Before it, `external_kv_transfer` prompt tokens are read where a P/D connector's
-  series are on the page (elsewhere they come from LMCache or an offload connector).
+- **Prompt tokens from a peer.** `kvcache_kv_transfer_prompt_tokens_total` is vLLM's
+  `prompt_tokens_by_source_total{{source="external_kv_transfer"}}` where a P/D connector's series are on the
+  page (elsewhere those tokens come from LMCache or an offload connector): tokens that arrived, counted at the
+  request's first token. vLLM's `prompt_tokens_cached_by_source_total{{source="p2p"}}` (0.32) counts the hits a
+  load was planned for, at admission, failed and unfinished loads included: it is the `peer` source of
+  `kvcache_cached_prompt_tokens_total` (not a storage tier), never the tokens received. Failed loads are
+  `kvcache_kv_transfer_failures_total`, loads under way `kvcache_kv_transfer_requests{{stage="in_progress"}}`.
+- **Unified pools.** A vLLM pool with an offload connector (a KV consumer too) exports the same stage gauge for
+  its loads from the offload tier. The P/D dashboards' rows, the P/D rules and alerts and `top`'s ROLE column
+  read pools whose role is prefill or decode only.
 
-`stage` of `kvcache_kv_transfer_requests`:
-
-| stage | requests |
-|---|---|
-{stages}
+{_stage_table()}
 
 `kind` of `kvcache_kv_transfer_failures_total`:
 

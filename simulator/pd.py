@@ -171,6 +171,10 @@ class Side:
     failed_transfers: int = 0
     lease_expiries: int = 0
     notifications_after_expiry: int = 0
+    # vLLM's decode side: prompt tokens of the loads planned (its `p2p` hits, counted when the blocks are allocated,
+    # failed and unfinished loads included), and of those received and run (`external_kv_transfer`, counted at
+    # the request's first token).
+    peer_tokens_planned: int = 0
     peer_tokens: int = 0
 
     def __post_init__(self) -> None:
@@ -273,6 +277,7 @@ class PDModel:
             decode.histograms["queue"].observe(self.now - transfer.decode_arrival)
             self.receiving.append(transfer)
             if self.pull:
+                decode.peer_tokens_planned += transfer.request.prompt_len
                 self._start_transfer(transfer)
             else:
                 self.prefill_waiting.append(transfer)  # the handshake is done: the prefill side may compute
@@ -336,7 +341,6 @@ class PDModel:
                 self.decode.used -= transfer.decode_blocks
                 continue
             timer.timed(transfer.end - transfer.start, transfer.request.prompt_len * self.decode.config.kv_bytes_per_token)
-            self.decode.peer_tokens += transfer.request.prompt_len
             self.decode.counters.prompt_tokens += transfer.request.prompt_len
             self.received.append(transfer)
 
@@ -355,6 +359,7 @@ class PDModel:
                 decode.counters.generation_tokens += 1
                 if request.generated == 1:
                     decode.histograms["ttft"].observe(self.now - request.arrival)
+                    decode.peer_tokens += request.prompt_len
                 else:
                     decode.histograms["itl"].observe(itl)
             if request.generated >= request.output_len:
@@ -369,7 +374,8 @@ class PDModel:
         if self.pull:
             return {"decode": {"waiting_to_start": len(self.waiting_to_start), "in_progress": len(self.receiving),
                                "completed_waiting": len(self.received)}, "prefill": {}}
-        return {"decode": {"waiting_to_start": len(self.waiting_to_start), "in_progress": len(self.receiving)},
+        return {"decode": {"waiting_to_start": len(self.waiting_to_start), "in_progress": len(self.receiving),
+                           "completed_waiting": len(self.received)},
                 "prefill": {"waiting_to_start": len(self.waiting_to_start), "in_progress": len(self.held)}}
 
     def snapshot(self, role: str) -> ModelSnapshot:
@@ -379,7 +385,7 @@ class PDModel:
         elif self.pull:  # vLLM: a request waits for capacity until its blocks are allocated, then is deferred
             deferred = len(self.receiving) + len(self.received)
             running, waiting = len(self.running), len(self.waiting_to_start) + deferred
-        else:  # SGLang: the waiting queue holds the requests whose KV arrived
+        else:  # SGLang: the waiting queue holds the requests whose KV arrived (num_queue_reqs)
             running, waiting, deferred = len(self.running), len(self.received), 0
         report = GaugeReport(running=running, waiting=waiting, paused=0, used_blocks=side.used, evictable_blocks=0,
                              free_blocks=side.free, waiting_reason=None, prefill_hit_ratio=0.0,
@@ -399,18 +405,20 @@ class PDSideState:
     failed_transfers: int
     lease_expiries: int
     notifications_after_expiry: int
+    peer_tokens_planned: int
     peer_tokens: int
 
 
 def _side_state(model: PDModel, role: str) -> PDSideState:
     side = model.prefill if role == "prefill" else model.decode
     return PDSideState(role, model.stages()[role], side.transfer_seconds.copy(), side.transfer_bytes.copy(),
-                       side.failed_transfers, side.lease_expiries, side.notifications_after_expiry, side.peer_tokens)
+                       side.failed_transfers, side.lease_expiries, side.notifications_after_expiry, side.peer_tokens_planned,
+                       side.peer_tokens)
 
 
 class VllmConnectorCollector(Collector):
     """The NIXL connector's families (registered on both sides) and, on the decode side (a KV consumer), the
-    fetch stages and the prompt tokens it received."""
+    fetch stages, the prompt tokens it received and those it planned to load."""
 
     def __init__(self, source: Callable[[], tuple[EngineState, PDSideState]]):
         self.source = source
@@ -436,9 +444,11 @@ class VllmConnectorCollector(Collector):
             return
         yield gauge("vllm:num_requests_kv_fetch_by_stage", "Number of requests fetching KV from a remote instance, "
                     "by stage.", [({**labels, "stage": stage}, float(n)) for stage, n in pd.stages.items()])
-        if pd.peer_tokens:
+        yield counter("vllm:prompt_tokens_by_source_total", "Number of prompt tokens by source.",
+                      [({**labels, "source": "external_kv_transfer"}, float(pd.peer_tokens))], created)
+        if pd.peer_tokens_planned:  # a source's child appears at its first increment
             yield counter("vllm:prompt_tokens_cached_by_source_total", "Cached prompt tokens by where the KV came "
-                          "from.", [({**labels, "source": "p2p"}, float(pd.peer_tokens))], created)
+                          "from.", [({**labels, "source": "p2p"}, float(pd.peer_tokens_planned))], created)
 
 
 class SglangDisaggregationCollector(Collector):

@@ -1,5 +1,5 @@
-"""The KV transfer families where a table cannot say it all: vLLM's prompt tokens from a peer before the `p2p`
-source, SGLang's queue gauges read on their own role only, and the same numbers under both spellings."""
+"""The KV transfer families where a table cannot say it all: vLLM's prompt tokens from a peer (received, not the
+`p2p` loads planned), SGLang's queue gauges read on their own role only, and the same numbers under both spellings."""
 
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ def without_p2p(text: str) -> str:
     return "".join(line for line in text.splitlines(keepends=True) if 'source="p2p"' not in line)
 
 
-def test_before_p2p_a_connectors_external_prompt_tokens_are_the_peers():
-    page = without_p2p((harness.FIXTURES / "vllm-pd-decode-nixl.txt").read_text())
+@pytest.mark.parametrize("transform", [lambda text: text, without_p2p], ids=["with p2p", "before p2p"])
+def test_a_connectors_received_prompt_tokens_are_external_kv_transfer_not_p2p(transform):
+    """`p2p` (3.1M on the page) counts the loads planned, failed and unfinished ones included; the tokens
+    received are `external_kv_transfer` (3M), with or without a `p2p` source on the page."""
+    page = transform((harness.FIXTURES / "vllm-pd-decode-nixl.txt").read_text())
     counters = adapt(page).ranks["0"].counters
     assert counters["kv_transfer_prompt_tokens_total"] == 3000000  # source="external_kv_transfer"
 
@@ -47,3 +50,4 @@ def test_a_unified_sglang_reads_no_transfer_queue(page):
 def test_sglangs_re_exported_spelling_reads_the_same(page):
     text = (harness.FIXTURES / page).read_text()
     assert adapt(text.replace("sglang:", "sglang_")) == adapt(text)
+
