@@ -154,7 +154,9 @@ def _labels_section() -> str:
 | static labels | every per-target series | the configuration's `labels:`, global and per target (e.g. `cluster`, `pool`) |
 
 A per-pool series is one per (target, `dp_rank`). Tensor- and pipeline-parallel ranks repeat the
-same pool's values: the exporter takes them once and never sums them.
+same pool's values: the exporter takes them once and never sums them. A histogram is taken whole from one
+rank (its buckets, sum and count from the same rank's series, TP rank 0 where it is on the page), never merged
+bucket by bucket.
 """
 
 
