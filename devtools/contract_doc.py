@@ -73,6 +73,8 @@ DERIVED = {
     "requests_waiting_with_kv_room": "the queue the pressure rule counts while KV has room, less a decode pool's "
                                      "transfers waiting to start, else 0",
     "headroom_requests": "free tokens / live tokens per request",
+    "kv_transfer_above_link_total": "the speed histogram's count less its cumulative count at the smallest bound "
+                                    "at or above `kv_transfer_link_bytes_per_second`",
     "kv_transfer_requests_waiting_for_kv": "on a decode pool, its waiting_to_start stage while KV is short (as for "
                                            "requests waiting for KV), else 0",
 }
@@ -460,7 +462,11 @@ The KV transfer families are absent where the engine has no KV connector, never 
   (`kv_transfer_link_bytes_per_second`, default {T.kv_transfer_link_bytes_per_second / 1e9:g} GB/s); above it
   the reading is broken, not fast (SGLang counts every chunk's bytes over the last chunk's time with chunked
   prefill or early prefix send), and it is recorded apart as
-  `kvcache:kv_transfer_bytes_per_second_above_link:ratio` instead. SGLang's own speed histogram is not read.
+  `kvcache:kv_transfer_bytes_per_second_above_link:ratio` instead. That quotient averages every transfer:
+  SGLang's per-transfer speed histogram (`kvcache_kv_transfer_speed_bytes_per_second`) says how many of them
+  it timed faster than the link, counted by the exporter as `kvcache_kv_transfer_above_link_total` and, as a
+  share of the transfers, `kvcache:kv_transfer_above_link:ratio`; the bandwidth panel shows the quotient and,
+  next to the failures, those transfers.
 - **Prompt tokens from a peer.** `kvcache_kv_transfer_prompt_tokens_total` is vLLM's
   `prompt_tokens_by_source_total{{source="external_kv_transfer"}}` where a P/D connector's series are on the
   page (elsewhere those tokens come from LMCache or an offload connector): tokens that arrived, counted at the

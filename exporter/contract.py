@@ -87,6 +87,8 @@ ROLES = {
     "decode": "receives prompts' KV from a prefill pool and generates",
     "unified": "does both (no disaggregation)",
 }
+# The roles of disaggregated serving: the P/D rows, rules and alerts read these pools only.
+DISAGGREGATED_ROLES = ("prefill", "decode")
 # The stages in the same words for every engine: a request's KV is allocated on the decode side, then transferred,
 # then the request waits to run (running: requests_running). Each engine's queue for each, in docs/metrics.md.
 TRANSFER_STAGES = {
@@ -311,6 +313,17 @@ _TABLE = (
     Family("kv_transfer_bytes", "histogram", "transfer", "bytes",
            "Bytes per KV transfer between a prefill and a decode pool (vLLM: each TP rank's shard), in the "
            "engine's own buckets. " + _KV_TRANSFER + _POLLED),
+    Family("kv_transfer_speed_bytes_per_second", "histogram", "transfer", "bytes",
+           "Speed of each KV transfer as the engine computes it, in the engine's own buckets (SGLang's "
+           "kv_transfer_speed_gb_s: the transfer's bytes over its latency, in GiB/s). With chunked prefill or an "
+           "early prefix send SGLang's latency covers the last chunk while the bytes cover every chunk, so the speed "
+           "can exceed the link's: kvcache_kv_transfer_above_link_total counts those. " + _KV_TRANSFER + _POLLED),
+    Family("kv_transfer_above_link_total", "counter", "transfer", "",
+           "KV transfers the engine reported faster than the configured link (kv_transfer_link_bytes_per_second): "
+           "broken readings, not fast transfers, which the bandwidth (bytes over seconds of every transfer) "
+           "includes. Derived by the exporter from kvcache_kv_transfer_speed_bytes_per_second: the transfers above "
+           "its smallest bucket bound at or above the link rate (fewer than above the link rate itself where that "
+           "is no bound). " + _KV_TRANSFER),
     Family("kv_transfer_failures_total", "counter", "transfer", "",
            "Failed KV transfers by kind (`kind` is " + ", ".join(TRANSFER_FAILURE_KINDS) + "). The kinds may "
            "overlap (vLLM NIXL since 0.31 counts notification failures under transfer too). " + _KV_TRANSFER

@@ -18,7 +18,8 @@ History = tuple[tuple[float, float], ...]
 
 @dataclass(slots=True)
 class DerivedRank:
-    gauges: dict[str, float]  # contract gauge names without the `kvcache_` prefix
+    gauges: dict[str, float]  # derived values by contract name without the `kvcache_` prefix (gauges, and
+    # kv_transfer_above_link_total: a count derived from a histogram)
     values: RankValues  # the adapter's counters and histograms, passed through
     pressure: str | None
     # The adapter's labelled families, each tier's usage completed (tier_values).
@@ -230,6 +231,17 @@ def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thre
     return "ok"
 
 
+def transfers_above_link(values: RankValues, thresholds: Thresholds) -> dict[str, float]:
+    """The transfers whose speed the engine reported above the link rate, from its per-transfer speed histogram:
+    those above the smallest bucket bound at or above the link rate. Absent without such a histogram."""
+    speed = values.histograms.get("kv_transfer_speed_bytes_per_second")
+    if speed is None:
+        return {}
+    link = thresholds.kv_transfer_link_bytes_per_second
+    at_or_below = next(cumulative for bound, cumulative in speed.buckets if bound >= link)  # +Inf ends the list
+    return {"kv_transfer_above_link_total": max(0.0, speed.count - at_or_below)}
+
+
 def derive(
     snapshot: Snapshot, histories: dict[str, History], now: float, thresholds: Thresholds,
     bytes_per_token: int | None = None, role: str = "unified",
@@ -248,6 +260,7 @@ def derive(
         stages = decode_stages(rank.labelled, role)
         gauges.update(waiting_split(gauges, thresholds, preempted, stages))
         gauges.update(transfer_waiting_for_kv(gauges, stages, thresholds, preempted))
+        gauges.update(transfers_above_link(rank, thresholds))
         derived[rank_name] = DerivedRank(
             gauges, rank, pressure_state(gauges, rate(history), thresholds, preempted, stages),
             tier_values(rank.labelled))

@@ -57,6 +57,8 @@ _KV_TRANSFER = (
     # Observed on the prefill side (the sender), per request; bytes in MiB (2**20), latency in ms.
     Series("kv_transfer_seconds", ("sglang:kv_transfer_latency_ms",), "histogram", scale=0.001),
     Series("kv_transfer_bytes", ("sglang:kv_transfer_total_mb",), "histogram", scale=2**20),
+    # SchedulerReqTimeStats.compute_and_observe_kv_transfer_metrics: MiB / 1024 over seconds, i.e. GiB/s.
+    Series("kv_transfer_speed_bytes_per_second", ("sglang:kv_transfer_speed_gb_s",), "histogram", scale=2**30),
     # Created at their first failure.
     Series("kv_transfer_failures_total", ("sglang:num_transfer_failed_reqs_total",), "counter", labels=("transfer",)),
     Series("kv_transfer_failures_total", ("sglang:num_bootstrap_failed_reqs_total",), "counter",

@@ -64,7 +64,9 @@ class VllmAdapter(Adapter):
     marker = r"vllm[:_]"
     prefix_aliases = ("vllm_",)
     rank_label = "engine"  # V1's data-parallel engine index; V0 has none
-    not_reported = frozenset({"evictable_tokens", "requests_paused", "tier_transfer_tokens_total"}) | NO_RUNNING_CAP
+    # NIXL and Mooncake time and size each transfer in two histograms: no speed of one transfer.
+    not_reported = frozenset({"evictable_tokens", "requests_paused", "tier_transfer_tokens_total",
+                              "kv_transfer_speed_bytes_per_second", "kv_transfer_above_link_total"}) | NO_RUNNING_CAP
     extra_names = ("vllm:cache_config_info", "vllm:kv_offload_config_info", _MOONCAKE_RECV_FAILURES,
                    _EXTERNAL_PROMPT_TOKENS)
     series = (

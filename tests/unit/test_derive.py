@@ -284,3 +284,22 @@ def test_a_decode_pool_short_of_kv_waits_for_kv_only_with_its_transfers_to_alloc
     assert (gauges["requests_waiting"], gauges["requests_waiting_for_kv"]) == (14, 5)
     assert gauges["requests_waiting_with_kv_room"] == 0 and gauges["kv_transfer_requests_waiting_for_kv"] == 5
     assert ranks["0"].pressure == "saturated"
+
+
+@pytest.mark.parametrize("link, above", [
+    (50e9, 3),  # the 50 GiB/s bound (53.7e9) is the smallest at or above 50e9: the 2 at 100 and the 1 at 400
+    (100 * 2**30, 1),  # a bound itself: the 2 at exactly 100 GiB/s are not above it, the one at 400 is
+    (150e9, 1),  # the 200 GiB/s bound: only the one above it
+    (1e12, 0),  # above every finite bound: +Inf holds them all
+])
+def test_transfers_the_engine_timed_above_the_link_are_counted(link, above):
+    """SGLang's speed histogram (GiB/s, read in bytes/s): 10 transfers, 4 at 8, 3 at 40, 2 at 100 and 1 at 400
+    GiB/s. The exporter counts those above the link rate, to the precision of the engine's buckets."""
+    from kvcache_exporter.snapshot import Histogram
+    gib = 2**30
+    bounds = [b * gib for b in (10, 25, 50, 100, 200, 400)] + [float("inf")]
+    histogram = Histogram(list(zip(bounds, (4, 4, 7, 9, 9, 10, 10))), (4 * 8 + 3 * 40 + 200 + 400) * gib, 10)
+    values = RankValues(histograms={"kv_transfer_speed_bytes_per_second": histogram})
+    thresholds = Thresholds(kv_transfer_link_bytes_per_second=link)
+    assert derive.transfers_above_link(values, thresholds) == {"kv_transfer_above_link_total": above}
+    assert derive.transfers_above_link(RankValues(), thresholds) == {}
