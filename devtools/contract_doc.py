@@ -498,10 +498,10 @@ per pool by the exporter), where the group has prefill pools. Not a sixth pressu
 
 - it is a property of two pools, mostly on different targets, and the exporter judges each target from its
   own page alone (a poll, a `/probe`, a shard of a sharded fleet never sees the peer);
-- neither pool's state says it for sure: the prefill pool holds KV without a queue of its own (`ok` or
-  `tight`); SGLang's decode pool keeps its pre-allocation queue apart from the waiting queue the state reads,
-  so it reads `tight` or `ok` while it holds its prefill peers back (the simulator's `pd-decode-short`
-  scenario shows it); vLLM's reads `saturated`, as it would for a queue of its own;
+- neither pool's state says it alone: the prefill pool holds KV without a queue of its own (`ok` or
+  `tight`); the decode pool reads `saturated` (its transfers waiting for KV to be allocated are part of its
+  queue on both engines, the simulator's `pd-decode-short` scenario shows it), as it would for any queue short
+  of KV, which does not say that a prefill pool waits on it;
 - the pressure state is one-hot per pool and already answers "is this pool short"; backpressure answers "is
   decode what holds this model back", which needs the group, i.e. the `pd_group_label`.
 
