@@ -445,9 +445,10 @@ names the deployment: `model` alone merges clusters that serve the same model).
 
 The KV transfer families are absent where the engine has no KV connector, never 0. Caveats:
 
-- **Which side.** vLLM and Dynamo's TensorRT-LLM time transfers on the decode side (the reader), SGLang on
-  the prefill side (the sender); lease expiries and notifications after expiry are the prefill side's
-  (vLLM). vLLM's stage gauge exists only on a KV consumer; SGLang exports every queue gauge on every role
+- **Which side.** vLLM pulling (NixlConnector) and Dynamo's TensorRT-LLM time transfers on the decode side
+  (the reader); vLLM pushing (NixlPushConnector: the prefill worker's `_pop_done_transfers` over its sends)
+  and SGLang on the prefill side (the sender); lease expiries and notifications after expiry are the prefill
+  side's (vLLM). vLLM's stage gauge exists only on a KV consumer; SGLang exports every queue gauge on every role
   and the exporter reads each on its own role only.
 - **Units and granularity.** SGLang observes latency in ms and size in MiB (2^20 bytes): the exporter
   converts both, buckets included. vLLM appends one observation per TP rank, each of its shard: counts are
