@@ -42,7 +42,8 @@ from prometheus_client.registry import Collector
 from .exposition import (FLAVORS, MP, VLLM_V1, EngineState, SglangCollector, VllmCollector, counter, gauge,
                          histogram)
 from .model import Counters, EngineConfig, GaugeReport, Histogram, ModelSnapshot, Request
-from .scenarios import Phase, Scenario, ScenarioError, _Fields, _parse_engine, _segments, parse_scenario
+from .scenarios import (Phase, Scenario, ScenarioError, _Fields, _parse_engine, _segments, parse_scenario,
+                        scenario_data)
 from .server import TICK_S, _handler_for
 from .workload import ArrivalProcess
 
@@ -106,10 +107,10 @@ BUILTIN_PD_SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
-def load_pd_scenario(name: str) -> PDScenario:
-    if name not in BUILTIN_PD_SCENARIOS:
-        raise ScenarioError(f"{name}: not a P/D scenario ({', '.join(BUILTIN_PD_SCENARIOS)})")
-    return parse_pd_scenario(BUILTIN_PD_SCENARIOS[name], source=name, name=name)
+def load_pd_scenario(name_or_path: str) -> PDScenario:
+    """A built-in P/D scenario by name, or a YAML P/D scenario file by path."""
+    data, source, name = scenario_data(name_or_path, BUILTIN_PD_SCENARIOS, "not a P/D scenario")
+    return parse_pd_scenario(data, source=source, name=name)
 
 
 def parse_pd_scenario(data: Any, source: str, name: str) -> PDScenario:
@@ -479,7 +480,7 @@ class PDPair:
     """A running pair: `prefill_url` and `decode_url` serve their /metrics; stop it with `.stop()` or `with`."""
 
     def __init__(self, engine: str, scenario: PDScenario, speed: float, seed: int, model_name: str,
-                 host: str = "127.0.0.1"):
+                 host: str = "127.0.0.1", ports: tuple[int, int] = (0, 0)):
         self.engine, self.scenario, self.speed = engine, scenario, speed
         flavor = FLAVORS[FLAVOR_OF[engine]]
         self.model = PDModel(scenario, engine == "vllm", flavor.reporting.buckets, seed)
@@ -490,7 +491,7 @@ class PDPair:
         self._states = self._build_states()
         self._stopping = threading.Event()
         self._servers = {}
-        for role in ("prefill", "decode"):
+        for role, port in zip(("prefill", "decode"), ports):
             registry = CollectorRegistry()
 
             def source(role=role) -> EngineState:
@@ -503,7 +504,7 @@ class PDPair:
             registry.register(standard)
             registry.register(VllmConnectorCollector(pd_source) if engine == "vllm"
                               else SglangDisaggregationCollector(pd_source))
-            self._servers[role] = ThreadingHTTPServer((host, 0), _handler_for(registry, "/metrics"))
+            self._servers[role] = ThreadingHTTPServer((host, port), _handler_for(registry, "/metrics"))
             self._servers[role].daemon_threads = True
         self.prefill_url, self.decode_url = (f"http://{host}:{self._servers[r].server_address[1]}/metrics"
                                              for r in ("prefill", "decode"))
@@ -547,12 +548,14 @@ class PDPair:
 
 
 def start_pd_pair(engine: str, scenario: str | PDScenario, speed: float = 1.0, seed: int = 0,
-                  model: str = "meta-llama/Llama-3.1-8B-Instruct") -> PDPair:
-    """A prefill and a decode engine of `engine` (vllm or sglang) serving /metrics, driven by `scenario`."""
+                  model: str = "meta-llama/Llama-3.1-8B-Instruct", host: str = "127.0.0.1",
+                  ports: tuple[int, int] = (0, 0)) -> PDPair:
+    """A prefill and a decode engine of `engine` (vllm or sglang) serving /metrics on `ports` (0: a free one),
+    driven by `scenario`."""
     if engine not in FLAVOR_OF:
         raise ValueError(f"P/D pairs are vllm or sglang, got {engine!r}")
     if not speed > 0:
         raise ValueError(f"speed must be > 0, got {speed!r}")
     if isinstance(scenario, str):
         scenario = load_pd_scenario(scenario)
-    return PDPair(engine, scenario, speed, seed, model)
+    return PDPair(engine, scenario, speed, seed, model, host, ports)

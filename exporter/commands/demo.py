@@ -1,4 +1,5 @@
-"""`kvcache-exporter --demo`: simulated vLLM, SGLang and TensorRT-LLM engines side by side, and the exporter polling them."""
+"""`kvcache-exporter --demo`: simulated vLLM, SGLang and TensorRT-LLM engines side by side, a disaggregated vLLM
+prefill/decode pair, and the exporter polling them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 from .. import config as cfg
 from ..runtime import app
+from ..simulator.pd import start_pd_pair
 from ..simulator.server import start_engine
 
 DEMO_ENGINES = (
@@ -18,6 +20,8 @@ DEMO_ENGINES = (
     ("trtllm", "concurrency-cap", "demo-trtllm"),
     ("vllm-v1", "offload-tier", "demo-offload"),
 )
+# A vLLM prefill/decode pair (NIXL) whose decode pool runs short of KV from the first minute: P/D backpressure.
+DEMO_PD = ("vllm", "pd-decode-short", "demo-pd")
 DEMO_LISTEN = "127.0.0.1:10490"
 DEMO_SPEED = 4.0
 
@@ -50,10 +54,16 @@ def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | No
     endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in simulated]
     engines = [start_engine(spec[0], spec[1], speed=DEMO_SPEED, seed=DEMO_ENGINES.index(spec),
                             kv_events_endpoint=endpoint) for spec, endpoint in zip(simulated, endpoints)]
+    pd_engine, pd_scenario, pd_name = DEMO_PD
+    pair = None
     try:
+        pair = start_pd_pair(pd_engine, pd_scenario, speed=DEMO_SPEED, seed=len(DEMO_ENGINES), model=pd_name)
         targets = [cfg.TargetConfig(name=name, url=engine.url, labels={"cluster": "demo"},
                                     kv_events=cfg.KVEventsConfig(endpoint=engine.kv_events_endpoint))
                    for engine, (_, _, name) in zip(engines, simulated)]
+        # vLLM's page names no role: the configuration does.
+        targets += [cfg.TargetConfig(name=f"{pd_name}-{role}", url=url, labels={"cluster": "demo"}, role=role)
+                    for role, url in (("prefill", pair.prefill_url), ("decode", pair.decode_url))]
         if real_vllm:
             events = cfg.KVEventsConfig(endpoint=real_vllm.kv_events_endpoint, replay_endpoint=real_vllm.replay_endpoint)
             targets.insert(0, cfg.TargetConfig(name=DEMO_ENGINES[0][2], url=real_vllm.url, engine="vllm",
@@ -62,14 +72,18 @@ def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | No
                                       "poll_interval": interval, "log_level": log_level or "info"})
         host, _, port = listen.rpartition(":")
 
+        width = max(len(target.name) for target in targets)
+
         def banner() -> None:  # once the exporter listens: a port in use is one line of error, no banner
             print("kvcache-exporter demo: " + ("a real vLLM (CPU) and simulated engines" if real_vllm
                                                 else "simulated engines, no GPU needed"), flush=True)
             if real_vllm:
-                print(f"  {DEMO_ENGINES[0][2]:12} vLLM (real, CPU)                  {real_vllm.url}")
+                print(f"  {DEMO_ENGINES[0][2]:{width}} vLLM (real, CPU)                  {real_vllm.url}")
             for engine, (flavor, scenario, name) in zip(engines, simulated):
-                print(f"  {name:12} {flavor:8} scenario {scenario:15} {engine.url}")
-            print(f"  exporter     http://{host}:{port}/metrics")
+                print(f"  {name:{width}} {flavor:8} scenario {scenario:15} {engine.url}")
+            for role, url in (("prefill", pair.prefill_url), ("decode", pair.decode_url)):
+                print(f"  {pd_name + '-' + role:{width}} {pd_engine:8} scenario {pd_scenario:15} {url}")
+            print(f"  {'exporter':{width}} http://{host}:{port}/metrics")
             print(f"Try: curl -s http://{host}:{port}/metrics | grep -E 'kvcache_(pressure_state|usage_ratio)'")
             print("Ctrl-C stops everything.", flush=True)
 
@@ -77,3 +91,5 @@ def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | No
     finally:
         for engine in engines:
             engine.stop()
+        if pair is not None:
+            pair.stop()
