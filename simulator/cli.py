@@ -20,7 +20,7 @@ import logging
 import signal
 import sys
 import threading
-from typing import NoReturn
+from typing import Any, Callable, NoReturn
 
 from .exposition import FLAVORS
 from .pd import BUILTIN_PD_SCENARIOS, FLAVOR_OF, start_pd_pair
@@ -97,26 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     host, port = args.listen or ("127.0.0.1", FLAVORS[args.flavor].default_port)
     if args.pd:
         return _serve_pair(args, host, port)
-    try:
-        engine = start_engine(args.flavor, args.scenario, host=host, port=port, speed=args.speed,
-                              seed=args.seed, model=args.model, tp=args.tp, dp=args.dp,
-                              kv_events_endpoint=args.kv_events_endpoint)
-    except (ScenarioError, ValueError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"{PROG}: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    print(f"{PROG} {args.flavor} serving {engine.url}", flush=True)
-    try:
-        stop.wait()
-    finally:
-        engine.stop()
-    return 0
+    return _serve(lambda: start_engine(args.flavor, args.scenario, host=host, port=port, speed=args.speed,
+                                       seed=args.seed, model=args.model, tp=args.tp, dp=args.dp,
+                                       kv_events_endpoint=args.kv_events_endpoint),
+                  f"{host}:{port}", lambda engine: [f"{PROG} {args.flavor} serving {engine.url}"])
 
 
 def _serve_pair(args: argparse.Namespace, host: str, port: int) -> int:
@@ -130,25 +114,33 @@ def _serve_pair(args: argparse.Namespace, host: str, port: int) -> int:
         return 2
     scenario = "pd-steady" if args.scenario == "steady" else args.scenario
     ports = (port, port + 1) if port else (0, 0)
+    return _serve(lambda: start_pd_pair(engine, scenario, speed=args.speed, seed=args.seed,
+                                        **({"model": args.model} if args.model else {}), host=host, ports=ports),
+                  f"{host}:{ports[0]} and {ports[1]}",
+                  lambda pair: [f"{PROG} {args.flavor} {role} serving {url}"
+                                for role, url in (("prefill", pair.prefill_url), ("decode", pair.decode_url))])
+
+
+def _serve(start: Callable[[], Any], where: str, banner: Callable[[Any], list[str]]) -> int:
+    """Start what `start` serves, print its banner, serve until SIGTERM or SIGINT; a bad scenario or a port in
+    use is one line on stderr and exit code 2."""
     try:
-        pair = start_pd_pair(engine, scenario, speed=args.speed, seed=args.seed,
-                             **({"model": args.model} if args.model else {}), host=host, ports=ports)
+        served = start()
     except (ScenarioError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"{PROG}: error: cannot listen on {host}:{ports[0]} and {ports[1]}: {exc.strerror or exc}",
-              file=sys.stderr)
+        print(f"{PROG}: error: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    print(f"{PROG} {args.flavor} prefill serving {pair.prefill_url}", flush=True)
-    print(f"{PROG} {args.flavor} decode serving {pair.decode_url}", flush=True)
+    for line in banner(served):
+        print(line, flush=True)
     try:
         stop.wait()
     finally:
-        pair.stop()
+        served.stop()
     return 0
 
 
