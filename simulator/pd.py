@@ -53,6 +53,7 @@ NIXL_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 
 NIXL_BYTES = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
 SGLANG_MS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0)
 SGLANG_MB = (1.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0, 10000.0)
+SGLANG_GB_S = (0.1, 0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0)  # its speed: MiB / 1024 over seconds
 MIB = 2 ** 20
 FLAVOR_OF = {"vllm": "vllm-v1", "sglang": "sglang"}
 
@@ -153,10 +154,12 @@ class TransferUnits:
     per_second: float
     size: tuple[float, ...]
     per_byte: float
+    speed: tuple[float, ...] = ()  # a per-transfer speed histogram's bounds (SGLang's), none for vLLM
+    per_byte_per_second: float = 1.0
 
 
 VLLM_UNITS = TransferUnits(NIXL_SECONDS, 1.0, NIXL_BYTES, 1.0)
-SGLANG_UNITS = TransferUnits(SGLANG_MS, 1000.0, SGLANG_MB, 1 / MIB)
+SGLANG_UNITS = TransferUnits(SGLANG_MS, 1000.0, SGLANG_MB, 1 / MIB, SGLANG_GB_S, 1 / 2**30)
 
 
 @dataclass
@@ -185,10 +188,13 @@ class Side:
                            "offload_load": Histogram(()), "offload_store": Histogram(())}
         self.transfer_seconds = Histogram(self.units.seconds)
         self.transfer_bytes = Histogram(self.units.size)
+        self.transfer_speed = Histogram(self.units.speed)
 
     def timed(self, seconds: float, nbytes: float) -> None:
         self.transfer_seconds.observe(seconds * self.units.per_second)
         self.transfer_bytes.observe(nbytes * self.units.per_byte)
+        if self.units.speed and seconds > 0:
+            self.transfer_speed.observe(nbytes / seconds * self.units.per_byte_per_second)
 
     @property
     def free(self) -> int:
@@ -403,6 +409,7 @@ class PDSideState:
     stages: dict[str, int]
     transfer_seconds: Histogram  # in the engine's unit (SGLang: ms)
     transfer_bytes: Histogram  # in the engine's unit (SGLang: MiB)
+    transfer_speed: Histogram  # SGLang's, GiB/s; empty for vLLM
     failed_transfers: int
     lease_expiries: int
     notifications_after_expiry: int
@@ -413,7 +420,7 @@ class PDSideState:
 def _side_state(model: PDModel, role: str) -> PDSideState:
     side = model.prefill if role == "prefill" else model.decode
     return PDSideState(role, model.stages()[role], side.transfer_seconds.copy(), side.transfer_bytes.copy(),
-                       side.failed_transfers, side.lease_expiries, side.notifications_after_expiry, side.peer_tokens_planned,
+                       side.transfer_speed.copy(), side.failed_transfers, side.lease_expiries, side.notifications_after_expiry, side.peer_tokens_planned,
                        side.peer_tokens)
 
 
@@ -454,7 +461,7 @@ class VllmConnectorCollector(Collector):
 
 class SglangDisaggregationCollector(Collector):
     """SGLang's P/D queue gauges (every role exports all four) and, on the prefill side, the transfer
-    histograms (ms, MiB) and the failure counter created at the first failure."""
+    histograms (ms, MiB, GiB/s) and the failure counter created at the first failure."""
 
     def __init__(self, source: Callable[[], tuple[EngineState, PDSideState]]):
         self.source = source
@@ -472,6 +479,7 @@ class SglangDisaggregationCollector(Collector):
         if pd.transfer_seconds.count:  # a child appears at its first observation
             yield histogram("sglang:kv_transfer_latency_ms", MP, [(labels, pd.transfer_seconds)], multiprocess=True)
             yield histogram("sglang:kv_transfer_total_mb", MP, [(labels, pd.transfer_bytes)], multiprocess=True)
+            yield histogram("sglang:kv_transfer_speed_gb_s", MP, [(labels, pd.transfer_speed)], multiprocess=True)
         if pd.failed_transfers:
             yield counter("sglang:num_transfer_failed_reqs_total", MP, [(labels, float(pd.failed_transfers))])
 
