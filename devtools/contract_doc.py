@@ -411,6 +411,50 @@ PD_STAGE_SOURCES = (
 )
 
 
+# Where each engine's transfer series are filled (the same sources as PD_STAGE_SOURCES).
+PD_SERIES_SOURCES = (
+    ("kv_transfer_seconds, kv_transfer_bytes",
+     "`nixl_xfer_time_seconds`, `nixl_bytes_transferred`: `NixlKVConnectorStats.record_transfer` (NIXL telemetry "
+     "of each done transfer handle, per TP rank, in the worker's `_pop_done_transfers`: the reader's receives when "
+     "pulling, the writer's sends when pushing), observed by `NixlPromMetrics.observe`",
+     "`kv_transfer_latency_ms`, `kv_transfer_total_mb`: `SchedulerReqTimeStats.compute_and_observe_kv_transfer_"
+     "metrics`, once per request the prefill side finished sending (its inflight queue)"),
+    ("kv_transfer_speed_bytes_per_second, kv_transfer_above_link_total",
+     "none (no speed of one transfer)",
+     "`kv_transfer_speed_gb_s`: the same function, MiB / 1024 over the latency"),
+    ("kv_transfer_failures_total",
+     "`nixl_num_failed_transfers_total` (`record_failed_transfer`, plus handshake and notification failures in "
+     "`NixlPromMetrics.observe`), `nixl_num_failed_notifications_total` (`record_failed_notification`)",
+     "`num_transfer_failed_reqs_total`, `num_bootstrap_failed_reqs_total`: the collector's "
+     "`increment_transfer_failed_reqs` / `increment_bootstrap_failed_reqs` when a sender or receiver fails"),
+    ("kv_transfer_lease_expiries_total, kv_transfer_notifications_after_expiry_total",
+     "`record_kv_expired_req` (the prefill worker frees KV not pulled within the lease), "
+     "`record_notification_after_expiry`",
+     "none (no lease)"),
+    ("kv_transfer_prompt_tokens_total",
+     "`prompt_tokens_by_source_total{source=\"external_kv_transfer\"}`: `PromptTokenStats.update_from_output` at "
+     "the request's first token; not `prompt_tokens_cached_by_source_total{source=\"p2p\"}` "
+     "(`PrefixCacheStats.record` at admission, when the load is planned)",
+     "none"),
+)
+
+
+def _series_table() -> str:
+    named = {name for names, _, _ in PD_SERIES_SOURCES for name in names.split(", ")}
+    # The stages have their own table; the exporter derives the stage waiting for KV.
+    missing = set(contract.names(group="transfer")) - named - {"kv_transfer_requests", "kv_transfer_requests_waiting_for_kv"}
+    if missing:
+        raise LookupError(f"PD_SERIES_SOURCES in devtools/contract_doc.py lacks {sorted(missing)}")
+    rows = "\n".join(f"| {', '.join(f'`{n}`' for n in names.split(', '))} | {vllm} | {sglang} |"
+                     for names, vllm, sglang in PD_SERIES_SOURCES)
+    return f"""\
+Where each engine fills the transfer series (families without their `kvcache_` prefix):
+
+| family | vLLM (NIXL; Mooncake alike) | SGLang |
+|---|---|---|
+{rows}"""
+
+
 def _stage_table() -> str:
     rows = "\n".join(f"| `{stage}` | {contract.TRANSFER_STAGES.get(stage, 'running: in the batch')} | {vllm} | "
                      f"{sglang} |" if stage in contract.TRANSFER_STAGES else
@@ -485,6 +529,8 @@ The KV transfer families are absent where the engine has no KV connector, never 
   read pools whose role is prefill or decode only.
 
 {_stage_table()}
+
+{_series_table()}
 
 `kind` of `kvcache_kv_transfer_failures_total`:
 
