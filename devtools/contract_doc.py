@@ -92,16 +92,18 @@ STATE_RULES = {
                  f"(their preemptions are unknown, not 0): " + ", ".join(
                      ADAPTERS[e].title for e in ADAPTERS if "preemptions_total" in NOT_REPORTED.get(e, ())) + ".",
     "saturated": f"requests wait for capacity (vLLM's `capacity` reason; the whole queue where the engine "
-                 f"gives no reason) **and** KV is what is short: usage at `low_water_ratio` "
+                 f"gives no reason, on a decode pool less its transfers under way or done, which hold their KV "
+                 f"already) **and** KV is what is short: usage at `low_water_ratio` "
                  f"({T.low_water_ratio:g}) or above, or fewer free tokens than a live request holds on "
                  f"average, or a preemption since the previous poll. Engines keep KV back for the output the "
                  f"running requests will still produce before they admit another one (SGLang's "
                  f"`new_token_ratio`), so a queue waits for KV well below the high-water mark; and a preemption "
                  f"frees the preempted requests' blocks until the next step readmits the queue, so the poll "
                  f"after one reads room that is not there.",
-    "capped": f"requests wait for capacity while KV has room: usage below `low_water_ratio` "
-              f"({T.low_water_ratio:g}), at least one typical request's worth of free tokens and no "
-              f"preemption since the previous poll. The "
+    "capped": f"requests other than a decode pool's transfers wait for capacity while KV has room: usage "
+              f"below `low_water_ratio` ({T.low_water_ratio:g}), at least one typical request's worth of free "
+              f"tokens and no preemption since the previous poll (a transfer waiting for its KV to be allocated "
+              f"is no evidence of a cap: vLLM counts one from its arrival). The "
               f"running-request cap or the token budget binds, not KV; vLLM reports that queue under the "
               f"same `capacity` reason and SGLang gives no reason, so this state is what tells the two apart. "
               f"Only TensorRT-LLM exposes its running-request cap as a series (`kvcache_requests_running_max`); "
