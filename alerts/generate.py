@@ -52,6 +52,9 @@ ENGINE_CLOCK = ("kv_transfer_link_bytes_per_second",)
 # notification failures are in its transfer failures since 0.31, so counting them apart would count them twice).
 PD_BACKPRESSURE = "kvcache:pd_backpressure:requests"
 FAILED_KINDS = "transfer|handshake"
+# The pools the P/D rules read: a unified pool's stage gauge (vLLM with an offload connector) counts its loads
+# from the offload tier, no transfer between pools.
+PD_ROLES = f'role=~"{"|".join(contract.DISAGGREGATED_ROLES)}"'
 # Annotation template fragments.
 WHERE = "{{ $labels.target }} (model {{ $labels.model }})"
 PER_SECOND = 'printf "%.2f"'  # rates read better as 0.25/s than as humanize's 250m/s
@@ -181,24 +184,29 @@ def pd_rules(t: Thresholds, group: str) -> list[dict]:
     w = format_duration(t.window_seconds)
     link = number(t.kv_transfer_link_bytes_per_second)
 
-    def rate(counter: str, by: str = PER_TARGET) -> str:
-        return f"sum {by} (rate({counter}[{w}]))"
+    def rate(counter: str, by: str = PER_TARGET, matchers: str = "") -> str:
+        return f"sum {by} (rate({counter}{{{', '.join(filter(None, (PD_ROLES, matchers)))}}}[{w}]))"
 
     bandwidth = (f"{rate('kvcache_kv_transfer_bytes_sum')}\n  /\n  ({rate('kvcache_kv_transfer_seconds_sum')} > 0)")
-    failed = rate(f'kvcache_kv_transfer_failures_total{{kind=~"{FAILED_KINDS}"}}', "without (dp_rank, kind)")
+    failed = rate("kvcache_kv_transfer_failures_total", "without (dp_rank, kind)", f'kind=~"{FAILED_KINDS}"')
     succeeded = rate("kvcache_kv_transfer_seconds_count")
     by_group = f"by ({group})"
 
-    decode = '{role="decode"}'
+    decode = 'role="decode"'
 
-    def mean(histogram: str, selector: str = "") -> str:
-        return (f"{rate(f'{histogram}_sum{selector}', by_group)}\n  /\n"
-                f"  ({rate(f'{histogram}_count{selector}', by_group)} > 0)")
+    def mean(histogram: str, matchers: str = "") -> str:
+        return (f"{rate(f'{histogram}_sum', by_group, matchers)}\n  /\n"
+                f"  ({rate(f'{histogram}_count', by_group, matchers)} > 0)")
 
     return [
         {"record": "kvcache:kv_transfer_bytes_per_second:ratio", "expr": f"(\n  {bandwidth}\n) <= {link}"},
         # Faster than the link: a broken reading (SGLang's chunked prefill times the last chunk only), not a link.
         {"record": "kvcache:kv_transfer_bytes_per_second_above_link:ratio", "expr": f"(\n  {bandwidth}\n) > {link}"},
+        # The transfers the engine itself timed faster than the link (SGLang's speed histogram), as a share of
+        # those it timed: how much of the quotient above is broken readings.
+        {"record": "kvcache:kv_transfer_above_link:ratio", "expr": (
+            f"{rate('kvcache_kv_transfer_above_link_total')}\n/\n"
+            f"({rate('kvcache_kv_transfer_speed_bytes_per_second_count')} > 0)")},
         # Transfers tried where the pool times its transfers (the side whose failures the ratio can be judged on):
         # succeeded plus failed, or succeeded alone while no failure counter exists yet (SGLang's appear at the first).
         {"record": "kvcache:kv_transfers_tried:rate", "expr": (
@@ -206,7 +214,7 @@ def pd_rules(t: Thresholds, group: str) -> list[dict]:
         {"record": "kvcache:kv_transfer_failures:ratio", "expr": f"{failed}\n/\n(kvcache:kv_transfers_tried:rate > 0)"},
         {"record": "kvcache:kv_transfer_lease_expiries:rate", "expr": rate("kvcache_kv_transfer_lease_expiries_total")},
         {"record": "kvcache:kv_transfer_notifications_after_expiry:increase", "expr": (
-            f"sum {PER_TARGET} (increase(kvcache_kv_transfer_notifications_after_expiry_total[{w}]))")},
+            f"sum {PER_TARGET} (increase(kvcache_kv_transfer_notifications_after_expiry_total{{{PD_ROLES}}}[{w}]))")},
         {"record": "kvcache:kv_transfer_share_of_ttft:ratio", "expr": (
             f"(\n  {mean('kvcache_kv_transfer_seconds')}\n)\n/\n"
             f"(\n  {mean('kvcache_time_to_first_token_seconds', decode)}\n)")},

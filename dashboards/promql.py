@@ -24,6 +24,7 @@ class Scope:
     """The labels a dashboard's variables filter on; each variable is named after its label."""
 
     labels: tuple[str, ...]
+    matchers: tuple[str, ...] = ()  # written into every selector as they are (`role=~"prefill|decode"`)
 
     def selector(self, metric: str, **fixed: str) -> str:
         """`metric{label=~"$label", ..., fixed="value"}` for the labels this metric carries (a per-target
@@ -34,6 +35,7 @@ class Scope:
             missing = POOL_LABELS - set(family.identity)
             labels = tuple(label for label in labels if label not in missing)
         matchers = [f'{label}=~"${label}"' for label in labels]
+        matchers += self.matchers
         matchers += [f'{label}="{value}"' for label, value in fixed.items()]
         return f"{metric}{{{', '.join(matchers)}}}" if matchers else metric
 

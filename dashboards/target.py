@@ -11,7 +11,8 @@ from kvcache_exporter.dashboards.layout import Row, assemble
 from kvcache_exporter.dashboards.panels import DATASOURCE_VARIABLE, Link
 from kvcache_exporter.dashboards.promql import Scope
 from kvcache_exporter.dashboards.rows import cache_rows
-from kvcache_exporter.dashboards.signals import exporter_health, kv, latency, memory, prefix_cache, pressure
+from kvcache_exporter.dashboards.signals import (disaggregated, exporter_health, kv, latency, memory, prefix_cache,
+                                                 pressure)
 from kvcache_exporter.dashboards.view import View
 
 UID = "kvcache-target"
@@ -45,6 +46,9 @@ def build(thresholds: Thresholds, static_labels: tuple[str, ...], pd_group_label
         Row("Latency", ((latency.ttft(v), latency.itl(v), latency.queue_time(v)),
                         (latency.ttft_heatmap(v), latency.queue_time_heatmap(v), latency.queue_share_of_ttft(v)))),
         Row("KV memory", ((memory.kv_bytes(v),),)),
+        # The target's own side of P/D (its peers are on other targets: backpressure is the fleet's).
+        Row("Disaggregated prefill/decode", ((disaggregated.transfer_stages(v), disaggregated.transfer_time(v)),
+                                             (disaggregated.bandwidth(v), disaggregated.failures_and_expiries(v)))),
         Row("Exporter health", ((exporter_health.target_up_over_time(v), exporter_health.poll_duration(v),
                                  exporter_health.poll_failures(v), exporter_health.since_last_good_poll(v)),)),
     ]

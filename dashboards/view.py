@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from kvcache_exporter import contract
 from kvcache_exporter.config import DEFAULT_PD_GROUP_LABEL
 from kvcache_exporter.thresholds import Thresholds
 
@@ -51,6 +52,12 @@ class View:
 
     def selector(self, metric: str, **fixed: str) -> str:
         return self.scope.selector(metric, **fixed)
+
+    def disaggregated(self) -> "View":
+        """The same view over the pools of disaggregated serving only: a unified pool's stage gauge (vLLM with an
+        offload connector) counts its loads from the offload tier, no transfer between pools."""
+        roles = f'role=~"{"|".join(contract.DISAGGREGATED_ROLES)}"'
+        return replace(self, scope=replace(self.scope, matchers=(*self.scope.matchers, roles)))
 
     def line(self, what: str = "") -> str:
         return f"{self.legend} {what}".strip()

@@ -36,11 +36,13 @@ INFO_LABEL_SOURCES = {
         "tier_capacity_tokens": "`vllm:kv_offload_config_info{cpu_kv_cache_size_tokens}` (tier=cpu; each engine "
                                 "its own)",
         "kv_transfer_failures_total": "plus `vllm:mooncake_num_failed_recvs_total` under kind=transfer",
-        "kv_transfer_prompt_tokens_total": "before 0.32 (no `p2p` source): `vllm:prompt_tokens_by_source_total"
-                                           "{source=\"external_kv_transfer\"}` where the page has a P/D "
-                                           "connector's (NIXL's, Mooncake's) transfer series",
+        "kv_transfer_prompt_tokens_total": "`vllm:prompt_tokens_by_source_total{source=\"external_kv_transfer\"}` "
+                                           "where the page has a P/D connector's (NIXL's, Mooncake's) transfer "
+                                           "series",
     },
     "sglang": {
+        "requests_waiting": "on a decode server, the sum of its three P/D queues (`kvcache_kv_transfer_requests`: "
+                            "pre-allocation, transfer, waiting)",
         "capacity_blocks": "`sglang:cache_config_info{num_pages}` (0.5.10)",
         "block_size_tokens": "`sglang:cache_config_info{page_size}` (0.5.10)",
     },
@@ -68,8 +70,11 @@ DERIVED = {
     "tier_used_tokens": "usage ratio x capacity tokens, per tier",
     "tier_usage_ratio": "used tokens / capacity tokens, per tier",
     "requests_waiting_for_kv": "the queue the pressure rule counts while KV is short (below), else 0",
-    "requests_waiting_with_kv_room": "requests waiting - requests waiting for KV",
+    "requests_waiting_with_kv_room": "the queue the pressure rule counts while KV has room, less a decode pool's "
+                                     "transfers waiting to start, else 0",
     "headroom_requests": "free tokens / live tokens per request",
+    "kv_transfer_above_link_total": "the speed histogram's count less its cumulative count at the smallest bound "
+                                    "at or above `kv_transfer_link_bytes_per_second`",
     "kv_transfer_requests_waiting_for_kv": "on a decode pool, its waiting_to_start stage while KV is short (as for "
                                            "requests waiting for KV), else 0",
 }
@@ -87,16 +92,18 @@ STATE_RULES = {
                  f"(their preemptions are unknown, not 0): " + ", ".join(
                      ADAPTERS[e].title for e in ADAPTERS if "preemptions_total" in NOT_REPORTED.get(e, ())) + ".",
     "saturated": f"requests wait for capacity (vLLM's `capacity` reason; the whole queue where the engine "
-                 f"gives no reason) **and** KV is what is short: usage at `low_water_ratio` "
+                 f"gives no reason, on a decode pool less its transfers under way or done, which hold their KV "
+                 f"already) **and** KV is what is short: usage at `low_water_ratio` "
                  f"({T.low_water_ratio:g}) or above, or fewer free tokens than a live request holds on "
                  f"average, or a preemption since the previous poll. Engines keep KV back for the output the "
                  f"running requests will still produce before they admit another one (SGLang's "
                  f"`new_token_ratio`), so a queue waits for KV well below the high-water mark; and a preemption "
                  f"frees the preempted requests' blocks until the next step readmits the queue, so the poll "
                  f"after one reads room that is not there.",
-    "capped": f"requests wait for capacity while KV has room: usage below `low_water_ratio` "
-              f"({T.low_water_ratio:g}), at least one typical request's worth of free tokens and no "
-              f"preemption since the previous poll. The "
+    "capped": f"requests other than a decode pool's transfers wait for capacity while KV has room: usage "
+              f"below `low_water_ratio` ({T.low_water_ratio:g}), at least one typical request's worth of free "
+              f"tokens and no preemption since the previous poll (a transfer waiting for its KV to be allocated "
+              f"is no evidence of a cap: vLLM counts one from its arrival). The "
               f"running-request cap or the token budget binds, not KV; vLLM reports that queue under the "
               f"same `capacity` reason and SGLang gives no reason, so this state is what tells the two apart. "
               f"Only TensorRT-LLM exposes its running-request cap as a series (`kvcache_requests_running_max`); "
@@ -155,7 +162,9 @@ def _labels_section() -> str:
 | static labels | every per-target series | the configuration's `labels:`, global and per target (e.g. `cluster`, `pool`) |
 
 A per-pool series is one per (target, `dp_rank`). Tensor- and pipeline-parallel ranks repeat the
-same pool's values: the exporter takes them once and never sums them.
+same pool's values: the exporter takes them once and never sums them. A histogram is taken whole from one
+rank (its buckets, sum and count from the same rank's series, TP rank 0 where it is on the page), never merged
+bucket by bucket.
 """
 
 
@@ -380,8 +389,98 @@ longer per token than recomputing is KVCacheOffloadLoadSlow ([runbook](../alerts
 """
 
 
+# Where each engine's P/D queues and transfer series come from: the engine function that fills the series, in the
+# engine's source (vLLM 0.32-0.34, SGLang 0.5.2x). A request goes through the stages in this order, then runs.
+PD_STAGE_SOURCES = (
+    ("waiting_to_start",
+     "decode: `num_requests_kv_fetch_by_stage{stage=\"waiting_to_start\"}`, set by `Scheduler._set_kv_fetch_stage` "
+     "from `Scheduler.add_request` (a `do_remote_prefill` request, at arrival) until `Scheduler.schedule` has "
+     "allocated its blocks; such a request stays in the plain waiting queue (`reason=\"capacity\"`)",
+     "decode: `num_decode_prealloc_queue_reqs` = `len(disagg_decode_prealloc_queue.queue)` "
+     "(`SchedulerMetricsMixin.log_decode_stats`): the handshake, then KV pre-allocated once the pool has room "
+     "(`DecodePreallocQueue`); prefill: `num_prefill_bootstrap_queue_reqs` = `len(disagg_prefill_bootstrap_queue"
+     ".queue)` (`log_prefill_stats`), waiting for the decode side's allocation"),
+    ("in_progress",
+     "decode: `stage=\"in_progress\"`, from the allocation (`WAITING_FOR_REMOTE_KVS`) until the connector reports "
+     "the request received (`Scheduler._update_from_kv_xfer_finished`); `skip_request` defers it "
+     "(`reason=\"deferred\"`)",
+     "decode: `num_decode_transfer_queue_reqs` = `len(disagg_decode_transfer_queue.queue)` (`DecodeTransferQueue`); "
+     "prefill: `num_prefill_inflight_queue_reqs` = `len(disagg_prefill_inflight_queue)`, computed, KV being sent"),
+    ("completed_waiting",
+     "decode: `stage=\"completed_waiting\"`, from `_update_from_kv_xfer_finished` until `Scheduler.schedule` runs "
+     "it; still deferred",
+     "decode: `num_queue_reqs` = `len(waiting_queue)` (`log_decode_stats`): `DecodeTransferQueue.pop_transferred` "
+     "moves a received request there; read as this stage on a decode server only"),
+    ("(running)",
+     "`num_requests_running` (`requests_running`)",
+     "`num_running_reqs` (`requests_running`)"),
+)
+
+
+# Where each engine's transfer series are filled (the same sources as PD_STAGE_SOURCES).
+PD_SERIES_SOURCES = (
+    ("kv_transfer_seconds, kv_transfer_bytes",
+     "`nixl_xfer_time_seconds`, `nixl_bytes_transferred`: `NixlKVConnectorStats.record_transfer` (NIXL telemetry "
+     "of each done transfer handle, per TP rank, in the worker's `_pop_done_transfers`: the reader's receives when "
+     "pulling, the writer's sends when pushing), observed by `NixlPromMetrics.observe`",
+     "`kv_transfer_latency_ms`, `kv_transfer_total_mb`: `SchedulerReqTimeStats.compute_and_observe_kv_transfer_"
+     "metrics`, once per request the prefill side finished sending (its inflight queue)"),
+    ("kv_transfer_speed_bytes_per_second, kv_transfer_above_link_total",
+     "none (no speed of one transfer)",
+     "`kv_transfer_speed_gb_s`: the same function, MiB / 1024 over the latency"),
+    ("kv_transfer_failures_total",
+     "`nixl_num_failed_transfers_total` (`record_failed_transfer`, plus handshake and notification failures in "
+     "`NixlPromMetrics.observe`), `nixl_num_failed_notifications_total` (`record_failed_notification`)",
+     "`num_transfer_failed_reqs_total`, `num_bootstrap_failed_reqs_total`: the collector's "
+     "`increment_transfer_failed_reqs` / `increment_bootstrap_failed_reqs` when a sender or receiver fails"),
+    ("kv_transfer_lease_expiries_total, kv_transfer_notifications_after_expiry_total",
+     "`record_kv_expired_req` (the prefill worker frees KV not pulled within the lease), "
+     "`record_notification_after_expiry`",
+     "none (no lease)"),
+    ("kv_transfer_prompt_tokens_total",
+     "`prompt_tokens_by_source_total{source=\"external_kv_transfer\"}`: `PromptTokenStats.update_from_output` at "
+     "the request's first token; not `prompt_tokens_cached_by_source_total{source=\"p2p\"}` "
+     "(`PrefixCacheStats.record` at admission, when the load is planned)",
+     "none"),
+)
+
+
+def _series_table() -> str:
+    named = {name for names, _, _ in PD_SERIES_SOURCES for name in names.split(", ")}
+    # The stages have their own table; the exporter derives the stage waiting for KV.
+    missing = set(contract.names(group="transfer")) - named - {"kv_transfer_requests", "kv_transfer_requests_waiting_for_kv"}
+    if missing:
+        raise LookupError(f"PD_SERIES_SOURCES in devtools/contract_doc.py lacks {sorted(missing)}")
+    rows = "\n".join(f"| {', '.join(f'`{n}`' for n in names.split(', '))} | {vllm} | {sglang} |"
+                     for names, vllm, sglang in PD_SERIES_SOURCES)
+    return f"""\
+Where each engine fills the transfer series (families without their `kvcache_` prefix):
+
+| family | vLLM (NIXL; Mooncake alike) | SGLang |
+|---|---|---|
+{rows}"""
+
+
+def _stage_table() -> str:
+    rows = "\n".join(f"| `{stage}` | {contract.TRANSFER_STAGES.get(stage, 'running: in the batch')} | {vllm} | "
+                     f"{sglang} |" if stage in contract.TRANSFER_STAGES else
+                     f"| {stage} | in the running batch | {vllm} | {sglang} |"
+                     for stage, vllm, sglang in PD_STAGE_SOURCES)
+    return f"""\
+`stage` of `kvcache_kv_transfer_requests`, in the same words for every engine, and where each engine fills it
+(its metrics code: vLLM `vllm/v1/core/sched/scheduler.py`, read out by `PrometheusStatLogger.record` in
+`vllm/v1/metrics/loggers.py`; SGLang `srt/managers/scheduler_metrics_mixin.py` from the queues of
+`srt/disaggregation/decode.py` and `prefill.py`). The queue the pressure state counts holds no stage but
+waiting_to_start: vLLM's `capacity` reason holds no deferred request, and SGLang's decode queue is read less
+the transfer and waiting queues. A waiting_to_start request counts as waiting for KV while the pool is short,
+and is never evidence of room or of a cap.
+
+| stage | requests | vLLM | SGLang |
+|---|---|---|---|
+{rows}"""
+
+
 def _disaggregation_section() -> str:
-    stages = "\n".join(f"| `{stage}` | {meaning} |" for stage, meaning in contract.TRANSFER_STAGES.items())
     kinds = "\n".join(f"| `{kind}` | {meaning} |" for kind, meaning in contract.TRANSFER_FAILURE_KINDS.items())
     return f"""\
 ## Disaggregated prefill/decode
@@ -396,9 +495,10 @@ names the deployment: `model` alone merges clusters that serve the same model).
 
 The KV transfer families are absent where the engine has no KV connector, never 0. Caveats:
 
-- **Which side.** vLLM and Dynamo's TensorRT-LLM time transfers on the decode side (the reader), SGLang on
-  the prefill side (the sender); lease expiries and notifications after expiry are the prefill side's
-  (vLLM). vLLM's stage gauge exists only on a KV consumer; SGLang exports every queue gauge on every role
+- **Which side.** vLLM pulling (NixlConnector) and Dynamo's TensorRT-LLM time transfers on the decode side
+  (the reader); vLLM pushing (NixlPushConnector: the prefill worker's `_pop_done_transfers` over its sends)
+  and SGLang on the prefill side (the sender); lease expiries and notifications after expiry are the prefill
+  side's (vLLM). vLLM's stage gauge exists only on a KV consumer; SGLang exports every queue gauge on every role
   and the exporter reads each on its own role only.
 - **Units and granularity.** SGLang observes latency in ms and size in MiB (2^20 bytes): the exporter
   converts both, buckets included. vLLM appends one observation per TP rank, each of its shard: counts are
@@ -413,17 +513,30 @@ The KV transfer families are absent where the engine has no KV connector, never 
   (`kv_transfer_link_bytes_per_second`, default {T.kv_transfer_link_bytes_per_second / 1e9:g} GB/s); above it
   the reading is broken, not fast (SGLang counts every chunk's bytes over the last chunk's time with chunked
   prefill or early prefix send), and it is recorded apart as
-  `kvcache:kv_transfer_bytes_per_second_above_link:ratio` instead. SGLang's own speed histogram is not read.
-- **Prompt tokens from a peer.** vLLM's `prompt_tokens_cached_by_source_total{{source="p2p"}}` (0.32) is
-  both `kvcache_kv_transfer_prompt_tokens_total` and the `peer` source of `kvcache_cached_prompt_tokens_total`
-  (not a storage tier). Before it, `external_kv_transfer` prompt tokens are read where a P/D connector's
-  series are on the page (elsewhere they come from LMCache or an offload connector).
+  `kvcache:kv_transfer_bytes_per_second_above_link:ratio` instead. That quotient averages every transfer:
+  SGLang's per-transfer speed histogram (`kvcache_kv_transfer_speed_bytes_per_second`) says how many of them
+  it timed faster than the link, counted by the exporter as `kvcache_kv_transfer_above_link_total` and, as a
+  share of the transfers, `kvcache:kv_transfer_above_link:ratio`; the bandwidth panel shows the quotient and,
+  next to the failures, those transfers.
+- **Prompt tokens from a peer.** `kvcache_kv_transfer_prompt_tokens_total` is vLLM's
+  `prompt_tokens_by_source_total{{source="external_kv_transfer"}}` where a P/D connector's series are on the
+  page (elsewhere those tokens come from LMCache or an offload connector): tokens that arrived, counted at the
+  request's first token. vLLM's `prompt_tokens_cached_by_source_total{{source="p2p"}}` (0.32) counts the hits a
+  load was planned for, at admission, failed and unfinished loads included: it is the `peer` source of
+  `kvcache_cached_prompt_tokens_total` (not a storage tier), never the tokens received. Failed loads are
+  `kvcache_kv_transfer_failures_total`, loads under way `kvcache_kv_transfer_requests{{stage="in_progress"}}`.
+- **A real pair here.** vLLM's CPU build (0.32) cannot start NIXL (its worker fails with "NIXL is not
+  available": no `nixl` package), so the NIXL and SGLang mappings are checked on golden pages written by the
+  engines' own metrics code (tests/fixtures/pd-golden/). A real pair with vLLM's ExampleConnector (shared
+  storage, no GPU library) runs in tests/real/test_vllm_pd_pair.py: its synchronous loads never enter the fetch
+  stages, and its received tokens show as the `other` source of `kvcache_cached_prompt_tokens_total`.
+- **Unified pools.** A vLLM pool with an offload connector (a KV consumer too) exports the same stage gauge for
+  its loads from the offload tier. The P/D dashboards' rows, the P/D rules and alerts and `top`'s ROLE column
+  read pools whose role is prefill or decode only.
 
-`stage` of `kvcache_kv_transfer_requests`:
+{_stage_table()}
 
-| stage | requests |
-|---|---|
-{stages}
+{_series_table()}
 
 `kind` of `kvcache_kv_transfer_failures_total`:
 
@@ -443,10 +556,10 @@ per pool by the exporter), where the group has prefill pools. Not a sixth pressu
 
 - it is a property of two pools, mostly on different targets, and the exporter judges each target from its
   own page alone (a poll, a `/probe`, a shard of a sharded fleet never sees the peer);
-- neither pool's state says it for sure: the prefill pool holds KV without a queue of its own (`ok` or
-  `tight`); SGLang's decode pool keeps its pre-allocation queue apart from the waiting queue the state reads,
-  so it reads `tight` or `ok` while it holds its prefill peers back (the simulator's `pd-decode-short`
-  scenario shows it); vLLM's reads `saturated`, as it would for a queue of its own;
+- neither pool's state says it alone: the prefill pool holds KV without a queue of its own (`ok` or
+  `tight`); the decode pool reads `saturated` (its transfers waiting for KV to be allocated are part of its
+  queue on both engines, the simulator's `pd-decode-short` scenario shows it), as it would for any queue short
+  of KV, which does not say that a prefill pool waits on it;
 - the pressure state is one-hot per pool and already answers "is this pool short"; backpressure answers "is
   decode what holds this model back", which needs the group, i.e. the `pd_group_label`.
 

@@ -88,7 +88,8 @@ PRESSURE_STATE_MEANINGS = {
 }
 # KV kept beyond the GPU pool: offload tiers, and where cached prompt tokens came from.
 TIERS = ("cpu", "disk", "remote")
-# `peer`: KV another engine instance sent (disaggregated prefill/decode), not a storage tier.
+# `peer`: KV another engine instance sends (disaggregated prefill/decode), not a storage tier; counted when the load
+# is planned (vLLM), failed and unfinished loads included.
 HIT_SOURCES = ("gpu", "cpu", "disk", "remote", "peer", "other")
 TRANSFER_DIRECTIONS = {"load": "tier to GPU", "store": "GPU to tier"}
 # Disaggregated prefill/decode: a pool's role (the page's, else the target's `role:`, else unified), the
@@ -98,13 +99,19 @@ ROLES = {
     "decode": "receives prompts' KV from a prefill pool and generates",
     "unified": "does both (no disaggregation)",
 }
+# The roles of disaggregated serving: the P/D rows, rules and alerts read these pools only.
+DISAGGREGATED_ROLES = ("prefill", "decode")
+# The stages in the same words for every engine: a request's KV is allocated on the decode side, then transferred,
+# then the request waits to run (running: requests_running). Each engine's queue for each, in docs/metrics.md.
 TRANSFER_STAGES = {
-    "waiting_to_start": "the transfer has not started: on the decode side the request waits for KV to receive "
-                        "into (vLLM's waiting_to_start, SGLang's pre-allocation queue); on the prefill side for "
-                        "the handshake with its decode pool (SGLang's bootstrap queue)",
-    "in_progress": "KV on its way: received on the decode side (vLLM in_progress, SGLang's transfer queue); "
-                   "computed and held on the prefill side until the decode side has it (SGLang's inflight queue)",
-    "completed_waiting": "the decode side has the KV, the request is not running yet (vLLM)",
+    "waiting_to_start": "waiting for KV to be allocated on the decode side: on a decode pool the request has no "
+                        "KV to receive into yet (vLLM's waiting_to_start, SGLang's pre-allocation queue), on a "
+                        "prefill pool it waits for its decode peer to allocate it (SGLang's bootstrap queue)",
+    "in_progress": "waiting for the transfer: the decode side has allocated the KV and the transfer has not "
+                   "finished (vLLM's in_progress and SGLang's transfer queue on a decode pool; SGLang's inflight "
+                   "queue on a prefill pool: computed, its KV being sent)",
+    "completed_waiting": "transfer done and waiting to run: the decode pool has the KV, the request is not "
+                         "running yet (vLLM's completed_waiting, SGLang's waiting queue on a decode server)",
 }
 TRANSFER_FAILURE_KINDS = {
     "transfer": "the KV transfer itself (vLLM NIXL since 0.31 also counts handshake and notification failures here)",
@@ -246,7 +253,10 @@ _TABLE = (
            "The most requests the engine keeps running at once, its running-request cap (TensorRT-LLM's "
            "maxNumActiveRequests; vLLM's max_num_seqs and SGLang's max_running_requests are not exported). "
            + _POLLED),
-    Family("requests_waiting", "gauge", "pool", "requests", "Requests queued, not yet scheduled. " + _POLLED),
+    Family("requests_waiting", "gauge", "pool", "requests",
+           "Requests queued, not yet scheduled; on a decode pool every request from its arrival until it runs (the "
+           "three stages of kvcache_kv_transfer_requests: SGLang's pre-allocation, transfer and waiting queues "
+           "added up, as vLLM's queue holds them). " + _POLLED),
     Family("requests_paused", "gauge", "pool", "requests",
            "Requests the engine paused mid-generation for lack of KV, now (TensorRT-LLM's in-flight batcher): a "
            "gauge of how many wait to resume, not a count of preemptions, so it never makes the state thrashing. "
@@ -257,10 +267,14 @@ _TABLE = (
     Family("requests_waiting_for_kv", "gauge", "pool", "requests",
            "Queued requests that wait because the KV pool is short (usage at the low-water mark or above, or less "
            "free than one typical live request): the queue the pressure state counts (vLLM's capacity reason, else "
-           "the whole queue) while KV is short, else 0; derived by the exporter for every engine."),
+           "the whole queue; on a decode pool never the transfers that hold their KV already) while KV is short, "
+           "else 0; derived by the exporter for every engine."),
     Family("requests_waiting_with_kv_room", "gauge", "pool", "requests",
-           "Queued requests waiting while the KV pool has room (behind the running-request cap, the token budget, "
-           "or vLLM's deferred reasons): requests_waiting minus requests_waiting_for_kv; derived by the exporter."),
+           "Queued requests waiting while the KV pool has room (behind the running-request cap or the token "
+           "budget): the queue the pressure state counts while KV has room, less a decode pool's transfers "
+           "waiting to start, else 0; derived by the exporter. Neither this nor requests_waiting_for_kv counts "
+           "requests that wait for something else (vLLM's deferred reasons: a KV transfer under way or done, a "
+           "LoRA slot, a grammar)."),
     Family("headroom_requests", "gauge", "pool", "requests",
            "Requests of today's typical size that still fit in the free KV: free tokens / live tokens per request; "
            "derived by the exporter, absent while nothing runs."),
@@ -328,6 +342,17 @@ _TABLE = (
     Family("kv_transfer_bytes", "histogram", "transfer", "bytes",
            "Bytes per KV transfer between a prefill and a decode pool (vLLM: each TP rank's shard), in the "
            "engine's own buckets. " + _KV_TRANSFER + _POLLED),
+    Family("kv_transfer_speed_bytes_per_second", "histogram", "transfer", "bytes",
+           "Speed of each KV transfer as the engine computes it, in the engine's own buckets (SGLang's "
+           "kv_transfer_speed_gb_s: the transfer's bytes over its latency, in GiB/s). With chunked prefill or an "
+           "early prefix send SGLang's latency covers the last chunk while the bytes cover every chunk, so the speed "
+           "can exceed the link's: kvcache_kv_transfer_above_link_total counts those. " + _KV_TRANSFER + _POLLED),
+    Family("kv_transfer_above_link_total", "counter", "transfer", "",
+           "KV transfers the engine reported faster than the configured link (kv_transfer_link_bytes_per_second): "
+           "broken readings, not fast transfers, which the bandwidth (bytes over seconds of every transfer) "
+           "includes. Derived by the exporter from kvcache_kv_transfer_speed_bytes_per_second: the transfers above "
+           "its smallest bucket bound at or above the link rate (fewer than above the link rate itself where that "
+           "is no bound). " + _KV_TRANSFER),
     Family("kv_transfer_failures_total", "counter", "transfer", "",
            "Failed KV transfers by kind (`kind` is " + ", ".join(TRANSFER_FAILURE_KINDS) + "). The kinds may "
            "overlap (vLLM NIXL since 0.31 counts notification failures under transfer too). " + _KV_TRANSFER
@@ -340,14 +365,19 @@ _TABLE = (
            "Transfer completions the prefill side received for requests whose lease had expired: the KV blocks "
            "may have been reused before the transfer finished (possible corruption). " + _KV_TRANSFER + _POLLED),
     Family("kv_transfer_requests", "gauge", "transfer", "requests",
-           "Requests by KV transfer stage (`stage` is " + ", ".join(TRANSFER_STAGES) + "). " + _KV_TRANSFER
+           "Requests by KV transfer stage (`stage` is " + ", ".join(TRANSFER_STAGES) + "). On a unified pool "
+           "(vLLM with an offload connector) the stages are its loads from the offload tier, not transfers between "
+           "pools: the P/D dashboards, rules and alerts read prefill and decode pools only. " + _KV_TRANSFER
            + _POLLED, ("stage",)),
     Family("kv_transfer_requests_waiting_for_kv", "gauge", "transfer", "requests",
            "Decode-side requests whose transfer cannot start because the pool's KV is short (the "
            "waiting_to_start stage while KV is short, as for requests_waiting_for_kv, else 0): the decode half "
            "of P/D backpressure; derived by the exporter on decode pools."),
     Family("kv_transfer_prompt_tokens_total", "counter", "transfer", "tokens",
-           "Prompt tokens whose KV a decode pool received from a prefill pool instead of computing them. "
+           "Prompt tokens whose KV a decode pool received from a prefill pool instead of computing them, counted "
+           "once the request has run (its first token out): not the transfers started (vLLM's `p2p` cache hits, "
+           "counted when a load is planned: the `peer` source of kvcache_cached_prompt_tokens_total), nor those "
+           "that failed (kvcache_kv_transfer_failures_total) or are under way (kvcache_kv_transfer_requests). "
            + _KV_TRANSFER + _POLLED),
     # Per pool: from the engine's KV event stream (a target's `kv_events:`).
     Family("events_blocks_stored_total", "counter", "events", "blocks",

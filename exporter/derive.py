@@ -18,7 +18,8 @@ History = tuple[tuple[float, float], ...]
 
 @dataclass(slots=True)
 class DerivedRank:
-    gauges: dict[str, float]  # contract gauge names without the `kvcache_` prefix
+    gauges: dict[str, float]  # derived values by contract name without the `kvcache_` prefix (gauges, and
+    # kv_transfer_above_link_total: a count derived from a histogram)
     values: RankValues  # the adapter's counters and histograms, passed through
     pressure: str | None
     # The adapter's labelled families, each tier's usage completed (tier_values).
@@ -144,46 +145,72 @@ def kv_is_short(gauges: dict[str, float], thresholds: Thresholds, preempted: boo
     return free is not None and live is not None and free < live
 
 
-def _waiting_for_capacity(gauges: dict[str, float]) -> float:
-    """The queue the pressure state looks at: vLLM's `capacity` reason (deferred requests wait for
-    something else), the whole queue where the engine gives no reason (SGLang)."""
-    return gauges.get("requests_waiting_for_capacity", gauges.get("requests_waiting", 0.0))
+def decode_stages(labelled: dict[str, dict[tuple[str, ...], float]], role: str) -> dict[str, float]:
+    """A decode pool's queued requests by KV transfer stage (contract.TRANSFER_STAGES); {} on other roles, whose
+    stages (SGLang's prefill queues, a unified vLLM pool's loads from its offload tier) are not in its queue."""
+    if role != "decode":
+        return {}
+    return {key[0]: value for key, value in labelled.get("kv_transfer_requests", {}).items()}
 
 
-def waiting_split(gauges: dict[str, float], thresholds: Thresholds, preempted: bool = False) -> dict[str, float]:
-    """The queue split by cause: waiting for KV (the queue for capacity while KV is short, else 0)
-    and waiting with KV room (the rest of the queue). Absent without a usage or a queue reading."""
+def _waiting_for_capacity(gauges: dict[str, float], stages: dict[str, float]) -> tuple[float, float]:
+    """The queue the pressure state looks at, and the part of it that is transfers waiting for their KV to be
+    allocated (a decode pool's waiting_to_start stage).
+
+    The queue is vLLM's `capacity` reason, else (SGLang) the whole queue less the transfers that hold their KV
+    already (in_progress, completed_waiting): those wait for the transfer or for their turn to run, not for KV
+    or a cap. vLLM's `capacity` reason never holds them: its scheduler defers a request once its load has started
+    (Scheduler.schedule's skip_request, counted as `deferred` by Scheduler.make_stats), while a request whose
+    load waits for blocks stays in the plain waiting queue."""
+    held = stages.get("in_progress", 0.0) + stages.get("completed_waiting", 0.0)
+    queue = gauges.get("requests_waiting_for_capacity")
+    if queue is None:
+        queue = max(0.0, gauges.get("requests_waiting", 0.0) - held)
+    return queue, min(queue, stages.get("waiting_to_start", 0.0))
+
+
+def waiting_split(gauges: dict[str, float], thresholds: Thresholds, preempted: bool = False,
+                  stages: dict[str, float] | None = None) -> dict[str, float]:
+    """The queue split by cause: waiting for KV (the queue for capacity while KV is short, else 0) and waiting
+    with KV room (the queue for capacity while KV has room, less a decode pool's transfers waiting to start:
+    a transfer is never evidence of room). The rest of the queue waits for something else (vLLM's deferred
+    reasons, transfers under way or done). Absent without a usage or a queue reading."""
     waiting = gauges.get("requests_waiting")
     if waiting is None or "usage_ratio" not in gauges:
         return {}
-    for_kv = min(waiting, _waiting_for_capacity(gauges)) if kv_is_short(gauges, thresholds, preempted) else 0.0
-    return {"requests_waiting_for_kv": for_kv, "requests_waiting_with_kv_room": max(0.0, waiting - for_kv)}
+    queue, to_allocate = _waiting_for_capacity(gauges, stages or {})
+    if kv_is_short(gauges, thresholds, preempted):
+        return {"requests_waiting_for_kv": min(waiting, queue), "requests_waiting_with_kv_room": 0.0}
+    return {"requests_waiting_for_kv": 0.0, "requests_waiting_with_kv_room": min(waiting, queue - to_allocate)}
 
 
-def transfer_waiting_for_kv(gauges: dict[str, float], labelled: dict[str, dict[tuple[str, ...], float]],
-                            role: str, thresholds: Thresholds, preempted: bool = False) -> dict[str, float]:
+def transfer_waiting_for_kv(gauges: dict[str, float], stages: dict[str, float], thresholds: Thresholds,
+                            preempted: bool = False) -> dict[str, float]:
     """A decode pool's transfers that cannot start for want of KV: its waiting_to_start stage while KV is
     short (kv_is_short), else 0. The decode half of P/D backpressure: the prefill side holds those requests'
     KV (vLLM, until pulled) or waits to compute them (SGLang, until the decode side pre-allocates). Absent on
     other roles and without a stage or usage reading."""
-    waiting = labelled.get("kv_transfer_requests", {}).get(("waiting_to_start",))
-    if role != "decode" or waiting is None or "usage_ratio" not in gauges:
+    waiting = stages.get("waiting_to_start")
+    if waiting is None or "usage_ratio" not in gauges:
         return {}
     return {"kv_transfer_requests_waiting_for_kv": waiting if kv_is_short(gauges, thresholds, preempted) else 0.0}
 
 
 def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thresholds: Thresholds,
-                   preempted: bool = False) -> str | None:
+                   preempted: bool = False, stages: dict[str, float] | None = None) -> str | None:
     """The KV pressure state of one pool; the first rule that holds wins.
 
     1. thrashing: preemptions/retractions at or above the threshold rate.
-    2. saturated: requests wait for capacity (vLLM's `capacity` reason, else the whole queue) AND
-       the KV pool is short (kv_is_short: a preemption since the last poll, usage at the low-water
-       mark or above, or fewer free tokens than a typical live request holds).
-    3. capped: requests wait for capacity while the KV pool has room (usage below the low-water
-       mark and free tokens >= a typical live request): the running-request cap or the token budget
-       binds, not KV. vLLM reports `capacity` for the running cap too (reference §7) and SGLang
-       gives no reason at all, so for SGLang this state is what tells the two queues apart.
+    2. saturated: requests wait for capacity (vLLM's `capacity` reason, else the whole queue; on a decode
+       pool neither holds transfers under way or done) AND the KV pool is short (kv_is_short: a preemption
+       since the last poll, usage at the low-water mark or above, or fewer free tokens than a typical live
+       request holds).
+    3. capped: requests other than a decode pool's transfers waiting to start wait for capacity while the KV
+       pool has room (usage below the low-water mark and free tokens >= a typical live request): the
+       running-request cap or the token budget binds, not KV. vLLM reports `capacity` for the running cap too
+       (reference §7) and SGLang gives no reason at all, so for SGLang this state is what tells the two queues
+       apart. A transfer waiting to start while KV has room is no evidence of a cap (vLLM counts one from its
+       arrival, before the scheduler has looked at it).
     4. tight: usage at or above the high-water mark, nothing waiting for capacity.
     5. ok: otherwise. None when the engine reports no usage at all.
     capped needs usage below the low-water mark and tight at or above the high-water mark, so the
@@ -194,11 +221,25 @@ def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thre
         return None
     if preemption_rate is not None and preemption_rate >= thresholds.thrashing_preemptions_per_second:
         return "thrashing"
-    if _waiting_for_capacity(gauges) > 0:
-        return "saturated" if kv_is_short(gauges, thresholds, preempted) else "capped"
+    queue, to_allocate = _waiting_for_capacity(gauges, stages or {})
+    if queue > 0 and kv_is_short(gauges, thresholds, preempted):
+        return "saturated"
+    if queue - to_allocate > 0:
+        return "capped"
     if usage >= thresholds.high_water_ratio:
         return "tight"
     return "ok"
+
+
+def transfers_above_link(values: RankValues, thresholds: Thresholds) -> dict[str, float]:
+    """The transfers whose speed the engine reported above the link rate, from its per-transfer speed histogram:
+    those above the smallest bucket bound at or above the link rate. Absent without such a histogram."""
+    speed = values.histograms.get("kv_transfer_speed_bytes_per_second")
+    if speed is None:
+        return {}
+    link = thresholds.kv_transfer_link_bytes_per_second
+    at_or_below = next(cumulative for bound, cumulative in speed.buckets if bound >= link)  # +Inf ends the list
+    return {"kv_transfer_above_link_total": max(0.0, speed.count - at_or_below)}
 
 
 def derive(
@@ -216,8 +257,11 @@ def derive(
         new_histories[rank_name] = history
         gauges = kv_gauges(rank, bytes_per_token)
         preempted = preempted_since_last_poll(history)
-        gauges.update(waiting_split(gauges, thresholds, preempted))
-        gauges.update(transfer_waiting_for_kv(gauges, rank.labelled, role, thresholds, preempted))
-        derived[rank_name] = DerivedRank(gauges, rank, pressure_state(gauges, rate(history), thresholds, preempted),
-                                         tier_values(rank.labelled))
+        stages = decode_stages(rank.labelled, role)
+        gauges.update(waiting_split(gauges, thresholds, preempted, stages))
+        gauges.update(transfer_waiting_for_kv(gauges, stages, thresholds, preempted))
+        gauges.update(transfers_above_link(rank, thresholds))
+        derived[rank_name] = DerivedRank(
+            gauges, rank, pressure_state(gauges, rate(history), thresholds, preempted, stages),
+            tier_values(rank.labelled))
     return derived, new_histories

@@ -3,9 +3,14 @@
     kvcache-sim --flavor vllm-v1|vllm-v0|sglang|trtllm --scenario NAME|FILE.yml [--listen HOST:PORT]
                 [--speed X] [--seed N] [--model NAME] [--tp N] [--dp N] [--kv-events-endpoint tcp://HOST:PORT]
                 [--log-level LEVEL]
+    kvcache-sim --pd --flavor vllm-v1|sglang --scenario pd-NAME|FILE.yml [--listen HOST:PORT] [--speed X]
+                [--seed N] [--model NAME] [--log-level LEVEL]
 
 Prints `kvcache-sim <flavor> serving http://HOST:PORT/metrics` (`/prometheus/metrics` for trtllm) once listening, runs until
-SIGTERM or SIGINT. A bad argument or scenario file: one line on stderr, exit code 2.
+SIGTERM or SIGINT. With --pd: a disaggregated pair, its prefill engine on HOST:PORT and its decode engine on
+HOST:PORT+1 (both free ports with port 0), one line `kvcache-sim <flavor> <role> serving URL` each; their queues
+are the engines' (vLLM's fetch stages and waiting reasons, SGLang's bootstrap, pre-allocation, transfer, waiting
+and inflight queues). A bad argument or scenario file: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ import logging
 import signal
 import sys
 import threading
-from typing import NoReturn
+from typing import Any, Callable, NoReturn
 
 from .exposition import FLAVORS
+from .pd import BUILTIN_PD_SCENARIOS, FLAVOR_OF, start_pd_pair
 from .scenarios import BUILTIN_SCENARIOS, ScenarioError
 from .server import start_engine
 
@@ -76,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-events-endpoint", type=_kv_events_endpoint, metavar="tcp://HOST:PORT",
                         help="publish the prefix cache's KV events (vLLM's and SGLang's ZMQ stream) there; "
                              "DP rank r on PORT + r")
+    parser.add_argument("--pd", action="store_true",
+                        help="a disaggregated prefill/decode pair (vllm-v1 or sglang; scenarios "
+                             f"{', '.join(BUILTIN_PD_SCENARIOS)} or a P/D scenario file)")
     parser.add_argument("--log-level", default="WARNING",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], type=str.upper)
     return parser
@@ -86,25 +95,52 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, port = args.listen or ("127.0.0.1", FLAVORS[args.flavor].default_port)
+    if args.pd:
+        return _serve_pair(args, host, port)
+    return _serve(lambda: start_engine(args.flavor, args.scenario, host=host, port=port, speed=args.speed,
+                                       seed=args.seed, model=args.model, tp=args.tp, dp=args.dp,
+                                       kv_events_endpoint=args.kv_events_endpoint),
+                  f"{host}:{port}", lambda engine: [f"{PROG} {args.flavor} serving {engine.url}"])
+
+
+def _serve_pair(args: argparse.Namespace, host: str, port: int) -> int:
+    engine = {flavor: engine for engine, flavor in FLAVOR_OF.items()}.get(args.flavor)
+    refused = [flag for flag, given in (("--tp", args.tp != 1), ("--dp", args.dp != 1),
+                                        ("--kv-events-endpoint", args.kv_events_endpoint)) if given]
+    if engine is None or refused:
+        problem = (f"--pd serves {' or '.join(FLAVOR_OF.values())}, got {args.flavor}" if engine is None
+                   else f"--pd takes no {', '.join(refused)}")
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
+    scenario = "pd-steady" if args.scenario == "steady" else args.scenario
+    ports = (port, port + 1) if port else (0, 0)
+    return _serve(lambda: start_pd_pair(engine, scenario, speed=args.speed, seed=args.seed,
+                                        **({"model": args.model} if args.model else {}), host=host, ports=ports),
+                  f"{host}:{ports[0]} and {ports[1]}",
+                  lambda pair: [f"{PROG} {args.flavor} {role} serving {url}"
+                                for role, url in (("prefill", pair.prefill_url), ("decode", pair.decode_url))])
+
+
+def _serve(start: Callable[[], Any], where: str, banner: Callable[[Any], list[str]]) -> int:
+    """Start what `start` serves, print its banner, serve until SIGTERM or SIGINT; a bad scenario or a port in
+    use is one line on stderr and exit code 2."""
     try:
-        engine = start_engine(args.flavor, args.scenario, host=host, port=port, speed=args.speed,
-                              seed=args.seed, model=args.model, tp=args.tp, dp=args.dp,
-                              kv_events_endpoint=args.kv_events_endpoint)
+        served = start()
     except (ScenarioError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"{PROG}: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"{PROG}: error: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    print(f"{PROG} {args.flavor} serving {engine.url}", flush=True)
+    for line in banner(served):
+        print(line, flush=True)
     try:
         stop.wait()
     finally:
-        engine.stop()
+        served.stop()
     return 0
 
 

@@ -42,7 +42,8 @@ from prometheus_client.registry import Collector
 from .exposition import (FLAVORS, MP, VLLM_V1, EngineState, SglangCollector, VllmCollector, counter, gauge,
                          histogram)
 from .model import Counters, EngineConfig, GaugeReport, Histogram, ModelSnapshot, Request
-from .scenarios import Phase, Scenario, ScenarioError, _Fields, _parse_engine, _segments, parse_scenario
+from .scenarios import (Phase, Scenario, ScenarioError, _Fields, _parse_engine, _segments, parse_scenario,
+                        scenario_data)
 from .server import TICK_S, _handler_for
 from .workload import ArrivalProcess
 
@@ -52,6 +53,7 @@ NIXL_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 
 NIXL_BYTES = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
 SGLANG_MS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0)
 SGLANG_MB = (1.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0, 10000.0)
+SGLANG_GB_S = (0.1, 0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0)  # its speed: MiB / 1024 over seconds
 MIB = 2 ** 20
 FLAVOR_OF = {"vllm": "vllm-v1", "sglang": "sglang"}
 
@@ -106,10 +108,10 @@ BUILTIN_PD_SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
-def load_pd_scenario(name: str) -> PDScenario:
-    if name not in BUILTIN_PD_SCENARIOS:
-        raise ScenarioError(f"{name}: not a P/D scenario ({', '.join(BUILTIN_PD_SCENARIOS)})")
-    return parse_pd_scenario(BUILTIN_PD_SCENARIOS[name], source=name, name=name)
+def load_pd_scenario(name_or_path: str) -> PDScenario:
+    """A built-in P/D scenario by name, or a YAML P/D scenario file by path."""
+    data, source, name = scenario_data(name_or_path, BUILTIN_PD_SCENARIOS, "not a P/D scenario")
+    return parse_pd_scenario(data, source=source, name=name)
 
 
 def parse_pd_scenario(data: Any, source: str, name: str) -> PDScenario:
@@ -152,10 +154,12 @@ class TransferUnits:
     per_second: float
     size: tuple[float, ...]
     per_byte: float
+    speed: tuple[float, ...] = ()  # a per-transfer speed histogram's bounds (SGLang's), none for vLLM
+    per_byte_per_second: float = 1.0
 
 
 VLLM_UNITS = TransferUnits(NIXL_SECONDS, 1.0, NIXL_BYTES, 1.0)
-SGLANG_UNITS = TransferUnits(SGLANG_MS, 1000.0, SGLANG_MB, 1 / MIB)
+SGLANG_UNITS = TransferUnits(SGLANG_MS, 1000.0, SGLANG_MB, 1 / MIB, SGLANG_GB_S, 1 / 2**30)
 
 
 @dataclass
@@ -171,6 +175,10 @@ class Side:
     failed_transfers: int = 0
     lease_expiries: int = 0
     notifications_after_expiry: int = 0
+    # vLLM's decode side: prompt tokens of the loads planned (its `p2p` hits, counted when the blocks are allocated,
+    # failed and unfinished loads included), and of those received and run (`external_kv_transfer`, counted at
+    # the request's first token).
+    peer_tokens_planned: int = 0
     peer_tokens: int = 0
 
     def __post_init__(self) -> None:
@@ -180,10 +188,13 @@ class Side:
                            "offload_load": Histogram(()), "offload_store": Histogram(())}
         self.transfer_seconds = Histogram(self.units.seconds)
         self.transfer_bytes = Histogram(self.units.size)
+        self.transfer_speed = Histogram(self.units.speed)
 
     def timed(self, seconds: float, nbytes: float) -> None:
         self.transfer_seconds.observe(seconds * self.units.per_second)
         self.transfer_bytes.observe(nbytes * self.units.per_byte)
+        if self.units.speed and seconds > 0:
+            self.transfer_speed.observe(nbytes / seconds * self.units.per_byte_per_second)
 
     @property
     def free(self) -> int:
@@ -273,6 +284,7 @@ class PDModel:
             decode.histograms["queue"].observe(self.now - transfer.decode_arrival)
             self.receiving.append(transfer)
             if self.pull:
+                decode.peer_tokens_planned += transfer.request.prompt_len
                 self._start_transfer(transfer)
             else:
                 self.prefill_waiting.append(transfer)  # the handshake is done: the prefill side may compute
@@ -336,7 +348,6 @@ class PDModel:
                 self.decode.used -= transfer.decode_blocks
                 continue
             timer.timed(transfer.end - transfer.start, transfer.request.prompt_len * self.decode.config.kv_bytes_per_token)
-            self.decode.peer_tokens += transfer.request.prompt_len
             self.decode.counters.prompt_tokens += transfer.request.prompt_len
             self.received.append(transfer)
 
@@ -355,6 +366,7 @@ class PDModel:
                 decode.counters.generation_tokens += 1
                 if request.generated == 1:
                     decode.histograms["ttft"].observe(self.now - request.arrival)
+                    decode.peer_tokens += request.prompt_len
                 else:
                     decode.histograms["itl"].observe(itl)
             if request.generated >= request.output_len:
@@ -369,7 +381,8 @@ class PDModel:
         if self.pull:
             return {"decode": {"waiting_to_start": len(self.waiting_to_start), "in_progress": len(self.receiving),
                                "completed_waiting": len(self.received)}, "prefill": {}}
-        return {"decode": {"waiting_to_start": len(self.waiting_to_start), "in_progress": len(self.receiving)},
+        return {"decode": {"waiting_to_start": len(self.waiting_to_start), "in_progress": len(self.receiving),
+                           "completed_waiting": len(self.received)},
                 "prefill": {"waiting_to_start": len(self.waiting_to_start), "in_progress": len(self.held)}}
 
     def snapshot(self, role: str) -> ModelSnapshot:
@@ -379,7 +392,7 @@ class PDModel:
         elif self.pull:  # vLLM: a request waits for capacity until its blocks are allocated, then is deferred
             deferred = len(self.receiving) + len(self.received)
             running, waiting = len(self.running), len(self.waiting_to_start) + deferred
-        else:  # SGLang: the waiting queue holds the requests whose KV arrived
+        else:  # SGLang: the waiting queue holds the requests whose KV arrived (num_queue_reqs)
             running, waiting, deferred = len(self.running), len(self.received), 0
         report = GaugeReport(running=running, waiting=waiting, paused=0, used_blocks=side.used, evictable_blocks=0,
                              free_blocks=side.free, waiting_reason=None, prefill_hit_ratio=0.0,
@@ -396,21 +409,24 @@ class PDSideState:
     stages: dict[str, int]
     transfer_seconds: Histogram  # in the engine's unit (SGLang: ms)
     transfer_bytes: Histogram  # in the engine's unit (SGLang: MiB)
+    transfer_speed: Histogram  # SGLang's, GiB/s; empty for vLLM
     failed_transfers: int
     lease_expiries: int
     notifications_after_expiry: int
+    peer_tokens_planned: int
     peer_tokens: int
 
 
 def _side_state(model: PDModel, role: str) -> PDSideState:
     side = model.prefill if role == "prefill" else model.decode
     return PDSideState(role, model.stages()[role], side.transfer_seconds.copy(), side.transfer_bytes.copy(),
-                       side.failed_transfers, side.lease_expiries, side.notifications_after_expiry, side.peer_tokens)
+                       side.transfer_speed.copy(), side.failed_transfers, side.lease_expiries, side.notifications_after_expiry, side.peer_tokens_planned,
+                       side.peer_tokens)
 
 
 class VllmConnectorCollector(Collector):
     """The NIXL connector's families (registered on both sides) and, on the decode side (a KV consumer), the
-    fetch stages and the prompt tokens it received."""
+    fetch stages, the prompt tokens it received and those it planned to load."""
 
     def __init__(self, source: Callable[[], tuple[EngineState, PDSideState]]):
         self.source = source
@@ -436,14 +452,16 @@ class VllmConnectorCollector(Collector):
             return
         yield gauge("vllm:num_requests_kv_fetch_by_stage", "Number of requests fetching KV from a remote instance, "
                     "by stage.", [({**labels, "stage": stage}, float(n)) for stage, n in pd.stages.items()])
-        if pd.peer_tokens:
+        yield counter("vllm:prompt_tokens_by_source_total", "Number of prompt tokens by source.",
+                      [({**labels, "source": "external_kv_transfer"}, float(pd.peer_tokens))], created)
+        if pd.peer_tokens_planned:  # a source's child appears at its first increment
             yield counter("vllm:prompt_tokens_cached_by_source_total", "Cached prompt tokens by where the KV came "
-                          "from.", [({**labels, "source": "p2p"}, float(pd.peer_tokens))], created)
+                          "from.", [({**labels, "source": "p2p"}, float(pd.peer_tokens_planned))], created)
 
 
 class SglangDisaggregationCollector(Collector):
     """SGLang's P/D queue gauges (every role exports all four) and, on the prefill side, the transfer
-    histograms (ms, MiB) and the failure counter created at the first failure."""
+    histograms (ms, MiB, GiB/s) and the failure counter created at the first failure."""
 
     def __init__(self, source: Callable[[], tuple[EngineState, PDSideState]]):
         self.source = source
@@ -461,6 +479,7 @@ class SglangDisaggregationCollector(Collector):
         if pd.transfer_seconds.count:  # a child appears at its first observation
             yield histogram("sglang:kv_transfer_latency_ms", MP, [(labels, pd.transfer_seconds)], multiprocess=True)
             yield histogram("sglang:kv_transfer_total_mb", MP, [(labels, pd.transfer_bytes)], multiprocess=True)
+            yield histogram("sglang:kv_transfer_speed_gb_s", MP, [(labels, pd.transfer_speed)], multiprocess=True)
         if pd.failed_transfers:
             yield counter("sglang:num_transfer_failed_reqs_total", MP, [(labels, float(pd.failed_transfers))])
 
@@ -469,7 +488,7 @@ class PDPair:
     """A running pair: `prefill_url` and `decode_url` serve their /metrics; stop it with `.stop()` or `with`."""
 
     def __init__(self, engine: str, scenario: PDScenario, speed: float, seed: int, model_name: str,
-                 host: str = "127.0.0.1"):
+                 host: str = "127.0.0.1", ports: tuple[int, int] = (0, 0)):
         self.engine, self.scenario, self.speed = engine, scenario, speed
         flavor = FLAVORS[FLAVOR_OF[engine]]
         self.model = PDModel(scenario, engine == "vllm", flavor.reporting.buckets, seed)
@@ -480,7 +499,7 @@ class PDPair:
         self._states = self._build_states()
         self._stopping = threading.Event()
         self._servers = {}
-        for role in ("prefill", "decode"):
+        for role, port in zip(("prefill", "decode"), ports):
             registry = CollectorRegistry()
 
             def source(role=role) -> EngineState:
@@ -493,7 +512,7 @@ class PDPair:
             registry.register(standard)
             registry.register(VllmConnectorCollector(pd_source) if engine == "vllm"
                               else SglangDisaggregationCollector(pd_source))
-            self._servers[role] = ThreadingHTTPServer((host, 0), _handler_for(registry, "/metrics"))
+            self._servers[role] = ThreadingHTTPServer((host, port), _handler_for(registry, "/metrics"))
             self._servers[role].daemon_threads = True
         self.prefill_url, self.decode_url = (f"http://{host}:{self._servers[r].server_address[1]}/metrics"
                                              for r in ("prefill", "decode"))
@@ -537,12 +556,14 @@ class PDPair:
 
 
 def start_pd_pair(engine: str, scenario: str | PDScenario, speed: float = 1.0, seed: int = 0,
-                  model: str = "meta-llama/Llama-3.1-8B-Instruct") -> PDPair:
-    """A prefill and a decode engine of `engine` (vllm or sglang) serving /metrics, driven by `scenario`."""
+                  model: str = "meta-llama/Llama-3.1-8B-Instruct", host: str = "127.0.0.1",
+                  ports: tuple[int, int] = (0, 0)) -> PDPair:
+    """A prefill and a decode engine of `engine` (vllm or sglang) serving /metrics on `ports` (0: a free one),
+    driven by `scenario`."""
     if engine not in FLAVOR_OF:
         raise ValueError(f"P/D pairs are vllm or sglang, got {engine!r}")
     if not speed > 0:
         raise ValueError(f"speed must be > 0, got {speed!r}")
     if isinstance(scenario, str):
         scenario = load_pd_scenario(scenario)
-    return PDPair(engine, scenario, speed, seed, model)
+    return PDPair(engine, scenario, speed, seed, model, host, ports)

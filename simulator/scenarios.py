@@ -162,18 +162,24 @@ BUILTIN_SCENARIOS: dict[str, dict[str, Any]] = {
 
 def load_scenario(name_or_path: str) -> Scenario:
     """A built-in scenario by name, or a YAML scenario file by path."""
-    if name_or_path in BUILTIN_SCENARIOS:
-        return parse_scenario(BUILTIN_SCENARIOS[name_or_path], source=name_or_path, name=name_or_path)
+    data, source, name = scenario_data(name_or_path, BUILTIN_SCENARIOS, "neither a built-in scenario")
+    return parse_scenario(data, source=source, name=name)
+
+
+def scenario_data(name_or_path: str, builtin: dict[str, Any], unknown: str) -> tuple[Any, str, str]:
+    """(data, source, name) of a built-in scenario by name, or of a YAML scenario file by path; `unknown` starts
+    the error for neither ("neither a built-in scenario")."""
+    if name_or_path in builtin:
+        return builtin[name_or_path], name_or_path, name_or_path
     path = Path(name_or_path)
     if not path.is_file():
-        known = ", ".join(BUILTIN_SCENARIOS)
-        raise ScenarioError(f"{name_or_path}: neither a built-in scenario ({known}) nor a readable file")
+        raise ScenarioError(f"{name_or_path}: {unknown} ({', '.join(builtin)}) nor a readable file")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         problem = " ".join(str(exc).split())
         raise ScenarioError(f"{path}: cannot read scenario: {problem}") from None
-    return parse_scenario(data, source=str(path), name=path.stem)
+    return data, str(path), path.stem
 
 
 def override_engine(scenario: Scenario, overrides: dict[str, Any]) -> Scenario:

@@ -1,5 +1,5 @@
 """Disaggregated prefill/decode: the two sides of each P/D group side by side, the KV transfers between them,
-and P/D backpressure."""
+and P/D backpressure. Every panel reads prefill and decode pools only (View.disaggregated)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,14 @@ BYTES_HISTOGRAM = "kvcache_kv_transfer_bytes"
 FAILURES = "kvcache_kv_transfer_failures_total"
 EXPIRIES = "kvcache_kv_transfer_lease_expiries_total"
 AFTER_EXPIRY = "kvcache_kv_transfer_notifications_after_expiry_total"
+ABOVE_LINK = "kvcache_kv_transfer_above_link_total"
 ONLY_DISAGGREGATED = ("Present only where the engines run disaggregated (a KV connector, SGLang's "
-                      "--disaggregation-mode); `role` is the page's, else the target's `role:`.")
+                      "--disaggregation-mode) on pools whose role is prefill or decode; `role` is the page's, else "
+                      "the target's `role:`.")
 
 
 def usage_by_role(v: View):
+    v = v.disaggregated()
     by = (v.pd_group, "role")
     return timeseries(
         "KV usage, prefill vs decode",
@@ -41,13 +44,15 @@ def usage_by_role(v: View):
 
 
 def transfer_stages(v: View):
+    v = v.disaggregated()
     by = (*v.split, "role", "stage")
     return timeseries(
         f"Transfers by stage {v.per}",
         describe(
-            "Requests by KV transfer stage: waiting_to_start (decode: no KV to receive into yet; SGLang's prefill: "
-            "waiting for the handshake), in_progress (decode: receiving; SGLang's prefill: computed, sending), "
-            "completed_waiting (decode: received, not running yet)." + without_source(STAGES.removeprefix("kvcache_")),
+            "Requests by KV transfer stage, in the same words for every engine: waiting_to_start (waiting for KV to "
+            "be allocated on the decode side; SGLang's prefill: its bootstrap queue), in_progress (waiting for the "
+            "transfer; SGLang's prefill: computed, sending), completed_waiting (transfer done, waiting to run). A "
+            "decode pool's queue is these three." + without_source(STAGES.removeprefix("kvcache_")),
             "no red band: a decode side's waiting_to_start that keeps growing while its KV is short is "
             "P/D backpressure.",
         ),
@@ -59,6 +64,7 @@ def transfer_stages(v: View):
 
 
 def backpressure(v: View):
+    v = v.disaggregated()
     group = (v.pd_group,)
     expr = promql.pd_backpressure(v.selector(WAITING_FOR_KV, role="decode"), v.selector(USAGE, role="prefill"),
                                   v.pd_group)
@@ -77,6 +83,7 @@ def backpressure(v: View):
 
 
 def transfer_time(v: View):
+    v = v.disaggregated()
     by = (*v.split, "role")
     return timeseries(
         f"Transfer time p90 {v.per}",
@@ -95,6 +102,7 @@ def transfer_time(v: View):
 
 
 def bandwidth(v: View):
+    v = v.disaggregated()
     t = v.thresholds
     link = t.kv_transfer_link_bytes_per_second
     quotient = promql.ratio(promql.rate(v.scope, BYTES_HISTOGRAM + "_sum", v.split),
@@ -103,9 +111,11 @@ def bandwidth(v: View):
         f"Transfer bandwidth {v.per}",
         describe(
             "Bytes over seconds of the same KV transfers: sum(rate(bytes sum)) / sum(rate(seconds sum)) (vLLM: one "
-            f"TP rank's). Believed up to the link rate ({link / 1e9:g} GB/s, kv_transfer_link_bytes_per_second); "
-            "above it the reading is broken, not fast (SGLang times only the last chunk of a chunked prefill), and "
-            "drawn as its own line.",
+            "TP rank's), every transfer the engine timed, those it reported faster than the link included (SGLang "
+            "times only the last chunk of a chunked prefill; how many is the 'reported above the link' line of "
+            "Transfer failures). Believed up to the link rate "
+            f"({link / 1e9:g} GB/s, kv_transfer_link_bytes_per_second); above it the quotient itself is broken, not "
+            "fast, and drawn as its own line.",
             f"below {percent(t.kv_transfer_bandwidth_low_fraction)} of the link rate (KVCacheTransferBandwidthLow): "
             "a host-staged or misrouted path, or a congested link.",
         ),
@@ -118,13 +128,15 @@ def bandwidth(v: View):
 
 
 def failures_and_expiries(v: View):
+    v = v.disaggregated()
     return timeseries(
         f"Transfer failures and lease expiries {v.per}",
         describe(
             "Per second: failed KV transfers by kind (transfer, handshake, notification: they may overlap, vLLM "
             "NIXL counts every failure under transfer since 0.31), prefill KV freed at lease expiry before the "
-            "decode side pulled it, and transfers completed after their lease (the KV may have been reused)."
-            + without_source(FAILURES.removeprefix("kvcache_")),
+            "decode side pulled it, transfers completed after their lease (the KV may have been reused), and "
+            "transfers the engine reported faster than the link (broken readings the bandwidth averages in; "
+            "SGLang's speed histogram)." + without_source(FAILURES.removeprefix("kvcache_")),
             "any transfer completed after its lease (KVCacheTransferNotificationsAfterExpiry, critical); "
             "expiries all along (KVCacheTransferLeaseExpiries: decode too slow or too full); failures above "
             f"{percent(v.thresholds.kv_transfer_failure_ratio)} of the transfers (KVCacheTransfersFailing).",
@@ -132,7 +144,8 @@ def failures_and_expiries(v: View):
         FAILURES_PER_SECOND,
         [Query(promql.rate(v.scope, FAILURES, (*v.split, "kind")), v.line("failed {{kind}}")),
          Query(promql.rate(v.scope, EXPIRIES, v.split), v.line("lease expired")),
-         Query(promql.rate(v.scope, AFTER_EXPIRY, v.split), v.line("completed after expiry"))],
+         Query(promql.rate(v.scope, AFTER_EXPIRY, v.split), v.line("completed after expiry")),
+         Query(promql.rate(v.scope, ABOVE_LINK, v.split), v.line("reported above the link"))],
         bands.neutral(),
         v.drill_down,
     )

@@ -73,7 +73,9 @@ def states_over_time(v: View):
 
 WAITING_SPLIT = (
     "Queued requests split by cause, from the exporter's pressure logic for every engine: waiting for KV "
-    "(the pool is full) and waiting with KV room (the running-request cap or compute holds them)."
+    "(the pool is full) and waiting with KV room (the running-request cap or compute holds them). Requests "
+    "waiting for something else are in neither: vLLM's deferred ones (a KV transfer under way or done, a LoRA "
+    "slot, a grammar), a decode pool's transfers (Transfers by stage)."
 )
 
 

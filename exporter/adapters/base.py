@@ -3,7 +3,7 @@
 An adapter is mostly data: for each concept, the wire names that carry it across versions
 (preferred first: the first one present on the page wins), label filters, and which labels
 are breakdowns to sum. Everything else on a sample (TP/PP ranks, `pid`) is a duplicate of the
-same value and is collapsed with max, never summed.
+same value and is collapsed with max, never summed; a histogram is taken whole from one such copy.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class Adapter:
                     names.add(name)
         self.wanted = frozenset(names)
         self._spellings: dict[tuple, list[tuple[str, str]]] = {}
-        self._slices: dict[tuple, dict[str, tuple | None]] = {}  # by (series id, extra key), then label text
+        self._slices: dict[tuple, dict[str, tuple | None]] = {}  # by (series id, histogram suffix), then label text
 
     # Re-exporters (SGLang's router, gRPC sidecars, Dynamo, Ray) rewrite the engine's colon prefix.
     prefix_aliases: ClassVar[tuple[str, ...]] = ()
@@ -123,9 +123,9 @@ class Adapter:
     def rank_of(self, labels: dict[str, str]) -> str:
         return labels.get(self.rank_label, "0") if self.rank_label else "0"
 
-    def _slice_of(self, label_text: str, series: Series, extra_key: str | None) -> tuple | None:
+    def _slice_of(self, label_text: str, series: Series) -> tuple | None:
         """(output key, breakdown slice) of a label set, or None when the series' filters reject it. The
-        output key is the rank, or (rank, bucket bound) for the `le` of a histogram bucket."""
+        output key is the rank, or (rank, label value) for a family with labels of its own."""
         labels = parse_labels(label_text) if label_text else {}
         if not all(_matches(labels.get(k, ""), v) for wanted in (self.base_match, series.match)
                    for k, v in wanted.items()):
@@ -139,26 +139,20 @@ class Adapter:
             if value is None:
                 return None
             out_key, breakdown = (out_key, value), (wire_value,)
-        if extra_key is not None:
-            bound = labels.get(extra_key, "")
-            try:
-                out_key = (out_key, float(bound))
-            except ValueError:
-                raise ParseError(f"{series.concept}: bucket bound {extra_key}={bound!r} is not a number") from None
         return out_key, breakdown + tuple(labels.get(label, "") for label in series.sum_over)
 
-    def _collapse(self, samples: list[Sample], series: Series, extra_key: str | None = None) -> dict:
+    def _collapse(self, samples: list[Sample], series: Series) -> dict:
         """Per output key: max over duplicate copies of each breakdown slice, then the sum over slices.
         Label sets repeat from poll to poll, so a label set's slice is cached by its text."""
         # Keyed by the series, not its concept: several series (tiers, directions) fill one labelled family.
-        cache = self._slices.get((id(series), extra_key))
+        cache = self._slices.get((id(series), None))
         if cache is None or len(cache) >= _SLICE_CACHE_LIMIT:
-            cache = self._slices[id(series), extra_key] = {}
+            cache = self._slices[id(series), None] = {}
         slices: dict[tuple, float] = {}
         for _, label_text, value in samples:
             key = cache.get(label_text, _UNSEEN)
             if key is _UNSEEN:
-                key = cache[label_text] = self._slice_of(label_text, series, extra_key)
+                key = cache[label_text] = self._slice_of(label_text, series)
             if key is None:
                 continue
             seen = slices.get(key)
@@ -226,24 +220,64 @@ class Adapter:
         return found
 
     def _adapt_histogram(self, series: Series, samples: Samples, rank) -> None:
+        """Each rank's histogram: per breakdown slice one copy whole (buckets, sum and count of the same TP or PP
+        rank's series, the first by its labels: tp_rank 0, SGLang's stats rank, where it is there), then the sum
+        over the slices. Never a bucket from one copy and the sum from another: the result would be no copy's
+        histogram, its buckets possibly at odds with its count."""
         name = self.first_present(series.names, samples, suffix="_bucket")
         if name is None:
             return
-        buckets = self._collapse(samples[name + "_bucket"], series, extra_key="le")
-        sums = self._collapse(samples.get(name + "_sum", []), series)
-        counts = self._collapse(samples.get(name + "_count", []), series)
-        per_rank: dict[str, list[tuple[float, float]]] = {}
-        for (rank_name, bound), value in buckets.items():
-            per_rank.setdefault(rank_name, []).append((bound, value))
-        for rank_name, pairs in per_rank.items():
-            pairs.sort()
-            if not math.isinf(pairs[-1][0]) or rank_name not in sums:
+        # (rank, slice) -> copy -> [buckets {bound: cumulative}, sum, count]
+        copies: dict[tuple, dict[tuple, list]] = {}
+        for suffix, part in (("_bucket", 0), ("_sum", 1), ("_count", 2)):
+            cache = self._slices.get((id(series), suffix))
+            if cache is None or len(cache) >= _SLICE_CACHE_LIMIT:
+                cache = self._slices[id(series), suffix] = {}
+            for _, label_text, value in samples.get(name + suffix, ()):
+                key = cache.get(label_text, _UNSEEN)
+                if key is _UNSEEN:
+                    key = cache[label_text] = self._copy_of(label_text, series, part == 0)
+                if key is None:
+                    continue
+                slice_key, copy, bound = key
+                entry = copies.setdefault(slice_key, {}).setdefault(copy, [{}, None, None])
+                if part == 0:
+                    entry[0][bound] = value
+                else:
+                    entry[part] = value
+        totals: dict[str, list] = {}
+        for (rank_name, _), by_copy in copies.items():
+            whole = [entry for _, entry in sorted(by_copy.items()) if math.inf in entry[0] and entry[1] is not None]
+            if not whole:
                 continue  # without its +Inf bucket or its sum a histogram is incomplete
-            count = counts.get(rank_name, pairs[-1][1])
-            if series.scale != 1.0:
-                pairs = [(_scaled(bound, series.scale), cumulative) for bound, cumulative in pairs]
-            total = _scaled(sums[rank_name], series.scale)
-            rank(rank_name).histograms[series.concept] = Histogram(pairs, total, count)
+            buckets, total, count = whole[0]
+            into = totals.setdefault(rank_name, [{}, 0.0, 0.0])
+            for bound, cumulative in buckets.items():
+                into[0][bound] = into[0].get(bound, 0.0) + cumulative
+            into[1] += total
+            into[2] += buckets[math.inf] if count is None else count
+        for rank_name, (buckets, total, count) in totals.items():
+            pairs = [(_scaled(bound, series.scale), cumulative) for bound, cumulative in sorted(buckets.items())]
+            rank(rank_name).histograms[series.concept] = Histogram(pairs, _scaled(total, series.scale), count)
+
+    def _copy_of(self, label_text: str, series: Series, bucket: bool) -> tuple | None:
+        """((rank, breakdown slice), copy, bucket bound) of a histogram sample, or None when the series' filters
+        reject it. The copy is every other label (TP and PP ranks, pid), ordered so that rank 0 sorts first."""
+        labels = parse_labels(label_text) if label_text else {}
+        if not all(_matches(labels.get(k, ""), v) for wanted in (self.base_match, series.match)
+                   for k, v in wanted.items()):
+            return None
+        bound = None
+        if bucket:
+            text = labels.get("le", "")
+            try:
+                bound = float(text)
+            except ValueError:
+                raise ParseError(f"{series.concept}: bucket bound le={text!r} is not a number") from None
+        own = {self.rank_label, "le", *series.sum_over}
+        copy = tuple(sorted((k, (0, int(v), "") if v.isdigit() else (1, 0, v)) for k, v in labels.items()
+                            if k not in own))
+        return (self.rank_of(labels), tuple(labels.get(label, "") for label in series.sum_over)), copy, bound
 
     def model_of(self, samples: Samples) -> str:
         for series in self.series:

@@ -50,21 +50,28 @@ _TRANSFERS = tuple(
 _STORAGE_NAMES = ("sglang:prefetched_tokens_total", "sglang:backuped_tokens_total")
 # Disaggregation (--disaggregation-mode; names from observability/metrics_collector.py). Every scheduler
 # exports every queue gauge, its role's and the other role's at 0 (a unified one all of them): each is read
-# only on the role it belongs to.
+# only on the role it belongs to. SchedulerMetricsMixin.log_prefill_stats / log_decode_stats fill them from the
+# role's queues (disaggregation/prefill.py, disaggregation/decode.py).
 _PREFILL, _DECODE = {"engine_type": "prefill"}, {"engine_type": "decode"}
 _KV_TRANSFER = (
     # Observed on the prefill side (the sender), per request; bytes in MiB (2**20), latency in ms.
     Series("kv_transfer_seconds", ("sglang:kv_transfer_latency_ms",), "histogram", scale=0.001),
     Series("kv_transfer_bytes", ("sglang:kv_transfer_total_mb",), "histogram", scale=2**20),
+    # SchedulerReqTimeStats.compute_and_observe_kv_transfer_metrics: MiB / 1024 over seconds, i.e. GiB/s.
+    Series("kv_transfer_speed_bytes_per_second", ("sglang:kv_transfer_speed_gb_s",), "histogram", scale=2**30),
     # Created at their first failure.
     Series("kv_transfer_failures_total", ("sglang:num_transfer_failed_reqs_total",), "counter", labels=("transfer",)),
     Series("kv_transfer_failures_total", ("sglang:num_bootstrap_failed_reqs_total",), "counter",
            labels=("handshake",)),
-    # Decode: waiting for KV pre-allocation, then receiving. Prefill: waiting for the handshake (the bootstrap
-    # queue, `prealloc` in its first name), then computed and sending.
+    # Decode: DecodePreallocQueue (the handshake, then KV pre-allocated once the pool has room), then
+    # DecodeTransferQueue (receiving), then the scheduler's waiting queue (received, its turn to run not come:
+    # `num_queue_reqs` on a decode server).
     Series("kv_transfer_requests", ("sglang:num_decode_prealloc_queue_reqs",), match=_DECODE,
            labels=("waiting_to_start",)),
     Series("kv_transfer_requests", ("sglang:num_decode_transfer_queue_reqs",), match=_DECODE, labels=("in_progress",)),
+    Series("kv_transfer_requests", ("sglang:num_queue_reqs",), match=_DECODE, labels=("completed_waiting",)),
+    # Prefill: PrefillBootstrapQueue (waiting for the decode side to allocate the KV, `prealloc` in its first
+    # name), then the waiting queue and the running batch, then the inflight queue (computed, KV being sent).
     Series("kv_transfer_requests", ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_prealloc_queue_reqs"),
            match=_PREFILL, labels=("waiting_to_start",)),
     Series("kv_transfer_requests", ("sglang:num_prefill_inflight_queue_reqs",), match=_PREFILL,
@@ -124,6 +131,11 @@ class SglangAdapter(Adapter):
 
     def complete(self, samples: Samples, snapshot: Snapshot) -> None:
         for rank in snapshot.ranks.values():
+            # A decode server's queue is its three P/D queues (num_queue_reqs holds only the last), as vLLM's
+            # waiting queue holds a decode request from its arrival until it runs.
+            stages = rank.labelled.get("kv_transfer_requests", {}) if snapshot.role == "decode" else {}
+            if stages:
+                rank.gauges["requests_waiting"] = sum(stages.values())
             # `max_total_num_tokens` reads 0 before the first report (0.5.6, 0.5.10): unknown, not empty.
             if rank.gauges.get("capacity_tokens") == 0:
                 del rank.gauges["capacity_tokens"]

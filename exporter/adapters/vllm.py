@@ -34,15 +34,19 @@ _KV_TRANSFER = (
     Series("kv_transfer_lease_expiries_total", _connector("num_kv_expired_reqs_total"), "counter"),
     Series("kv_transfer_notifications_after_expiry_total", ("vllm:nixl_num_notifications_after_expiry_total",),
            "counter"),
-    # Registered only on a KV consumer (decode, or kv_both).
+    # Registered only on a KV consumer (decode, or kv_both); Scheduler._set_kv_fetch_stage keeps the counts:
+    # waiting_to_start from the request's arrival (do_remote_prefill) until its blocks are allocated,
+    # in_progress from then (WAITING_FOR_REMOTE_KVS) until the connector reports it received,
+    # completed_waiting from then (_update_from_kv_xfer_finished) until it is scheduled.
     Series("kv_transfer_requests", ("vllm:num_requests_kv_fetch_by_stage",), label_from=(
         "stage", {stage: stage for stage in TRANSFER_STAGES})),
-    Series("kv_transfer_prompt_tokens_total", ("vllm:prompt_tokens_cached_by_source_total",), "counter",
-           match={"source": "p2p"}),
 )
 # Mooncake's receive failures (the decode side's), added to its transfer failures.
 _MOONCAKE_RECV_FAILURES = "vllm:mooncake_num_failed_recvs_total"
-# Before `p2p` (0.32), the prompt tokens a KV connector supplied: a peer's only where a P/D connector runs.
+# Prompt tokens whose KV a connector supplied, counted when the request's first token comes out
+# (PromptTokenStats.update_from_output, from the PrefillStats of its admission): a peer's where a P/D connector
+# runs. Not `prompt_tokens_cached_by_source_total{source="p2p"}`: that counts the hits a load was planned for,
+# at admission (Scheduler.schedule -> connector_prefix_cache_stats.record), failed and unfinished loads included.
 _EXTERNAL_PROMPT_TOKENS = "vllm:prompt_tokens_by_source_total"
 # The native offload tier (OffloadingConnector, CPU spec): flat names first (#35669), then the deprecated
 # `transfer_type` trio (#27942) that older versions have alone.
@@ -60,7 +64,9 @@ class VllmAdapter(Adapter):
     marker = r"vllm[:_]"
     prefix_aliases = ("vllm_",)
     rank_label = "engine"  # V1's data-parallel engine index; V0 has none
-    not_reported = frozenset({"evictable_tokens", "requests_paused", "tier_transfer_tokens_total"}) | NO_RUNNING_CAP
+    # NIXL and Mooncake time and size each transfer in two histograms: no speed of one transfer.
+    not_reported = frozenset({"evictable_tokens", "requests_paused", "tier_transfer_tokens_total",
+                              "kv_transfer_speed_bytes_per_second", "kv_transfer_above_link_total"}) | NO_RUNNING_CAP
     extra_names = ("vllm:cache_config_info", "vllm:kv_offload_config_info", _MOONCAKE_RECV_FAILURES,
                    _EXTERNAL_PROMPT_TOKENS)
     series = (
@@ -103,7 +109,7 @@ class VllmAdapter(Adapter):
 
     def _connector_extras(self, samples: Samples, snapshot: Snapshot) -> None:
         """Mooncake's receive failures under kind transfer; the prompt tokens a P/D connector supplied
-        (`external_kv_transfer`) where the page has no `p2p` source."""
+        (`external_kv_transfer`) where the page has a P/D connector's series."""
         for sample in samples.get(self.first_present((_MOONCAKE_RECV_FAILURES,), samples) or "", ()):
             failures = snapshot.ranks.setdefault(self.rank_of(sample.labels), RankValues()).labelled.setdefault(
                 "kv_transfer_failures_total", {})
@@ -116,7 +122,7 @@ class VllmAdapter(Adapter):
         for sample in samples[name]:
             if sample.labels.get("source") == "external_kv_transfer" and math.isfinite(sample.value):
                 counters = snapshot.ranks.setdefault(self.rank_of(sample.labels), RankValues()).counters
-                counters.setdefault("kv_transfer_prompt_tokens_total", sample.value)
+                counters["kv_transfer_prompt_tokens_total"] = sample.value
 
     def _capacity(self, samples: Samples, snapshot: Snapshot) -> None:
         """Per-engine capacity from `cache_config_info` labels.

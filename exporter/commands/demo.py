@@ -1,4 +1,5 @@
-"""`kvcache-exporter --demo`: simulated vLLM, SGLang and TensorRT-LLM engines side by side, and the exporter polling them."""
+"""`kvcache-exporter --demo`: simulated vLLM, SGLang and TensorRT-LLM engines side by side, a disaggregated vLLM
+prefill/decode pair, and the exporter polling them."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ DEMO_ENGINES = (
     ("trtllm", "concurrency-cap", "demo-trtllm"),
     ("vllm-v1", "offload-tier", "demo-offload"),
 )
+# A vLLM prefill/decode pair (NIXL) whose decode pool runs short of KV from the first minute: P/D backpressure.
+DEMO_PD = ("vllm", "pd-decode-short", "demo-pd")
 DEMO_LISTEN = "127.0.0.1:10490"
 DEMO_SPEED = 4.0
 
@@ -34,8 +37,10 @@ def in_words(parts: list[str]) -> str:
 
 
 def engines_in_words() -> str:
-    """What the demo starts, for the help: `vLLM (kv-saturation), SGLang (steady), ... and vLLM (offload-tier)`."""
-    return in_words([f"{ADAPTERS[engine_of(flavor)].title} ({scenario})" for flavor, scenario, _ in DEMO_ENGINES])
+    """What the demo starts, for the help: `vLLM (kv-saturation), SGLang (steady), ... and a vLLM prefill/decode
+    pair (pd-decode-short)`."""
+    return in_words([f"{ADAPTERS[engine_of(flavor)].title} ({scenario})" for flavor, scenario, _ in DEMO_ENGINES]
+                    + [f"a {ADAPTERS[DEMO_PD[0]].title} prefill/decode pair ({DEMO_PD[1]})"])
 
 
 def _free_port() -> int:
@@ -58,7 +63,8 @@ def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | No
         flags: Mapping[str, object] | None = None) -> int:
     """`listen_key` is (where, key) of the listen address, named in the error if it cannot be bound; `flags` the
     command line's, to name a flag as it was typed."""
-    from ..simulator.server import start_engine  # the simulator is loaded for the demo only
+    from ..simulator.pd import start_pd_pair  # the simulator is loaded for the demo only
+    from ..simulator.server import start_engine
 
     listen = listen or DEMO_LISTEN
     settings = {}
@@ -74,10 +80,16 @@ def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | No
     endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in simulated]
     engines = [start_engine(spec[0], spec[1], speed=DEMO_SPEED, seed=DEMO_ENGINES.index(spec),
                             kv_events_endpoint=endpoint) for spec, endpoint in zip(simulated, endpoints)]
+    pd_engine, pd_scenario, pd_name = DEMO_PD
+    pair = None
     try:
+        pair = start_pd_pair(pd_engine, pd_scenario, speed=DEMO_SPEED, seed=len(DEMO_ENGINES), model=pd_name)
         targets = [cfg.TargetConfig(name=name, url=engine.url, labels={"cluster": "demo"},
                                     kv_events=cfg.KVEventsConfig(endpoint=engine.kv_events_endpoint))
                    for engine, (_, _, name) in zip(engines, simulated)]
+        # vLLM's page names no role: the configuration does.
+        targets += [cfg.TargetConfig(name=f"{pd_name}-{role}", url=url, labels={"cluster": "demo"}, role=role)
+                    for role, url in (("prefill", pair.prefill_url), ("decode", pair.decode_url))]
         if real_vllm:
             events = cfg.KVEventsConfig(endpoint=real_vllm.kv_events_endpoint, replay_endpoint=real_vllm.replay_endpoint)
             targets.insert(0, cfg.TargetConfig(name=DEMO_ENGINES[0][2], url=real_vllm.url, engine="vllm",
@@ -85,14 +97,18 @@ def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | No
         config = cfg.build("--demo", {"targets": targets, "listen": cfg.parse_listen(listen), **settings})
         host, _, port = listen.rpartition(":")
 
+        width = max(len(target.name) for target in targets)
+
         def banner() -> None:  # once the exporter listens: a port in use is one line of error, no banner
             print("kvcache-exporter demo: " + ("a real vLLM (CPU) and simulated engines" if real_vllm
                                                 else "simulated engines, no GPU needed"), flush=True)
             if real_vllm:
-                print(f"  {DEMO_ENGINES[0][2]:12} vLLM (real, CPU)                  {real_vllm.url}")
+                print(f"  {DEMO_ENGINES[0][2]:{width}} vLLM (real, CPU)                  {real_vllm.url}")
             for engine, (flavor, scenario, name) in zip(engines, simulated):
-                print(f"  {name:12} {flavor:8} scenario {scenario:15} {engine.url}")
-            print(f"  exporter     http://{host}:{port}/metrics")
+                print(f"  {name:{width}} {flavor:8} scenario {scenario:15} {engine.url}")
+            for role, url in (("prefill", pair.prefill_url), ("decode", pair.decode_url)):
+                print(f"  {pd_name + '-' + role:{width}} {pd_engine:8} scenario {pd_scenario:15} {url}")
+            print(f"  {'exporter':{width}} http://{host}:{port}/metrics")
             print(f"Try: curl -s http://{host}:{port}/metrics | grep -E 'kvcache_(pressure_state|usage_ratio)'")
             print("Ctrl-C stops everything.", flush=True)
 
@@ -100,3 +116,5 @@ def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | No
     finally:
         for engine in engines:
             engine.stop()
+        if pair is not None:
+            pair.stop()

@@ -204,3 +204,5 @@ def test_panels_show_the_saturation_and_the_dead_target(prometheus_url):
     assert peak("P/D backpressure")[""] >= 1
     assert peak("Transfer bandwidth per target", "B")["sglang-prefill"] > 5e10  # flagged above the link
     assert "sglang-prefill" not in peak("Transfer bandwidth per target", "A")  # and not believed
+    # each of its transfers timed at ~186 GiB/s, above the engine's 50 GiB/s bound: counted, ~3 a second
+    assert peak("Transfer failures and lease expiries per target", "D")["sglang-prefill"] > 1

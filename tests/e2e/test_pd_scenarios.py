@@ -28,14 +28,14 @@ INTERVAL = "500ms"
 SEED = 7
 PD_ALERTS = {"KVCachePDBackpressure", "KVCacheTransfersFailing", "KVCacheTransferLeaseExpiries",
              "KVCacheTransferNotificationsAfterExpiry", "KVCacheTransferBandwidthLow"}
-# (scenario, engine) -> the alerts that must fire. vLLM counts the requests its decode pool cannot allocate for
-# under the `capacity` reason, so that pool is also `saturated` (KVCacheShortageQueueing); SGLang keeps its
-# pre-allocation queue apart from its waiting queue, and only the backpressure signal sees it.
+# (scenario, engine) -> the alerts that must fire. A decode pool short of KV with transfers waiting for their KV to
+# be allocated is also `saturated` (KVCacheShortageQueueing) on both engines: vLLM counts them under the
+# `capacity` reason, SGLang in its pre-allocation queue, part of its decode queue.
 RUNS = {
     ("pd-steady", "vllm"): set(),
     ("pd-steady", "sglang"): set(),
     ("pd-decode-short", "vllm"): {"KVCachePDBackpressure", "KVCacheShortageQueueing"},
-    ("pd-decode-short", "sglang"): {"KVCachePDBackpressure"},
+    ("pd-decode-short", "sglang"): {"KVCachePDBackpressure", "KVCacheShortageQueueing"},
     ("pd-lease-expiry", "vllm"): {"KVCacheTransferLeaseExpiries", "KVCacheTransferNotificationsAfterExpiry"},
     ("pd-transfer-failures", "vllm"): {"KVCacheTransfersFailing"},
     ("pd-transfer-failures", "sglang"): {"KVCacheTransfersFailing"},
@@ -130,7 +130,8 @@ def test_exactly_the_expected_alerts_fire(outcome, run):
 
 def test_backpressure_counts_the_decode_sides_held_transfers(outcome):
     """Only the decode-short groups read backpressure, and its value is the decode side's transfers waiting for
-    KV: the SGLang decode pool never reads saturated while it holds its prefill peer back."""
+    KV, which are the decode pool's requests waiting for KV on both engines: both pools read saturated while they
+    hold their prefill peers back."""
     _, _, backpressure, states, page, _ = outcome
     assert set(backpressure) <= {model_of(("pd-decode-short", "vllm")), model_of(("pd-decode-short", "sglang"))}
     for engine in ("vllm", "sglang"):
@@ -139,9 +140,10 @@ def test_backpressure_counts_the_decode_sides_held_transfers(outcome):
                                 stage="waiting_to_start", role="decode")
         assert waiting >= 5
         assert harness.value(page, "kvcache_kv_transfer_requests_waiting_for_kv", target=target_of(run, "decode")) \
-            == waiting
-    sglang_decode = {state for target, state in states if target == target_of(("pd-decode-short", "sglang"), "decode")}
-    assert sglang_decode and "saturated" not in sglang_decode
+            == waiting == harness.value(page, "kvcache_requests_waiting_for_kv", target=target_of(run, "decode"))
+        assert harness.value(page, "kvcache_requests_waiting_with_kv_room", target=target_of(run, "decode")) == 0
+        decode_states = {state for target, state in states if target == target_of(run, "decode")}
+        assert "saturated" in decode_states and "capped" not in decode_states
     # Its prefill side waits for the handshake (the bootstrap queue), holding no KV of those requests.
     assert harness.value(page, "kvcache_kv_transfer_requests", target=target_of(("pd-decode-short", "sglang"),
                                                                                 "prefill"),

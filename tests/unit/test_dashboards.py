@@ -240,7 +240,7 @@ def test_target_dashboard_details():
     dashboard = committed(target.FILENAME)
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
     assert rows == ["Overview", "KV", "Pressure", "Prefix cache", "Offload tiers", "What more KV would buy", "Latency",
-                    "KV memory", "Exporter health"]
+                    "KV memory", "Disaggregated prefill/decode", "Exporter health"]
     heatmaps = {p["title"]: p for p in lint.panels(dashboard) if p["type"] == "heatmap"}
     assert set(heatmaps) == {"Time to first token distribution", "Queue time distribution"}
     for p in heatmaps.values():
@@ -297,3 +297,21 @@ def test_the_grafana_version_the_docs_state_is_the_one_tested():
     assert re.findall(r"Tested against Grafana (\S+?):", (repo / "docs" / "dashboards.md").read_text()) == [minor]
     assert re.findall(r"\*\*Grafana (\S+)\*\*: the version the dashboards are tested against",
                       (repo / "README.md").read_text()) == [minor]
+
+
+def test_the_pd_rows_read_prefill_and_decode_pools_only():
+    """Every query of both dashboards' P/D rows selects role prefill or decode: a unified vLLM pool with an
+    offload connector exports the stage gauge for its loads from the offload tier, no transfer between pools."""
+    for name in FILES:
+        dashboard = committed(name)
+        rows = [p for p in dashboard["panels"] if p["type"] == "row"]
+        start = next(i for i, p in enumerate(dashboard["panels"]) if p.get("title") == "Disaggregated prefill/decode")
+        following = dashboard["panels"][start + 1:]
+        end = next((i for i, p in enumerate(following) if p["type"] == "row"), len(following))
+        panels = following[:end] + next(r for r in rows if r["title"] == "Disaggregated prefill/decode").get(
+            "panels", [])
+        assert len(panels) >= 4, name
+        for p in panels:
+            for t in p["targets"]:
+                for selector in re.findall(r"kvcache_[a-z_]+\{[^}]*\}", t["expr"]):
+                    assert 'role=~"prefill|decode"' in selector, (name, p["title"], selector)

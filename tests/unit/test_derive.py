@@ -135,8 +135,11 @@ def test_pressure_state(gauges, preemption_rate, expected):
 
 
 @pytest.mark.parametrize("gauges, expected", [
-    # vLLM, KV full: the 6 queued for capacity wait for KV; the 1 deferred request waits with KV room
-    ({"usage_ratio": 0.97, "requests_waiting": 7, "requests_waiting_for_capacity": 6}, (6, 1)),
+    # vLLM, KV full: the 6 queued for capacity wait for KV; the 1 deferred request waits for something else
+    # (a KV transfer, a LoRA slot, a grammar), neither for KV nor with KV room
+    ({"usage_ratio": 0.97, "requests_waiting": 7, "requests_waiting_for_capacity": 6}, (6, 0)),
+    # vLLM with room: only the capacity reason's 2 wait with KV room, not the 5 deferred
+    ({"usage_ratio": 0.4, "requests_waiting": 7, "requests_waiting_for_capacity": 2}, (0, 2)),
     # vLLM behind the running cap (usage 0.4 < 0.75, no typical request known): all 30 wait with KV room
     ({"usage_ratio": 0.4, "requests_waiting": 30, "requests_waiting_for_capacity": 30}, (0, 30)),
     # SGLang (no reason), KV short by free tokens (999 < 1000 per request): the whole queue waits for KV
@@ -218,3 +221,85 @@ def test_a_queue_right_after_a_preemption_waits_for_kv_though_the_freed_blocks_l
         ranks, histories = derive.derive(snapshot(preemptions), histories, t * 5.0, T)
         seen.append((ranks["0"].pressure, ranks["0"].gauges["requests_waiting_for_kv"]))
     assert seen[11:] == [("capped", 0), ("saturated", 2), ("capped", 0), ("capped", 0)]
+
+
+def _decode_page(engine: str, usage: float, running: int, to_allocate: int, receiving: int, received: int) -> str:
+    """A decode server's page as the engine's own metrics code fills it, its queue all KV transfers: vLLM's
+    Scheduler.make_stats counts the to_allocate ones under reason `capacity` (still in the plain waiting queue)
+    and the others under `deferred` (skip_request defers a request once its load started); SGLang's
+    log_decode_stats sets the pre-allocation, transfer and waiting queues' lengths (a decode server's waiting
+    queue holds the received ones)."""
+    if engine == "vllm":
+        labels = 'engine="0",model_name="m"'
+        stages = {"waiting_to_start": to_allocate, "in_progress": receiving, "completed_waiting": received}
+        return "\n".join([
+            f"vllm:kv_cache_usage_perc{{{labels}}} {usage}",
+            f"vllm:num_requests_running{{{labels}}} {running}",
+            f"vllm:num_requests_waiting{{{labels}}} {to_allocate + receiving + received}",
+            f'vllm:num_requests_waiting_by_reason{{{labels},reason="capacity"}} {to_allocate}',
+            f'vllm:num_requests_waiting_by_reason{{{labels},reason="deferred"}} {receiving + received}',
+            *(f'vllm:num_requests_kv_fetch_by_stage{{{labels},stage="{s}"}} {n}' for s, n in stages.items()),
+            'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1001"} 1.0', ""])
+    labels = 'engine_type="decode",model_name="m",tp_rank="0"'
+    return "\n".join([
+        f"sglang:token_usage{{{labels}}} {usage}",
+        f"sglang:num_running_reqs{{{labels}}} {running}",
+        f"sglang:max_total_num_tokens{{{labels}}} 16000",
+        f"sglang:kv_used_tokens{{{labels}}} {int(usage * 16000)}",
+        f"sglang:page_size{{{labels}}} 16",
+        f"sglang:num_queue_reqs{{{labels}}} {received}",
+        f"sglang:num_decode_prealloc_queue_reqs{{{labels}}} {to_allocate}",
+        f"sglang:num_decode_transfer_queue_reqs{{{labels}}} {receiving}", ""])
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("to_allocate, receiving, received", [(0, 6, 3), (5, 0, 0), (4, 6, 3), (0, 0, 9)])
+def test_a_decode_queue_of_transfers_is_never_room_nor_a_cap(engine, to_allocate, receiving, received):
+    """Half full, 4 of many request slots running, every queued request a KV transfer: nothing caps the pool and
+    no transfer says the pool has room, so the state is ok and nothing waits "with KV room"; the queue is the
+    three stages' sum on both engines."""
+    from kvcache_exporter import adapters
+    from kvcache_exporter.sources import parser
+    text = _decode_page(engine, 0.5, 4, to_allocate, receiving, received)
+    adapter = adapters.ADAPTERS[engine]
+    ranks, _ = derive.derive(adapter.adapt(parser.parse(text, adapter.wanted)), {}, 0.0, T, role="decode")
+    gauges = ranks["0"].gauges
+    assert gauges["requests_waiting"] == to_allocate + receiving + received
+    assert gauges["requests_waiting_with_kv_room"] == 0 and gauges["requests_waiting_for_kv"] == 0
+    assert ranks["0"].pressure == "ok"
+    assert ranks["0"].labelled["kv_transfer_requests"] == {
+        ("waiting_to_start",): to_allocate, ("in_progress",): receiving, ("completed_waiting",): received}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_decode_pool_short_of_kv_waits_for_kv_only_with_its_transfers_to_allocate(engine):
+    """At usage 0.95 the 5 transfers waiting for their KV to be allocated wait for KV (saturated); the 6
+    receiving and the 3 received hold their KV already and wait for nothing the pool lacks."""
+    from kvcache_exporter import adapters
+    from kvcache_exporter.sources import parser
+    adapter = adapters.ADAPTERS[engine]
+    text = _decode_page(engine, 0.95, 4, 5, 6, 3)
+    ranks, _ = derive.derive(adapter.adapt(parser.parse(text, adapter.wanted)), {}, 0.0, T, role="decode")
+    gauges = ranks["0"].gauges
+    assert (gauges["requests_waiting"], gauges["requests_waiting_for_kv"]) == (14, 5)
+    assert gauges["requests_waiting_with_kv_room"] == 0 and gauges["kv_transfer_requests_waiting_for_kv"] == 5
+    assert ranks["0"].pressure == "saturated"
+
+
+@pytest.mark.parametrize("link, above", [
+    (50e9, 3),  # the 50 GiB/s bound (53.7e9) is the smallest at or above 50e9: the 2 at 100 and the 1 at 400
+    (100 * 2**30, 1),  # a bound itself: the 2 at exactly 100 GiB/s are not above it, the one at 400 is
+    (150e9, 1),  # the 200 GiB/s bound: only the one above it
+    (1e12, 0),  # above every finite bound: +Inf holds them all
+])
+def test_transfers_the_engine_timed_above_the_link_are_counted(link, above):
+    """SGLang's speed histogram (GiB/s, read in bytes/s): 10 transfers, 4 at 8, 3 at 40, 2 at 100 and 1 at 400
+    GiB/s. The exporter counts those above the link rate, to the precision of the engine's buckets."""
+    from kvcache_exporter.snapshot import Histogram
+    gib = 2**30
+    bounds = [b * gib for b in (10, 25, 50, 100, 200, 400)] + [float("inf")]
+    histogram = Histogram(list(zip(bounds, (4, 4, 7, 9, 9, 10, 10))), (4 * 8 + 3 * 40 + 200 + 400) * gib, 10)
+    values = RankValues(histograms={"kv_transfer_speed_bytes_per_second": histogram})
+    thresholds = Thresholds(kv_transfer_link_bytes_per_second=link)
+    assert derive.transfers_above_link(values, thresholds) == {"kv_transfer_above_link_total": above}
+    assert derive.transfers_above_link(RankValues(), thresholds) == {}

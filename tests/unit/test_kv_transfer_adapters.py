@@ -1,5 +1,6 @@
-"""The KV transfer families where a table cannot say it all: vLLM's prompt tokens from a peer before the `p2p`
-source, SGLang's queue gauges read on their own role only, and the same numbers under both spellings."""
+"""The KV transfer families where a table cannot say it all: vLLM's prompt tokens from a peer (received, not the
+`p2p` loads planned), SGLang's queue gauges read on their own role only, TP ranks' histograms taken whole, and the
+same numbers under both spellings."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ def without_p2p(text: str) -> str:
     return "".join(line for line in text.splitlines(keepends=True) if 'source="p2p"' not in line)
 
 
-def test_before_p2p_a_connectors_external_prompt_tokens_are_the_peers():
-    page = without_p2p((harness.FIXTURES / "vllm-pd-decode-nixl.txt").read_text())
+@pytest.mark.parametrize("transform", [lambda text: text, without_p2p], ids=["with p2p", "before p2p"])
+def test_a_connectors_received_prompt_tokens_are_external_kv_transfer_not_p2p(transform):
+    """`p2p` (3.1M on the page) counts the loads planned, failed and unfinished ones included; the tokens
+    received are `external_kv_transfer` (3M), with or without a `p2p` source on the page."""
+    page = transform((harness.FIXTURES / "vllm-pd-decode-nixl.txt").read_text())
     counters = adapt(page).ranks["0"].counters
     assert counters["kv_transfer_prompt_tokens_total"] == 3000000  # source="external_kv_transfer"
 
@@ -47,3 +51,31 @@ def test_a_unified_sglang_reads_no_transfer_queue(page):
 def test_sglangs_re_exported_spelling_reads_the_same(page):
     text = (harness.FIXTURES / page).read_text()
     assert adapt(text.replace("sglang:", "sglang_")) == adapt(text)
+
+
+def _latency_ms(tp_rank: str, buckets: tuple[float, ...], total: float) -> str:
+    """One TP rank's sglang:kv_transfer_latency_ms as MultiProcessCollector writes it: sum first, cumulative
+    buckets 1, 10, 100 ms and +Inf, count last."""
+    labels = f'engine_type="prefill",model_name="m",pp_rank="0",tp_rank="{tp_rank}"'
+    bucket_labels = [f'engine_type="prefill",le="{le}",model_name="m",pp_rank="0",tp_rank="{tp_rank}"'
+                     for le in ("1.0", "10.0", "100.0", "+Inf")]
+    return "".join([f"sglang:kv_transfer_latency_ms_sum{{{labels}}} {total}\n",
+                    *(f"sglang:kv_transfer_latency_ms_bucket{{{b}}} {n}\n" for b, n in zip(bucket_labels, buckets)),
+                    f"sglang:kv_transfer_latency_ms_count{{{labels}}} {buckets[-1]}\n"])
+
+
+@pytest.mark.parametrize("ranks, expected", [
+    # both ranks: rank 0's (the stats rank) whole, never the per-bucket max (1, 5, 6, 6) nor rank 1's larger sum
+    (("0", "1"), ((0.001, 1.0), (0.01, 2.0), (0.1, 4.0), (float("inf"), 4.0), 0.09, 4.0)),
+    # rank 1 alone: its own whole
+    (("1",), ((0.001, 0.0), (0.01, 5.0), (0.1, 6.0), (float("inf"), 6.0), 0.2, 6.0)),
+])
+def test_tp_ranks_histograms_are_taken_whole_from_one_rank(ranks, expected):
+    """Two TP ranks observed different transfers (4 against 6, their buckets crossing): the histogram the
+    exporter reads is one rank's buckets, sum and count exactly, ms read as seconds."""
+    page = {"0": _latency_ms("0", (1, 2, 4, 4), 90.0), "1": _latency_ms("1", (0, 5, 6, 6), 200.0)}
+    text = "# TYPE sglang:kv_transfer_latency_ms histogram\n" + "".join(page[rank] for rank in ranks)
+    histogram = adapt(text).ranks["0"].histograms["kv_transfer_seconds"]
+    *buckets, total, count = expected
+    assert histogram.buckets == list(buckets)
+    assert histogram.sum == pytest.approx(total, rel=1e-12) and histogram.count == count

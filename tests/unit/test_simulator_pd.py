@@ -40,7 +40,16 @@ def test_steady_moves_every_prompt_once_at_the_links_speed(engine):
     count = timer.transfer_seconds.count
     assert count > 700  # ~3 req/s
     assert timer.failed_transfers == pd.prefill.lease_expiries == pd.prefill.notifications_after_expiry == 0
-    moved_bytes = pd.decode.peer_tokens * BYTES_PER_TOKEN
+    moved_bytes = pd.decode.counters.prompt_tokens * BYTES_PER_TOKEN  # counted as each transfer completes
+    # vLLM counts a load's tokens when it plans it (p2p) and again once the request has run (external_kv_transfer)
+    in_flight = sum(t.request.prompt_len for t in (*pd.receiving, *pd.received))
+    not_first = sum(t.request.prompt_len for t in pd.running if t.request.generated == 0)
+    assert pd.decode.peer_tokens == pd.decode.counters.prompt_tokens - not_first - sum(
+        t.request.prompt_len for t in pd.received)
+    if engine == "vllm":
+        assert pd.decode.peer_tokens_planned == pd.decode.counters.prompt_tokens + sum(
+            t.request.prompt_len for t in pd.receiving)
+        assert pd.decode.peer_tokens_planned - pd.decode.peer_tokens == in_flight + not_first
     seconds = link.latency_s * count + moved_bytes / link.bytes_per_s
     if engine == "vllm":
         assert timer.transfer_bytes.sum == moved_bytes
@@ -127,7 +136,11 @@ def test_the_pairs_pages_read_as_the_engines_series():
         vllm_decode.labelled["kv_transfer_requests"][("waiting_to_start",)]
     assert vllm_decode.pressure == "saturated"  # vLLM's capacity reason counts them
     assert sglang_decode.gauges["kv_transfer_requests_waiting_for_kv"] > 10
-    assert sglang_decode.pressure in ("ok", "tight")  # its pre-allocation queue is not its waiting queue
+    # SGLang's queue is its three P/D queues, less those that hold their KV: the pre-allocation queue, read as
+    # waiting for KV while KV is short, as vLLM's capacity reason
+    assert sglang_decode.gauges["requests_waiting_for_kv"] == \
+        sglang_decode.labelled["kv_transfer_requests"][("waiting_to_start",)]
+    assert sglang_decode.pressure == "saturated"
     seconds = pages["sglang", "prefill"][2].values.histograms["kv_transfer_seconds"]
     assert seconds.count > 0 and seconds.sum <= timed.sum / 1000  # polled before the state was read
     assert vllm_decode.values.histograms["kv_transfer_seconds"].count > 0
