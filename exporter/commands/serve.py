@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 
 from .. import __version__, config as cfg
 from ..adapters import ADAPTERS
@@ -28,9 +29,18 @@ def engines_in_words() -> str:
     return demo.in_words([adapter.title for adapter in ADAPTERS.values()])
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but a line never breaks inside a hyphenated word: `check-config` and `--web.config.file` stay
+    whole, as a reader copies them."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="kvcache-exporter",
+        prog="kvcache-exporter", formatter_class=_HelpFormatter,
         description=f"Polls the /metrics endpoints of LLM serving engines ({engines_in_words()}) and exposes the "
                     "engine-independent kvcache_* contract. Subcommands: `kvcache-exporter check-config FILE` to "
                     "check a configuration file and the files it names without starting, `kvcache-exporter kv-math "
