@@ -1,7 +1,7 @@
 """Scenarios: phase lists in simulated seconds, built in or read from a YAML file.
 
 After the last phase a scenario repeats from its first phase (`then: repeat`, the default and
-the choice of every built-in) or stays in its last phase for good (`then: hold`). A phase that
+the choice of every built-in but wedged) or stays in its last phase for good (`then: hold`). A phase that
 sets `restart: true` restarts the engine when it begins: in-flight requests are lost, the KV
 pool and prefix cache empty, counters and histograms start again from zero. Time 0 is the
 engine's start, which is not a restart.
@@ -42,12 +42,13 @@ of 4 shared 512-token prefixes.
     `kv_offload_allocation_failure_total` climbs all along) and what it cannot keep is recomputed.
 - restart (360 s, repeats): the default workload; the engine restarts at 180 s (and at every
   repeat), so counters start again from zero and `_created` moves.
-- wedged (780 s, repeats), default workload:
-    0-180    serving as steady;
-    180-780  wedged: the scheduler admits nothing. The running batch finishes within a few seconds,
-             then nothing runs and no token is generated, while requests keep arriving (the queue
-             grows by 3 a second, to ~1800) and the pool holds only evictable prefix-cache blocks
-             (usage 0). Only the restart that begins the next cycle (at 780 s) recovers it.
+- wedged (holds), default workload:
+    0-240    serving as steady;
+    from 240 wedged for good: the scheduler admits nothing. The running batch finishes within a
+             few seconds, then nothing runs and no token is generated, while requests keep arriving
+             (the queue grows by 3 a second) and the pool holds only evictable prefix-cache blocks
+             (usage 0). As the engines reported upstream, nothing but a restart (of the simulator)
+             recovers it.
 
 YAML format (every key optional except `phases`; a phase inherits each workload key it does
 not set from the phase before it (after a ramp: the rate it ended at), the first phase from
@@ -165,11 +166,11 @@ BUILTIN_SCENARIOS: dict[str, dict[str, Any]] = {
             {"name": "after-restart", "duration_s": 180, "restart": True},
         ],
     },
-    # The first phase restarts the engine on every repeat (not at time 0): a wedge lasts until the restart.
     "wedged": {
+        "then": "hold",
         "phases": [
-            {"name": "serving", "duration_s": 180, "restart": True},
-            {"name": "wedged", "duration_s": 600, "wedged": True},
+            {"name": "serving", "duration_s": 240},
+            {"name": "wedged", "duration_s": 60, "wedged": True},
         ],
     },
 }
