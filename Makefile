@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo demo-real top test e2e check install deps docs dashboards dashboards-render alerts kubernetes bench bench-paths fuzz
+.PHONY: demo demo-real top test e2e check install deps docs dashboards dashboards-render dashboards-demo alerts kubernetes bench bench-paths fuzz
 
 demo: install
 	$(PY) -m kvcache_exporter --demo
@@ -96,6 +96,13 @@ RENDER_ARGS ?=
 GRAFANA_RENDER := devtools/grafana-render
 dashboards-render: $(GRAFANA_RENDER)/dist/index.html
 	node $(GRAFANA_RENDER)/render.mjs --prometheus $(PROMETHEUS) --out $(RENDER_DIR) $(RENDER_ARGS) dashboards/generated/*.json
+
+# A newcomer's one command to the pictures: the demo's simulated fleet, the exporter and a Prometheus with the
+# shipped rules for DEMO_WARM_UP seconds, then both dashboards drawn as above over that time (not the saved
+# hour) into $(RENDER_DIR), and everything it started stopped again.
+DEMO_WARM_UP ?= 180
+dashboards-demo: install $(GRAFANA_RENDER)/dist/index.html
+	$(PY) -m devtools.demo_prometheus --render $(RENDER_DIR) --warm-up $(DEMO_WARM_UP)
 
 # npm writes node_modules/.package-lock.json on every install: older than the lock file means stale.
 $(GRAFANA_RENDER)/node_modules/.package-lock.json: $(GRAFANA_RENDER)/package-lock.json

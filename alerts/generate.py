@@ -444,6 +444,7 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
     shortage = ("kvcache:requests_waiting_for_kv:sum\n"
                 f"and {UP_JOIN} (max_over_time(kvcache_target_up[{w}]) == 1)")
     ttft = number(t.shortage_critical_ttft_seconds)
+    low = number(t.low_water_ratio)
     return [
         alert(
             "KVCacheShortageQueueing", "warning", shortage, t.shortage_for,
@@ -462,6 +463,22 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             f"{{{{ $value | humanize }}}} requests wait for KV on {WHERE} while the engine answers, and the queue grew "
             f"over {w} or the mean time to first token is above {ttft} s: users wait longer the longer it lasts. "
             "GPU memory looks flat because the KV pool is reserved at start.",
+            runbook_base,
+        ),
+        # Per pool: a wedged data-parallel rank stalls while its peers serve, which a sum over ranks would hide.
+        # Requests wait, KV has room, and over the window no prefill completed and no token came out: neither a KV
+        # shortage (KV has room) nor a running-request cap (a capped engine generates).
+        alert(
+            "KVCacheAdmissionStalled", "critical",
+            "kvcache_requests_waiting > 0\n"
+            f"and kvcache_usage_ratio < {low}\n"
+            f"and rate(kvcache_prompt_tokens_total[{w}]) == 0\n"
+            f"and rate(kvcache_generation_tokens_total[{w}]) == 0",
+            t.admission_stalled_for,
+            f"{WHERE}: requests wait and the engine admits and generates nothing",
+            f"{{{{ $value | humanize }}}} requests wait on {WHERE}, rank {{{{ $labels.dp_rank }}}}, while it completed no "
+            f"prefill and generated no token over {w}, with KV below {number(t.low_water_ratio * 100)}% used: the "
+            "engine is wedged, not short of KV nor capped. Only a restart is known to recover it.",
             runbook_base,
         ),
         storm("warning", t.preemption_storm_warning_per_second),

@@ -14,14 +14,13 @@ import argparse
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from devtools import harness
-from devtools.demo_prometheus import demo_stack
+from devtools.demo_prometheus import demo_stack, render
 
 DOC = harness.REPO / "docs" / "dashboards.md"
 IMAGES = harness.REPO / "docs" / "img" / "dashboards"
@@ -71,11 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         with demo_stack(work / "demo", port=harness.free_port()) as url:
             print(f"demo and Prometheus {url} up; drawing in {args.warm_up:g} s", flush=True)
             time.sleep(args.warm_up)
-            result = subprocess.run(["make", "-s", "dashboards-render", f"PROMETHEUS={url}", f"RENDER_DIR={work / 'out'}",
-                                     f"RENDER_ARGS=--range {args.range}"], cwd=harness.REPO)
-        if result.returncode != 0:
-            print(f"make dashboards-render exited {result.returncode}: docs left as they were", file=sys.stderr)
-            return result.returncode
+            status = render(url, work / "out", args.range)
+        if status != 0:
+            print(f"make dashboards-render exited {status}: docs left as they were", file=sys.stderr)
+            return status
         rendered = {}
         for out in sorted((work / "out").iterdir()):
             rendered[out.name] = json.loads((out / "displayed.json").read_text())

@@ -87,6 +87,10 @@ class Thresholds:
     pd_backpressure_for: str = "2m"
     transfer_bandwidth_low_for: str = "15m"
     routing_imbalance_for: str = "5m"
+    # KVCacheAdmissionStalled: a pool with requests waiting and KV below the low-water mark that completed no
+    # prefill and generated no token over the window, at every evaluation for this long (window + for without
+    # progress: longer than any one prefill or any output a healthy engine finishes in).
+    admission_stalled_for: str = "5m"
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any] | None) -> "Thresholds":

@@ -408,6 +408,9 @@ class EngineModel:
         # the page shows a queue beside free blocks (for TensorRT-LLM, whose gauges refresh only when a
         # request finishes, until the next finish).
         self.waiting_reason: str | None = None
+        # Wedged (a scenario phase's `wedged: true`): the scheduler admits nothing; the running batch runs out and
+        # requests keep queueing, while the page goes on being served ("wedged" is then the queue's reason).
+        self.wedged = False
         self.reserve_ratio = config.reserve_ratio_init
         self._inbox: deque[Request] = deque()
         self.counters = Counters()
@@ -444,7 +447,9 @@ class EngineModel:
         """One scheduler iteration, or an idle jump (to the next arrival or `until`) returning None."""
         while self._inbox and self._inbox[0].arrival <= self.now:
             self.waiting.append(self._inbox.popleft())
-        if not self.running and not self.waiting:
+        if self.wedged:
+            self.waiting_reason = "wedged" if self.waiting else None
+        if not self.running and (not self.waiting or self.wedged):
             self._idle(min(self._inbox[0].arrival if self._inbox else until, until))
             return None
 
@@ -460,7 +465,9 @@ class EngineModel:
             self._schedule(batch, request, chunk)
             budget -= chunk
             index += 1
-        if events.available_at_preemption:
+        if self.wedged:
+            pass  # admits nothing: the queue's reason stays "wedged"
+        elif events.available_at_preemption:
             # As vLLM: a step that had to preempt schedules nothing new.
             self.waiting_reason = "kv" if self.waiting else None
         else:

@@ -1,7 +1,7 @@
 """Scenarios: phase lists in simulated seconds, built in or read from a YAML file.
 
 After the last phase a scenario repeats from its first phase (`then: repeat`, the default and
-the choice of every built-in) or stays in its last phase for good (`then: hold`). A phase that
+the choice of every built-in but wedged) or stays in its last phase for good (`then: hold`). A phase that
 sets `restart: true` restarts the engine when it begins: in-flight requests are lost, the KV
 pool and prefix cache empty, counters and histograms start again from zero. Time 0 is the
 engine's start, which is not a restart.
@@ -42,6 +42,13 @@ of 4 shared 512-token prefixes.
     `kv_offload_allocation_failure_total` climbs all along) and what it cannot keep is recomputed.
 - restart (360 s, repeats): the default workload; the engine restarts at 180 s (and at every
   repeat), so counters start again from zero and `_created` moves.
+- wedged (holds), default workload:
+    0-240    serving as steady;
+    from 240 wedged for good: the scheduler admits nothing. The running batch finishes within a
+             few seconds, then nothing runs and no token is generated, while requests keep arriving
+             (the queue grows by 3 a second) and the pool holds only evictable prefix-cache blocks
+             (usage 0). As the engines reported upstream, nothing but a restart (of the simulator)
+             recovers it.
 
 YAML format (every key optional except `phases`; a phase inherits each workload key it does
 not set from the phase before it (after a ramp: the rate it ended at), the first phase from
@@ -63,6 +70,7 @@ the default workload):
         num_prefixes: 4
         prefix_len: 512
         restart: false
+        wedged: false            # the scheduler admits nothing during the phase (a wedged engine)
 """
 
 from __future__ import annotations
@@ -93,6 +101,7 @@ class Phase:
     workload: Workload
     arrival_rate_end: float | None = None
     restart: bool = False
+    wedged: bool = False
 
     @property
     def final_workload(self) -> Workload:
@@ -157,6 +166,13 @@ BUILTIN_SCENARIOS: dict[str, dict[str, Any]] = {
             {"name": "after-restart", "duration_s": 180, "restart": True},
         ],
     },
+    "wedged": {
+        "then": "hold",
+        "phases": [
+            {"name": "serving", "duration_s": 240},
+            {"name": "wedged", "duration_s": 60, "wedged": True},
+        ],
+    },
 }
 
 
@@ -191,7 +207,7 @@ def override_engine(scenario: Scenario, overrides: dict[str, Any]) -> Scenario:
 # -- parsing and validation -----------------------------------------------------------------
 
 _PHASE_KEYS = {"name", "duration_s", "arrival_rate", "arrival_rate_end", "prompt_len", "output_len",
-               "prefix_share", "num_prefixes", "prefix_len", "restart"}
+               "prefix_share", "num_prefixes", "prefix_len", "restart", "wedged"}
 _LENGTH_KEYS = {"dist", "median", "sigma", "min", "max"}
 
 
@@ -305,6 +321,7 @@ def _parse_phase(source: str, where: str, data: Any, previous: Workload) -> Phas
         workload=workload,
         arrival_rate_end=ramp_to,
         restart=spec.boolean("restart", False),
+        wedged=spec.boolean("wedged", False),
     )
 
 
@@ -389,6 +406,7 @@ class ScenarioRun:
         self.arrivals = ArrivalProcess(self.segment.workload, random.Random(seed),
                                        scenario.engine.effective_max_model_len)
         self.models = self._new_models(0.0)
+        self._wedge()
 
     @property
     def phase(self) -> Phase:
@@ -410,6 +428,10 @@ class ScenarioRun:
             if target >= self.segment.end:
                 self._enter(next(self._segments))
 
+    def _wedge(self) -> None:
+        for model in self.models:
+            model.wedged = self.segment.phase.wedged
+
     def set_arrival_rate(self, rate: float) -> None:
         """Poisson arrivals at `rate` from now until the next phase: a router's share of one model's load."""
         self.arrivals.set_workload(replace(self.arrivals.workload, arrival_rate=rate), self.now)
@@ -419,4 +441,5 @@ class ScenarioRun:
         if segment.restart:
             self.generation += 1
             self.models = self._new_models(segment.start)
+        self._wedge()
         self.arrivals.set_workload(segment.workload, segment.start)

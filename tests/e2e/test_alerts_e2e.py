@@ -180,6 +180,53 @@ def test_offload_tier_full_fires_for_a_refusing_tier_and_not_for_a_tier_that_kee
     assert steady_alerts == [], f"KVCacheOffloadTierFull pending or firing for tier-steady\n{steady_diagnostics}"
 
 
+def test_admission_stalled_fires_for_a_wedged_engine_within_its_for_and_not_for_a_capped_one(tmp_path):
+    """KVCacheAdmissionStalled through the real exporter and Prometheus, judged on Prometheus' own timestamps: it is
+    pending from the first evaluation whose window holds only the wedged engine's still counters (at most a window
+    and a scrape after their last increase), fires `for` later, and never fires for a concurrency-capped engine
+    (a queue beside free KV too, but it generates)."""
+    rules = tmp_path / "kvcache-rules.yml"
+    assert generate.main(["--time-scale", str(TIME_SCALE), "--output", str(rules)]) == 0
+    interval = units.parse_duration(INTERVAL)
+    for_ = units.parse_duration(COMPRESSED.admission_stalled_for)
+    wedge_at = scenarios.load_scenario("wedged").phases[0].duration_s / TIME_SCALE  # wall seconds
+    started = time.time()
+    with start_engine("vllm-v1", "wedged", speed=TIME_SCALE, seed=SEED) as wedged, \
+            start_engine("vllm-v1", "concurrency-cap", speed=TIME_SCALE, seed=SEED) as capped, \
+            harness.exporter(tmp_path, "--config", str(exporter_config(
+                tmp_path / "exporter.yml", {"wedged": wedged.url, "capped": capped.url}))) as exporter, \
+            harness.prometheus(tmp_path / "prom", prometheus_config(
+                rules, None, [int(exporter.url.rsplit(":", 1)[1])])) as prom:
+        firing = 'ALERTS{alertname="KVCacheAdmissionStalled",alertstate="firing"}'
+        try:
+            [(labels, _)] = harness.wait_until(
+                lambda: harness.prom_vector(prom.url, firing), timeout=wedge_at + 3 * for_, interval=0.5,
+                what="KVCacheAdmissionStalled firing")
+        except TimeoutError as err:
+            raise AssertionError(f"{err}\n{diagnostics(prom.url, 'wedged')}") from None
+        end = time.time()
+        seconds = int(end - started) + 5
+
+        def samples(expr: str) -> list[tuple[float, float]]:
+            [item] = harness.prom_query(prom.url, f"{expr}[{seconds}s]", time=end)["result"]
+            return [(float(t), float(v)) for t, v in item["values"]]
+
+        pending = samples('ALERTS{alertname="KVCacheAdmissionStalled",alertstate="pending",target="wedged"}')
+        fired = samples(f'{firing[:-1]},target="wedged"}}')
+        counters = [samples(f'kvcache_{family}_total{{target="wedged"}}')
+                    for family in ("prompt_tokens", "generation_tokens")]
+        capped_alerts = harness.prom_vector(
+            prom.url, f'count_over_time(ALERTS{{alertname="KVCacheAdmissionStalled",target="capped"}}[{seconds}s])')
+        capped_queue = harness.prom_vector(prom.url, f'max_over_time(kvcache_requests_waiting{{target="capped"}}[{seconds}s])')
+    assert (labels["target"], labels["severity"], labels["dp_rank"]) == ("wedged", "critical", "0")
+    # The last scrape at which either counter had grown: the stall as Prometheus saw it begin.
+    last_increase = max(t for series in counters for (t, v), (_, before) in zip(series[1:], series) if v > before)
+    assert pending[0][0] - last_increase <= COMPRESSED.window_seconds + 2 * interval, (pending[0][0], last_increase)
+    assert for_ <= fired[0][0] - pending[0][0] <= for_ + 2 * interval, (pending[0][0], fired[0][0])
+    assert capped_queue and capped_queue[0][1] >= 20  # the capped engine did queue beside free KV
+    assert capped_alerts == [], "KVCacheAdmissionStalled pending or firing for the capped engine"
+
+
 def test_alertmanager_inhibits_nearly_full_during_a_shortage_on_the_same_target(tmp_path, recorder):
     """The shipped inhibition, in a real Alertmanager fed through its API."""
     am_path = tmp_path / "alertmanager.yml"

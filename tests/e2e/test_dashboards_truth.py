@@ -1,7 +1,7 @@
 """What on-call sees is what the engines did: both dashboards and the alert rules against ground truth.
 
 A mixed fleet of simulated engines (vLLM, SGLang and TensorRT-LLM; kv-saturation, concurrency-cap,
-prefix-collapse, steady; one SGLang target with two data-parallel ranks) runs TIME_SCALE times
+prefix-collapse, steady, wedged; one SGLang target with two data-parallel ranks) runs TIME_SCALE times
 faster than real time through the real exporter into Debian's Prometheus, which evaluates the
 generated rules on the same compressed clock (`alerts.generate.compress`, as test_alerts_e2e).
 Meanwhile the test samples every engine's own model state (`SimulatedEngine.state()`: the
@@ -89,6 +89,8 @@ FLEET = {
     "trtllm-sat": ("trtllm", "kv-saturation", 1, 8, {}),
     # A small GPU pool behind a CPU offload tier: most prefix hits come back from the CPU.
     "vllm-offload": ("vllm-v1", "offload-tier", 1, 9, {}),
+    # Serves as steady, then from 240 simulated seconds (12 s of wall time) admits and generates nothing for good.
+    "vllm-wedged": ("vllm-v1", "wedged", 1, 10, {}),
 }
 STEADY = {"vllm-steady", "sglang-steady"}
 QUEUEING = {"vllm-sat", "sglang-sat-dp2", "vllm-cap", "sglang-cap", "trtllm-sat"}
@@ -124,6 +126,8 @@ class Rank:
     queried: int
     hits: int
     offload_hits: int  # prompt tokens served from the offload tier
+    prompted: int  # prompt tokens and generated tokens, as the engine's page counts them
+    generated: int
     queue_sum: float
     ttft_sum: float
     ttft_buckets: tuple[tuple[float, int], ...]  # cumulative, ending with (inf, count)
@@ -172,6 +176,8 @@ def ranks_of(name: str, state) -> tuple[Rank, ...]:
         queried=s.counters.finished_prompt_tokens if at_finish else s.counters.prefix_queried_tokens,
         hits=s.counters.finished_cached_tokens if at_finish else s.counters.prefix_hit_tokens,
         offload_hits=s.counters.offload_hit_tokens,
+        prompted=s.counters.finished_prompt_tokens if at_finish else s.counters.prompt_tokens,
+        generated=s.counters.finished_generation_tokens if at_finish else s.counters.generation_tokens,
         queue_sum=s.histograms["queue"].sum, ttft_sum=s.histograms["ttft"].sum,
         ttft_buckets=tuple(s.histograms["ttft"].cumulative()),
     ) for s in state.ranks)
@@ -243,6 +249,14 @@ def filling(truth, name, t):
     return max(r.usage for r in truth.at(name, t)) >= THRESHOLDS.low_water_ratio
 
 
+def stalled(truth, name, t):
+    """A rank with a queue beside KV below the low-water mark that processed no prompt and generated no token over
+    the window before `t`."""
+    return any(r.waiting > 0 and r.usage < THRESHOLDS.low_water_ratio
+               and (r.prompted, r.generated) == (before.prompted, before.generated)
+               for r, before in zip(truth.at(name, t), truth.at(name, t - WINDOW_S)))
+
+
 def never(truth, name, t):
     return False
 
@@ -254,6 +268,7 @@ STATE_ALERTS = {
     ("KVCacheShortageQueueing", "warning"): (queued_for_kv, queued_for_kv, THRESHOLDS.shortage_for),
     ("KVCacheShortageQueueing", "critical"): (never, queued_for_kv, THRESHOLDS.shortage_for),
     ("KVCacheNearlyFull", "warning"): (nearly_full, filling, THRESHOLDS.nearly_full_for),
+    ("KVCacheAdmissionStalled", "critical"): (stalled, stalled, THRESHOLDS.admission_stalled_for),
 }
 # Every target answers and the exporter runs the whole time: these never fire.
 NEVER = ("KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent", "KVCacheExporterWorkerFailing")
@@ -638,6 +653,8 @@ def test_the_run_did_what_the_scenarios_say(run):
     assert not set(KV_BOUND) & (reasons["vllm-cap"] | reasons["sglang-cap"] | reasons["vllm-steady"]
                                   | reasons["sglang-steady"])
     assert len(truth.at("sglang-sat-dp2", run.end)) == 2
+    assert "wedged" in reasons["vllm-wedged"]
+    assert truth.delta("vllm-wedged", run.end, 20.0, lambda r: r.prompted + r.generated) == 0  # stood still
     # TensorRT-LLM's engine preempts as the others do; it only has no counter to show it.
     assert truth.delta("trtllm-sat", run.end, run.end - run.start, lambda r: r.preemptions) > 0
 
@@ -704,7 +721,12 @@ def test_latency_quantiles_lie_in_the_bucket_the_engine_put_them_in(run, fleet_a
     lines = by_target(fleet_all["Time to first token p90"])
     cells = by_target(table, ref)
     assert cells
-    for name, [(t, value)] in cells.items():
+    at = table.displayed["queries"][0]["time"]
+    for name, points in cells.items():
+        if not points:  # no first token within the rate interval (a wedged engine): no point on its line either
+            assert at not in dict(lines.get(name, [])), name
+            continue
+        [(t, value)] = points
         assert value == pytest.approx(dict(lines[name])[t], rel=1e-6), name
 
 
@@ -807,7 +829,7 @@ SEVERITY_COLOURS = ("green", "yellow", "orange", "red", "dark-red")
 # either: the contract's rule reads capped there (docs/metrics.md, "The pressure state"). Issue #28: vllm-offload
 # read capped with one request queued for KV at usage 0.70, 78 blocks free and 59 per running request.
 STATES_OF_REASON = {"kv": {"saturated"}, "cap": {"capped"}, "budget": {"capped", "saturated"},
-                    "freed": {"capped", "saturated"}, None: {"ok", "tight"}}
+                    "freed": {"capped", "saturated"}, "wedged": {"capped"}, None: {"ok", "tight"}}
 
 
 def rank_states(rank: Rank) -> set[str]:
@@ -964,6 +986,10 @@ def test_alerts_fire_where_the_engines_were_in_trouble_and_nowhere_else(run, see
     assert not {a for a in fired if a[0] == "KVCachePreemptionStorm" and a[2] in WITHOUT_PREEMPTIONS}
     assert {("KVCacheQueueDominatesTTFT", "warning", n) for n in QUEUEING} <= fired
     assert ("KVCachePrefixHitRateDrop", "warning", "vllm-prefix") in fired
+    # The wedged engine's stall pages, and is the only thing that fires there; it fires nowhere else.
+    assert {a for a in fired if a[2] == "vllm-wedged"} == {("KVCacheAdmissionStalled", "critical", "vllm-wedged")}
+    assert {a for a in fired if a[0] == "KVCacheAdmissionStalled"} == {
+        ("KVCacheAdmissionStalled", "critical", "vllm-wedged")}
     assert not {a for a in fired if a[0] == "KVCacheShortageQueueing" and a[2] in ("vllm-cap", "sglang-cap")}
 
 
@@ -1017,7 +1043,7 @@ def test_every_counter_prometheus_holds_is_the_engines_at_its_poll(run, seen):
                     assert low - 1e-9 * abs(low) <= shown <= high + 1e-9 * abs(high), (
                         family, name, dp_rank, round(t - run.start, 2), shown, low, high)
                     checked += 1
-    # Six families of nine targets (less TensorRT-LLM's preemptions), scraped about once a second over the run.
+    # Six families of ten targets (less TensorRT-LLM's preemptions), scraped about once a second over the run.
     assert checked >= 0.8 * (6 * len(FLEET) - len(WITHOUT_PREEMPTIONS)) * RUN_S / INTERVAL_S, checked
 
 

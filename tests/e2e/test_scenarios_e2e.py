@@ -28,6 +28,7 @@ RUNS = {  # target name -> (flavor, scenario, data-parallel ranks)
     "sglang-steady": ("sglang", "steady", 1),
     "vllm-restart": ("vllm-v1", "restart", 1),
     "sglang-restart": ("sglang", "restart", 1),
+    "vllm-wedged": ("vllm-v1", "wedged", 1),  # admits nothing from 240 s (12 s of wall time) on
 }
 WALL_SECONDS = 26.0  # 520 simulated seconds: saturation reaches thrashing, the cap binds, both restart at 180 s
 # Reads of every target at least, however busy the machine (about 200 fit in WALL_SECONDS idle, 5 to 20 were
@@ -158,6 +159,19 @@ def test_data_parallel_vllm_capacity_is_each_engines_own(run, name):
     for index, config in enumerate(configs):
         assert last.capacity_blocks[str(index)] == config.num_blocks
         assert last.capacity_tokens[str(index)] == config.num_blocks * config.block_size
+
+
+def test_wedged_reads_capped_beside_a_growing_queue_while_its_counters_stand_still(timeline):
+    """Once wedged (a queue no steady pool reaches: the engine serves as steady first, under 10 waiting), the prompt
+    counter the exporter mirrors stands still while the queue grows beside a free pool, which the pressure state reads
+    as capped, as it reads a running-request cap: only KVCacheAdmissionStalled tells the two apart."""
+    wedged = [sample for sample in timeline["vllm-wedged"] if total(sample.waiting) >= 30]
+    assert len(wedged) >= 20
+    assert len({total(sample.prompts) for sample in wedged}) == 1  # nothing admitted
+    assert {state for sample in wedged for state in sample.states.values()} == {"capped"}
+    queue = [total(sample.waiting) for sample in wedged]
+    assert queue == sorted(queue) and queue[-1] >= 100  # 3 arrivals a simulated second, none leaves
+    assert all(sample.for_kv["0"] == 0 for sample in wedged)
 
 
 @pytest.mark.parametrize("name", ["vllm-restart", "sglang-restart"])

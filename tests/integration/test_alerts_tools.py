@@ -37,9 +37,9 @@ def test_promtool_check_rules_passes(tmp_path, variant):
     result = run(require_binary("promtool"), "check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
     # 13 recording rules, 10 for what more KV would buy (2, then 2 per factor), 9 for disaggregated prefill/decode
-    # (with the share of transfers reported faster than the link),
-    # 20 for the replicas of a model (imbalance and autoscaling), 20 alerting (the shortage and the storm twice)
-    assert "SUCCESS: 72 rules found" in result.stdout
+    # (with the share of transfers reported faster than the link), 20 for the replicas of a model (imbalance and
+    # autoscaling), 21 alerting (the shortage and the storm twice, and KVCacheAdmissionStalled)
+    assert "SUCCESS: 73 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass():

@@ -192,6 +192,7 @@ class Run:
     shortage_alerts_seen: list = dataclasses.field(default_factory=list)
     queue_held: bool = False
     scale_out: dict[str, float] = dataclasses.field(default_factory=dict)  # signal -> its maximum over the run
+    stalled_alerts_seen: list = dataclasses.field(default_factory=list)  # KVCacheAdmissionStalled, pending or firing
 
 
 @pytest.fixture(scope="module")
@@ -216,13 +217,21 @@ def kv_bound(stack) -> Run:
         seen = (diagnostics(stack.prometheus.url, KV_TARGET) + timeline(stack.prometheus.url, KV_TARGET, started)
                 + f"\nwebhook: {notified(stack.recorder)}")
         scale_out = scale_out_over(stack.prometheus.url, started)
+        stalled = stalled_alerts_over(stack.prometheus.url, KV_TARGET, started)
     return Run(readings, outcomes, alive, engine.process.log_path.read_text(errors="replace"), seen,
-               exporter_text, (before, after), scale_out=scale_out)
+               exporter_text, (before, after), scale_out=scale_out, stalled_alerts_seen=stalled)
 
 
 # The autoscaling signal (docs/scaling.md) for the engines' model: replicas to add, and the replicas' worth of
 # KV-bound backlog before the starting and joined replicas are taken off.
 SCALE_OUT = ("kvcache:fleet_replicas:delta", "kvcache:fleet_replicas_short:count")
+
+
+def stalled_alerts_over(prom_url: str, target: str, since: float) -> list:
+    """KVCacheAdmissionStalled on `target` since `since`, pending or firing: any evaluation that met its condition."""
+    seconds = max(1, math.ceil(time.time() - since))
+    return harness.prom_vector(prom_url, f'count_over_time(ALERTS{{alertname="KVCacheAdmissionStalled",'
+                                         f'target="{target}"}}[{seconds}s])')
 
 
 def scale_out_over(prom_url: str, since: float) -> dict[str, float]:
@@ -377,9 +386,10 @@ def cap_bound(stack) -> Run:
         alive = engine.process.proc.poll() is None
         report = diagnostics(stack.prometheus.url, CAP_TARGET)
         scale_out = scale_out_over(stack.prometheus.url, started)
+        stalled = stalled_alerts_over(stack.prometheus.url, CAP_TARGET, started)
     # The requests still queued when the engine stopped end with a connection error; not waited for.
     return Run(readings, [], alive, engine.process.log_path.read_text(errors="replace"), report,
-               shortage_alerts_seen=seen, queue_held=held, scale_out=scale_out)
+               shortage_alerts_seen=seen, queue_held=held, scale_out=scale_out, stalled_alerts_seen=stalled)
 
 
 def test_cap_bound_reads_capped_with_kv_to_spare(cap_bound):
@@ -401,6 +411,17 @@ def test_cap_bound_shortage_alert_stays_silent(cap_bound, stack):
     assert cap_bound.queue_held, cap_bound.diagnostics
     assert cap_bound.shortage_alerts_seen == [], cap_bound.diagnostics
     assert "KVCacheShortageQueueing" not in alerts_received(stack.recorder, CAP_TARGET)
+
+
+def test_admission_stalled_is_never_even_pending_on_a_kv_bound_cap_bound_or_idle_vllm(kv_bound, cap_bound):
+    """KVCacheAdmissionStalled's condition held at no evaluation (no ALERTS sample, pending included, whatever its
+    `for:`): not while vLLM queued behind a full pool, nor behind the running cap beside an almost empty pool (its
+    KV condition holds there: the tokens vLLM generates keep it quiet), nor once the KV-bound engine drained and
+    idled (nothing waits)."""
+    assert cap_bound.queue_held, cap_bound.diagnostics
+    assert len([r for r in kv_bound.readings if r.engine_waits_for_capacity]) >= 10, kv_bound.diagnostics
+    assert kv_bound.stalled_alerts_seen == [], kv_bound.diagnostics
+    assert cap_bound.stalled_alerts_seen == [], cap_bound.diagnostics
 
 
 def test_the_autoscaling_signal_asks_for_replicas_when_kv_bound_and_none_when_cap_bound(kv_bound, cap_bound):

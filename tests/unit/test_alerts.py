@@ -22,7 +22,7 @@ EXPECTED_ALERTS = {
     "KVCacheExporterWorkerFailing",
     "KVCacheCapacityMisses", "KVCacheOffloadTierFull", "KVCacheOffloadLoadSlow",
     "KVCacheTransfersFailing", "KVCacheTransferLeaseExpiries", "KVCacheTransferNotificationsAfterExpiry",
-    "KVCachePDBackpressure", "KVCacheTransferBandwidthLow", "KVCacheRoutingImbalance",
+    "KVCachePDBackpressure", "KVCacheTransferBandwidthLow", "KVCacheRoutingImbalance", "KVCacheAdmissionStalled",
 }
 # Alerts about one engine's KV (their descriptions name target and model); four are about polling, where a
 # target without answers has no model, and P/D backpressure and routing imbalance are about a group of pools (the

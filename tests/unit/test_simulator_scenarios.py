@@ -132,6 +132,26 @@ def test_restart_resets_counters_and_the_engine_start():
     assert after.counters.finished_requests > 300  # the traffic goes on after the restart
 
 
+@pytest.mark.parametrize("flavor", ["vllm-v1", "sglang"])
+def test_wedged_admits_and_generates_nothing_for_good(flavor):
+    """From 240 s the scheduler admits nothing: the running batch runs out within seconds, then no prompt is
+    processed and no token generated while 3 requests a second queue beside a pool with nothing in use, for good."""
+    seen = {}
+    for t, run in sample_every_second("wedged", seed=4, flavor=flavor, until=900):
+        model = run.models[0]
+        seen[t] = (model.counters.prompt_tokens, model.counters.generation_tokens, len(model.waiting),
+                   len(model.running), usage(model), model.report.waiting, model.waiting_reason)
+    assert seen[239][1] > 0 and seen[239][2] < 10  # serving as steady
+    still = seen[260][:2]
+    for t in range(260, 901):
+        assert seen[t][:2] == still, t  # nothing admitted, nothing generated
+        assert seen[t][3] == 0 and seen[t][4] == 0, t  # nothing runs; only evictable blocks are left
+    # The queue grows at the arrival rate (3/s: ~1900 over 640 s), and the page shows it (within a 30 s report).
+    assert 1600 < seen[900][2] < 2200
+    assert seen[900][5] >= seen[870][2] and seen[900][6] == "wedged"
+    assert run.generation == 0
+
+
 def test_engine_overrides_are_validated_like_a_file():
     sc = override_engine(load_scenario("steady"), {"num_blocks": 4096, "max_num_seqs": 16})
     assert (sc.engine.num_blocks, sc.engine.max_num_seqs, sc.engine.block_size) == (4096, 16, 16)
