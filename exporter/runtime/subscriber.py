@@ -104,7 +104,6 @@ class EventStream:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._socket is not None:
-            self._socket.disable_monitor()
             self._socket.close(linger=0)
 
     async def _rejoin(self, monitor: zmq.asyncio.Socket) -> None:
@@ -121,6 +120,11 @@ class EventStream:
                     pass
                 self._socket.connect(self.endpoint)
         finally:
+            # The monitor stops before its reader goes: libzmq's I/O thread hands each event to the monitor's
+            # PAIR socket with a blocking send, so a disconnection after this end closed (an engine stopping
+            # with the exporter) blocked that thread for good, and with it disable_monitor, the context's
+            # termination and so the exporter's exit.
+            self._socket.disable_monitor()
             monitor.close(linger=0)
 
     async def _read(self) -> None:
