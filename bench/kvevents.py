@@ -7,8 +7,9 @@ Throughput: the simulator's LRU workload (tests/unit/test_kvevents_whatif.py) pl
 exporter.sources.kvevents and folded by exporter.blocks, in this process on one core: CPU time, best
 of 5. A block event is one hash of a BlockStored or BlockRemoved.
 
-Memory: tracemalloc's count of the bytes a pool's state holds after N blocks stored and 4 x N evicted
-(the ghost list full), divided by the blocks it tracks (resident + ghost list).
+Memory: tracemalloc's count of the bytes a pool's state of N blocks holds at its largest (N resident, 4 x N
+evicted and still out, the order of evictions at 2 x 4 x N positions, its bound), divided by the blocks it
+tracks (resident + still out).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from __future__ import annotations
 import argparse
 import time
 import tracemalloc
+from collections import deque
 
 import msgpack
 
 from kvcache_exporter.blocks import GHOST_FACTOR, PoolState
-from kvcache_exporter.sources.kvevents import decode_payload
+from kvcache_exporter.sources.kvevents import REMOVED, STORED, BlockEvent, decode_payload
 from kvcache_exporter.simulator import kvevents as sim_events
 from kvcache_exporter.simulator.exposition import FLAVORS
 from kvcache_exporter.simulator.scenarios import ScenarioRun, load_scenario, override_engine
@@ -77,18 +79,24 @@ def throughput(batches: list[bytes], blocks: int) -> tuple[float, float]:
 
 
 def bytes_per_block(capacity: int) -> float:
+    """Bytes per tracked block with the list of evictions at its largest: `capacity` blocks resident, 4 x that
+    evicted and still out, and the order of evictions just short of its compaction (2 x 4 x capacity positions,
+    half of them blocks that came back)."""
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     pool = PoolState(capacity=capacity)
-    hashes = [(0x9E3779B97F4A7C15 * i) & (2**64 - 1) for i in range(1, (GHOST_FACTOR + 1) * capacity + 1)]
-    for start in range(0, len(hashes), 64):
-        chunk = hashes[start:start + 64]
-        pool._store(1.0, chunk)
-    del hashes
-    evicting = list(pool.resident)[:GHOST_FACTOR * capacity]
-    pool._remove(2.0, evicting)
-    del evicting
+    limit = GHOST_FACTOR * capacity
+    stored = [(0x9E3779B97F4A7C15 * i) & (2**64 - 1) for i in range(1, limit + capacity + 1)]
+    pool.apply(1.0, [BlockEvent(STORED, stored[start:start + 64]) for start in range(0, len(stored), 64)])
+    pool.apply(2.0, [BlockEvent(REMOVED, stored[:limit])])
+    newest, residents = stored[limit - 1], deque(stored[limit:])
+    for _ in range(limit - 1):  # a block comes back, the pool's oldest leaves: one position more, as many out
+        residents.append(newest)
+        newest = residents.popleft()
+        pool.apply(3.0, [BlockEvent(STORED, [residents[-1]]), BlockEvent(REMOVED, [newest])])
+    del stored, residents
     used = tracemalloc.get_traced_memory()[0] - before
+    assert len(pool.ghost) == limit and len(pool._ghost_keys) == 2 * limit - 1
     tracked = len(pool.resident) + len(pool.ghost)
     tracemalloc.stop()
     return used / tracked
