@@ -8,8 +8,8 @@ import pytest
 
 from kvcache_exporter.blocks import GHOST_FACTOR, PoolState
 from kvcache_exporter.contract import DISTANCE_BUCKETS
-from kvcache_exporter.sources.kvevents import (CLEARED, REMOVED, STORED, BlockEvent, DecodeError, decode_message,
-                                       decode_payload)
+from kvcache_exporter.sources.kvevents import (CLEARED, REMOVED, SKIP_TOKEN_IDS_FROM, STORED, BlockEvent, DecodeError,
+                                               decode_message, decode_payload)
 from devtools import kvevents_wire as wire
 
 LIMIT = 1 << 20
@@ -91,6 +91,26 @@ def test_a_payload_above_the_limit_is_refused_before_it_is_read():
     assert decode_payload(0, payload, len(payload)).events[0].hashes == list(range(1000))
     with pytest.raises(DecodeError, match="above the limit"):
         decode_payload(0, payload, len(payload) - 1)
+
+
+@pytest.mark.parametrize("encoding", wire.ENCODINGS)
+def test_a_batch_with_long_token_lists_is_read_without_them_to_the_same_events(encoding):
+    """vLLM sends every stored block's token ids: with long lists (1,024 a block here, the builder's ids are
+    small numbers of two bytes) the batch is read field by field with them skipped, and decodes to what the same
+    batch at 16 a block (read whole) does."""
+    def payload(block_size: int) -> bytes:
+        events = [wire.stored(encoding, [11, 12], parent=10, block_size=block_size, salt="s", lora_name="a"),
+                  wire.removed(encoding, [11]), wire.stored(encoding, [13], block_size=block_size),
+                  wire.cleared(encoding)]
+        return wire.batch(encoding, 5.0, events, dp_rank=1)
+
+    short, long = payload(16), payload(1024)
+    assert len(short) < 4 * SKIP_TOKEN_IDS_FROM <= len(long)  # four events: one way of reading each
+    assert decode_payload(0, long, LIMIT) == decode_payload(0, short, LIMIT)
+    assert decode_payload(0, long, LIMIT).events[0].hashes == [11, 12]
+    for broken in (long[:-1], long + b"x"):  # cut short, or bytes after the batch
+        with pytest.raises(DecodeError):
+            decode_payload(0, broken, LIMIT)
 
 
 # -- pool state ------------------------------------------------------------------------------------
