@@ -166,6 +166,9 @@ class PoolState:
         self.stored = 0  # blocks stored (kvcache_events_blocks_stored_total)
         self.evicted = 0  # blocks evicted; also the next eviction's ordinal
         self.capacity_misses = 0
+        # Blocks stored again after an eviction that a pool of any size computes again (vLLM's last block of a
+        # prompt whose every block was cached): not capacity misses.
+        self.recomputed = 0
         self.ignored: dict[str, int] = {"other_medium": 0, "other_group": 0}
         self.distance = Histogram(DISTANCE_BUCKETS)
         self.residency = Histogram(RESIDENCY_BUCKETS)
@@ -181,6 +184,11 @@ class PoolState:
         # hash -> (adapter, tenant) of resident blocks and of the ghosts (whose misses they will be)
         self.holders: dict[int, tuple[str, str]] = {}
         self._ghost_holders: dict[int, tuple[str, str]] = {}
+        # Resident blocks and ghosts that vLLM computed again while cached: when every block of a prompt is a hit
+        # it recomputes the one holding the last token (it needs its logits) and never counts it as a hit, and
+        # that block alone is then stored as a second copy. Such a block stored again after an eviction would not
+        # have been a hit in a larger pool either.
+        self._recomputed: set[int] = set()
         self.adapters.clear_resident()
         self.tenants.clear_resident()
         # The ghost list: hash -> its position in the order of evictions (the last copy's), at most
@@ -232,6 +240,8 @@ class PoolState:
         for key in hashes:
             if key in resident:
                 self._copies[key] = self._copies.get(key, 1) + 1
+                if len(hashes) == 1:  # a prompt's last block, recomputed (two requests computing one prefix at
+                    self._recomputed.add(key)  # once store it among the rest of their blocks)
                 continue
             resident[key] = ts
             holders[key] = holder
@@ -239,9 +249,12 @@ class PoolState:
             position = ghost.pop(key, None)
             if position is not None:
                 self._ghost_holders.pop(key, None)
-                misses += 1
-                if self.capacity:
-                    self.distance.observe(self._depth(position) / self.capacity)
+                if key in self._recomputed:
+                    self.recomputed += 1
+                else:
+                    misses += 1
+                    if self.capacity:
+                        self.distance.observe(self._depth(position) / self.capacity)
                 self._restored.set(position, True)
         self.capacity_misses += misses
         for counts, name in ((self.adapters, adapter), (self.tenants, tenant)):
@@ -306,6 +319,7 @@ class PoolState:
             if out:
                 del ghost[oldest]
                 self._ghost_holders.pop(oldest, None)
+                self._recomputed.discard(oldest)
         if len(keys) >= 2 * self._ghost_limit:
             self._compact_ghost(keys)
 

@@ -274,7 +274,8 @@ class EventStream:
         labels = {"target": target.name, "engine": outcome.engine, "model": outcome.model, "dp_rank": str(rank),
                   "role": outcome.role, **target.labels}
         counters = {"events_blocks_stored_total": pool.stored, "events_blocks_evicted_total": pool.evicted,
-                    "capacity_miss_blocks_total": pool.capacity_misses, "events_messages_total": self.messages,
+                    "capacity_miss_blocks_total": pool.capacity_misses, "recomputed_blocks_total": pool.recomputed,
+                    "events_messages_total": self.messages,
                     "events_publisher_restarts_total": self.restarts,
                     "events_rank_mismatches_total": self.rank_mismatches}
         gauges = {} if self.last_message is None else {"events_last_message_timestamp_seconds": self.last_message}

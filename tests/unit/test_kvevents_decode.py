@@ -161,7 +161,7 @@ def test_the_ring_of_marks_survives_a_capacity_change_and_wraps():
 
 def test_duplicate_copies_are_reference_counted():
     pool = PoolState(capacity=4)
-    pool.apply(0.0, [stored(7), stored(7)])  # vLLM can cache the same content twice
+    pool.apply(0.0, [stored(7, 8), stored(7, 8)])  # vLLM can cache the same content twice (two requests at once)
     pool.apply(1.0, [removed(7)])  # one physical copy reallocated: the content is still resident
     assert 7 in pool.resident and 7 not in pool.ghost and pool.evicted == 1
     pool.apply(2.0, [removed(7)])
@@ -169,6 +169,17 @@ def test_duplicate_copies_are_reference_counted():
     pool.apply(3.0, [stored(7)])
     assert pool.capacity_misses == 1 and pool.distance.sum == 0.0
     assert pool.residency.count == 1 and pool.residency.sum == 2.0  # stored at 0, last copy gone at 2
+
+
+def test_a_prompts_last_block_computed_again_while_cached_is_not_a_capacity_miss():
+    """vLLM recomputes the block holding the last token of a prompt whose every block was cached, and stores it
+    alone as a second copy: stored again after an eviction, it would not have been a hit in any pool."""
+    pool = PoolState(capacity=4)
+    pool.apply(0.0, [stored(1, 2, 3)])
+    pool.apply(1.0, [stored(3)])  # the same prompt again: 1 and 2 hit, 3 is computed again
+    pool.apply(2.0, [removed(3), removed(3), removed(2), removed(1)])
+    pool.apply(3.0, [stored(1, 2, 3)])  # and again after all of it was evicted
+    assert (pool.capacity_misses, pool.recomputed, pool.distance.count) == (2, 1, 2)
 
 
 def test_clear_forgets_residents_and_ghosts_but_keeps_the_counters():
