@@ -90,7 +90,7 @@ def compress(thresholds: Thresholds, scale: float) -> Thresholds:
 def kept_tokens(factor: float, window: str) -> str:
     """Prompt tokens per second a pool `factor` times as large would have served from cache: the capacity
     misses it keeps (the dashboards' promql.kept_misses, as the panels count them) times the block size."""
-    within = kept_misses(factor, "kvcache_capacity_miss_distance_ratio_bucket", window, "\n    + ")
+    within = kept_misses(factor, "kvcache_capacity_miss_distance_ratio_bucket", window)
     return f"sum without (dp_rank, le) (\n  (\n    {within}\n  )\n  * ignoring (le) kvcache_block_size_tokens\n)"
 
 

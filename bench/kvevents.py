@@ -3,12 +3,14 @@
     python -m bench.kvevents [--blocks N]
 
 Throughput: the simulator's LRU workload (tests/unit/test_kvevents_whatif.py) played as vLLM's wire batches
-(tagged maps, 64-bit hashes, the store events carrying their token ids as vLLM sends them), decoded by
+(tagged maps, 64-bit hashes, the store events carrying their token ids as vLLM sends them: 16 per block, and
+512 as with the large blocks of hybrid models), decoded by
 exporter.sources.kvevents and folded by exporter.blocks, in this process on one core: CPU time, best
 of 5. A block event is one hash of a BlockStored or BlockRemoved.
 
-Memory: tracemalloc's count of the bytes a pool's state holds after N blocks stored and 4 x N evicted
-(the ghost list full), divided by the blocks it tracks (resident + ghost list).
+Memory: tracemalloc's count of the bytes a pool's state of N blocks holds at its largest (N resident, 4 x N
+evicted and still out, the order of evictions at 2 x 4 x N positions, its bound), divided by the blocks it
+tracks (resident + still out).
 """
 
 from __future__ import annotations
@@ -16,16 +18,18 @@ from __future__ import annotations
 import argparse
 import time
 import tracemalloc
+from collections import deque
 
 import msgpack
 
 from kvcache_exporter.blocks import GHOST_FACTOR, PoolState
-from kvcache_exporter.sources.kvevents import decode_payload
+from kvcache_exporter.sources.kvevents import REMOVED, STORED, BlockEvent, decode_payload
 from kvcache_exporter.simulator import kvevents as sim_events
 from kvcache_exporter.simulator.exposition import FLAVORS
 from kvcache_exporter.simulator.scenarios import ScenarioRun, load_scenario, override_engine
 
 BLOCK_SIZE = 16
+VLLM_LARGE_BLOCK = 512  # token ids per stored block where the engine chose large blocks (hybrid models)
 CAPACITY = 1024
 WORKLOAD = """
 name: lru-prefixes
@@ -37,8 +41,9 @@ phases:
 """
 
 
-def payloads() -> tuple[list[bytes], int]:
-    """The workload's batches on the wire, and the block events in them."""
+def payloads(token_ids_per_block: int) -> tuple[list[bytes], int]:
+    """The workload's batches on the wire, each stored block with this many token ids, and the block events in
+    them."""
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".yml") as handle:
@@ -52,7 +57,7 @@ def payloads() -> tuple[list[bytes], int]:
         events = sim_events.events(journal, BLOCK_SIZE, signed=False)
         for event in events:  # vLLM sends each stored block's tokens: the bytes a real decoder reads
             if event["type"] == "BlockStored":
-                event["token_ids"] = list(range(1000, 1000 + BLOCK_SIZE * len(event["block_hashes"])))
+                event["token_ids"] = list(range(100_000, 100_000 + token_ids_per_block * len(event["block_hashes"])))
             blocks += len(event["block_hashes"])
         out.append(msgpack.packb([ts, events, 0]))
     return out, blocks
@@ -77,18 +82,24 @@ def throughput(batches: list[bytes], blocks: int) -> tuple[float, float]:
 
 
 def bytes_per_block(capacity: int) -> float:
+    """Bytes per tracked block with the list of evictions at its largest: `capacity` blocks resident, 4 x that
+    evicted and still out, and the order of evictions just short of its compaction (2 x 4 x capacity positions,
+    half of them blocks that came back)."""
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     pool = PoolState(capacity=capacity)
-    hashes = [(0x9E3779B97F4A7C15 * i) & (2**64 - 1) for i in range(1, (GHOST_FACTOR + 1) * capacity + 1)]
-    for start in range(0, len(hashes), 64):
-        chunk = hashes[start:start + 64]
-        pool._store(1.0, chunk)
-    del hashes
-    evicting = list(pool.resident)[:GHOST_FACTOR * capacity]
-    pool._remove(2.0, evicting)
-    del evicting
+    limit = GHOST_FACTOR * capacity
+    stored = [(0x9E3779B97F4A7C15 * i) & (2**64 - 1) for i in range(1, limit + capacity + 1)]
+    pool.apply(1.0, [BlockEvent(STORED, stored[start:start + 64]) for start in range(0, len(stored), 64)])
+    pool.apply(2.0, [BlockEvent(REMOVED, stored[:limit])])
+    newest, residents = stored[limit - 1], deque(stored[limit:])
+    for _ in range(limit - 1):  # a block comes back, the pool's oldest leaves: one position more, as many out
+        residents.append(newest)
+        newest = residents.popleft()
+        pool.apply(3.0, [BlockEvent(STORED, [residents[-1]]), BlockEvent(REMOVED, [newest])])
+    del stored, residents
     used = tracemalloc.get_traced_memory()[0] - before
+    assert len(pool.ghost) == limit and len(pool._ghost_keys) == 2 * limit - 1
     tracked = len(pool.resident) + len(pool.ghost)
     tracemalloc.stop()
     return used / tracked
@@ -98,11 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.kvevents", description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=100_000, help="pool capacity for the memory figure")
     args = parser.parse_args(argv)
-    batches, blocks = payloads()
-    size = sum(map(len, batches))
-    tracked, decoded = throughput(batches, blocks)
-    print(f"{len(batches)} batches, {blocks} block events, {size / 1e6:.1f} MB on the wire")
-    print(f"decoded and tracked: {tracked:,.0f} block events/s on one core (decode alone {decoded:,.0f}/s)")
+    for token_ids in (BLOCK_SIZE, VLLM_LARGE_BLOCK):
+        batches, blocks = payloads(token_ids)
+        size = sum(map(len, batches))
+        tracked, decoded = throughput(batches, blocks)
+        print(f"{token_ids} token ids per stored block: {len(batches)} batches, {blocks} block events, "
+              f"{size / 1e6:.1f} MB on the wire")
+        print(f"  decoded and tracked: {tracked:,.0f} block events per CPU-second (decode alone {decoded:,.0f})")
     print(f"memory: {bytes_per_block(args.blocks):.0f} bytes per tracked block "
           f"(pool of {args.blocks} blocks, ghost list of {GHOST_FACTOR * args.blocks})")
     return 0

@@ -173,19 +173,6 @@ def count_in_state(scope: Scope, metric: str, state: str, per: tuple[str, ...]) 
 
 # What more KV would buy: the capacity misses a larger pool would have kept, from the distance histogram
 # the exporter fills from the KV event streams (exporter/blocks.py). Used by the rules and the panels alike.
-def kept_buckets(factor: float) -> list[tuple[float, float]]:
-    """(bucket bound, weight) whose weighted sum of cumulative counts is the capacity misses a pool `factor`
-    times as large keeps (distance ratio <= factor - 1): the bucket at factor - 1, or between two buckets
-    the linear interpolation histogram_quantile also assumes."""
-    x = factor - 1
-    if x in contract.DISTANCE_BUCKETS:
-        return [(x, 1.0)]
-    low = max(b for b in contract.DISTANCE_BUCKETS if b < x)
-    high = min(b for b in contract.DISTANCE_BUCKETS if b > x)
-    share = (x - low) / (high - low)
-    return [(low, 1 - share), (high, share)]
-
-
 def le_matcher(bound: float) -> str:
     """PromQL matcher of the bucket at `bound`, a regex: Prometheus 2 keeps `le` as the exporter writes it
     ("1.0"), a scrape in another format or Prometheus 3's normalisation may spell it "1"."""
@@ -194,16 +181,13 @@ def le_matcher(bound: float) -> str:
     return f'le=~"{bound:g}"'
 
 
-def kept_misses(factor: float, buckets: str, window: str, plus: str = " + ") -> str:
-    """Capacity-miss blocks per second a pool `factor` times as large would have kept, per pool (with `le`
-    still on). `buckets` selects the distance histogram's buckets (`name` or `name{matchers}`); `plus`
-    joins the terms (the rules break the line before it)."""
-    terms = []
-    for bound, weight in kept_buckets(factor):
-        selector = f"{buckets[:-1]}, {le_matcher(bound)}}}" if buckets.endswith("}") else \
-            f"{buckets}{{{le_matcher(bound)}}}"
-        terms.append((f"{weight:g} * " if weight != 1 else "") + f"rate({selector}[{window}])")
-    return f"{plus}ignoring (le) ".join(terms)
+def kept_misses(factor: float, buckets: str, window: str) -> str:
+    """Capacity-miss blocks per second a pool `factor` times as large would have kept (distance ratio <= factor
+    - 1), per pool (with `le` still on). `buckets` selects the distance histogram's buckets (`name` or
+    `name{matchers}`)."""
+    matcher = le_matcher(factor - 1)  # a bucket of its own (contract.WHAT_IF_FACTORS)
+    selector = f"{buckets[:-1]}, {matcher}}}" if buckets.endswith("}") else f"{buckets}{{{matcher}}}"
+    return f"rate({selector}[{window}])"
 
 
 # Disaggregated prefill/decode: P/D backpressure per group, as the rule records it and the fleet panel draws it.

@@ -252,6 +252,16 @@ def shared_prefix_completions(prefixes: int, rounds: int, prefix_tokens: int, su
 
 
 
+def recurring_prompt_completions(prompts: int, count: int, prompt_tokens: int, output_tokens: int,
+                                 seed: int = 0) -> list[Completion]:
+    """`count` requests, each one of `prompts` whole prompts drawn uniformly with `seed` (retries, contexts sent
+    again, evaluation suites): a prompt of whole blocks, so the block of its last token is computed again on
+    every hit of the rest, at any pool size."""
+    rng = random.Random(seed)
+    whole = [prompt(prompt_tokens, seed * 1_000_003 + index) for index in range(prompts)]
+    return [Completion(whole[rng.randrange(prompts)], output_tokens) for _ in range(count)]
+
+
 def random_prefix_completions(prefixes: int, count: int, prefix_tokens: int, suffix_tokens: int, output_tokens: int,
                               seed: int = 0) -> list[Completion]:
     """`count` requests, each one of `prefixes` distinct prefixes drawn uniformly with `seed` (the same list for

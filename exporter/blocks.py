@@ -26,8 +26,9 @@ from collections import deque
 from .contract import DISTANCE_BUCKETS, RESIDENCY_BUCKETS
 from .sources.kvevents import CLEARED, REMOVED, STORED, BlockEvent
 
-# The ghost list keeps the last GHOST_FACTOR x capacity evictions: enough for every finite bucket of
-# the distance histogram.
+# The ghost list keeps every evicted block with fewer than GHOST_FACTOR x capacity blocks evicted after it
+# and still out: every one whose distance can still fall in a finite bucket of the distance histogram (under
+# LRU that count only grows while the block is out, as each block that comes back evicts another).
 GHOST_FACTOR = math.ceil(DISTANCE_BUCKETS[-1])
 # Until the pool's capacity is known (the first successful /metrics poll), the ghost list is bounded
 # as if the pool were this large.
@@ -165,6 +166,9 @@ class PoolState:
         self.stored = 0  # blocks stored (kvcache_events_blocks_stored_total)
         self.evicted = 0  # blocks evicted; also the next eviction's ordinal
         self.capacity_misses = 0
+        # Blocks stored again after an eviction that a pool of any size computes again (vLLM's last block of a
+        # prompt whose every block was cached): not capacity misses.
+        self.recomputed = 0
         self.ignored: dict[str, int] = {"other_medium": 0, "other_group": 0}
         self.distance = Histogram(DISTANCE_BUCKETS)
         self.residency = Histogram(RESIDENCY_BUCKETS)
@@ -180,16 +184,23 @@ class PoolState:
         # hash -> (adapter, tenant) of resident blocks and of the ghosts (whose misses they will be)
         self.holders: dict[int, tuple[str, str]] = {}
         self._ghost_holders: dict[int, tuple[str, str]] = {}
+        # Resident blocks and ghosts that vLLM computed again while cached: when every block of a prompt is a hit
+        # it recomputes the one holding the last token (it needs its logits) and never counts it as a hit, and
+        # that block alone is then stored as a second copy. Such a block stored again after an eviction would not
+        # have been a hit in a larger pool either.
+        self._recomputed: set[int] = set()
         self.adapters.clear_resident()
         self.tenants.clear_resident()
-        # The ghost list: hash -> its position in the order of evictions (the last copy's), and the hashes
-        # in that order (the oldest at `_ghost_end - len`). Under LRU the evicted blocks lie below the pool
-        # in the order they left it; a position whose block came back since is marked in `_restored`.
+        # The ghost list: hash -> its position in the order of evictions (the last copy's), at most
+        # `_ghost_limit` of them, and the hashes in that order (the oldest at `_ghost_end - len`). Under LRU the
+        # evicted blocks lie below the pool in the order they left it; a position whose block came back since
+        # is marked in `_restored`. Those marks keep their place in the order until the order is compacted,
+        # which it is once it holds twice the limit: memory stays within 2 x limit positions, whatever share
+        # of the evicted blocks comes back.
         self.ghost: dict[int, int] = {}
-        self._ghost_keys: deque[int] = deque()
-        self._ghost_end = 0
         self._ghost_limit = GHOST_FACTOR * (self.capacity or DEFAULT_CAPACITY)
-        self._restored = _Marks(self._ghost_limit)
+        self._ghost_end = 0
+        self._compact_ghost(())
 
     def set_capacity(self, capacity: int | None) -> None:
         if capacity is None or capacity <= 0 or int(capacity) == self.capacity:
@@ -197,11 +208,7 @@ class PoolState:
         self.capacity = int(capacity)
         self._ghost_limit = GHOST_FACTOR * self.capacity
         self._trim_ghost()
-        self._restored = _Marks(self._ghost_limit)  # the same marks, on a ring of the new size
-        start = self._ghost_end - len(self._ghost_keys)
-        for position, key in enumerate(self._ghost_keys, start):
-            if self.ghost.get(key) != position:
-                self._restored.set(position, True)
+        self._compact_ghost(self._ghost_keys)  # on a ring of the new size
 
     def apply(self, ts: float, events: list[BlockEvent]) -> None:
         for event in events:
@@ -233,6 +240,8 @@ class PoolState:
         for key in hashes:
             if key in resident:
                 self._copies[key] = self._copies.get(key, 1) + 1
+                if len(hashes) == 1:  # a prompt's last block, recomputed (two requests computing one prefix at
+                    self._recomputed.add(key)  # once store it among the rest of their blocks)
                 continue
             resident[key] = ts
             holders[key] = holder
@@ -240,9 +249,12 @@ class PoolState:
             position = ghost.pop(key, None)
             if position is not None:
                 self._ghost_holders.pop(key, None)
-                misses += 1
-                if self.capacity:
-                    self.distance.observe(self._depth(position) / self.capacity)
+                if key in self._recomputed:
+                    self.recomputed += 1
+                else:
+                    misses += 1
+                    if self.capacity:
+                        self.distance.observe(self._depth(position) / self.capacity)
                 self._restored.set(position, True)
         self.capacity_misses += misses
         for counts, name in ((self.adapters, adapter), (self.tenants, tenant)):
@@ -294,10 +306,29 @@ class PoolState:
         self._trim_ghost()
 
     def _trim_ghost(self) -> None:
+        """Forget the oldest blocks still out beyond the limit, and the positions before the oldest one kept
+        (blocks that came back: nothing counts them any more)."""
         keys, ghost = self._ghost_keys, self.ghost
-        while len(keys) > self._ghost_limit:
+        while keys:
             position = self._ghost_end - len(keys)
-            oldest = keys.popleft()
-            if ghost.get(oldest) == position:  # not re-stored (and evicted again) since
+            oldest = keys[0]
+            out = ghost.get(oldest) == position  # not re-stored (and evicted again) since
+            if out and len(ghost) <= self._ghost_limit:
+                break
+            keys.popleft()
+            if out:
                 del ghost[oldest]
                 self._ghost_holders.pop(oldest, None)
+                self._recomputed.discard(oldest)
+        if len(keys) >= 2 * self._ghost_limit:
+            self._compact_ghost(keys)
+
+    def _compact_ghost(self, keys) -> None:
+        """The order of evictions with only the blocks still out, numbered from 0, and no marks."""
+        ghost = self.ghost
+        kept = [key for position, key in enumerate(keys, self._ghost_end - len(keys)) if ghost.get(key) == position]
+        self._ghost_keys = deque(kept)
+        for position, key in enumerate(kept):
+            ghost[key] = position
+        self._ghost_end = len(kept)
+        self._restored = _Marks(2 * self._ghost_limit)

@@ -42,6 +42,7 @@ class Scheduler:
         self.scrapes = phase.ScrapeClock()  # fed by the HTTP server, read by the loop: both in the loop's thread
         self._loop = asyncio.new_event_loop()
         self._stopping = False
+        self._nap: asyncio.Future | None = None  # the loop's wait for its next wake-up, cut short by stop()
         self._busy: set[str] = set()  # targets with a poll running
         self._tasks: set[asyncio.Task] = set()
         self.timetable = phase.Timetable(self.scrapes)
@@ -60,6 +61,10 @@ class Scheduler:
         """Cancel the polls running, close every target's connection, and end the loop."""
         self._stopping = True
         if self._thread.is_alive():
+            try:  # now, not at the next tick: a stop is due at once
+                self._loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:  # the loop ended meanwhile
+                pass
             self._thread.join()
         elif not self._loop.is_closed():  # never started
             self._loop.close()
@@ -107,6 +112,10 @@ class Scheduler:
             self._busy.discard(target.name)
             self.timetable.finished(target.name, time.monotonic() - started)
 
+    def _wake(self) -> None:
+        if self._nap is not None and not self._nap.done():
+            self._nap.set_result(None)
+
     def _measure_cpu(self, now: float) -> None:
         """The loop thread's CPU over the last interval or so: how long the fleet's polls keep it busy."""
         self._cpu.append((now, time.thread_time()))
@@ -129,7 +138,10 @@ class Scheduler:
                 if due:
                     self._start_polls(due)
                 wake = min(self.timetable.earliest(), now + tick) if locked else now + tick
-                await asyncio.sleep(max(wake - time.monotonic(), 0.001))
+                self._nap = self._loop.create_future()
+                timer = self._loop.call_later(max(wake - time.monotonic(), 0.001), self._wake)
+                await self._nap
+                timer.cancel()
         finally:
             for task in self._tasks:
                 task.cancel()

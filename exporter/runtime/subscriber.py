@@ -104,7 +104,6 @@ class EventStream:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._socket is not None:
-            self._socket.disable_monitor()
             self._socket.close(linger=0)
 
     async def _rejoin(self, monitor: zmq.asyncio.Socket) -> None:
@@ -121,6 +120,11 @@ class EventStream:
                     pass
                 self._socket.connect(self.endpoint)
         finally:
+            # The monitor stops before its reader goes: libzmq's I/O thread hands each event to the monitor's
+            # PAIR socket with a blocking send, so a disconnection after this end closed (an engine stopping
+            # with the exporter) blocked that thread for good, and with it disable_monitor, the context's
+            # termination and so the exporter's exit.
+            self._socket.disable_monitor()
             monitor.close(linger=0)
 
     async def _read(self) -> None:
@@ -270,7 +274,8 @@ class EventStream:
         labels = {"target": target.name, "engine": outcome.engine, "model": outcome.model, "dp_rank": str(rank),
                   "role": outcome.role, **target.labels}
         counters = {"events_blocks_stored_total": pool.stored, "events_blocks_evicted_total": pool.evicted,
-                    "capacity_miss_blocks_total": pool.capacity_misses, "events_messages_total": self.messages,
+                    "capacity_miss_blocks_total": pool.capacity_misses, "recomputed_blocks_total": pool.recomputed,
+                    "events_messages_total": self.messages,
                     "events_publisher_restarts_total": self.restarts,
                     "events_rank_mismatches_total": self.rank_mismatches}
         gauges = {} if self.last_message is None else {"events_last_message_timestamp_seconds": self.last_message}

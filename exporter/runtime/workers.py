@@ -33,7 +33,10 @@ from .shard import Readiness
 log = logging.getLogger(__name__)
 _LENGTH = struct.Struct(">Q")
 RESTART_DELAY = 1.0  # seconds before a worker that ended is started again: a crash loop costs little
-STOP_TIMEOUT = 5.0
+RELOAD_TIMEOUT = 5.0  # seconds each worker has to take a reloaded configuration
+# Seconds a stopping exporter gives a worker to end on its own before killing it: a worker ends in a tenth of
+# that (its streams and connections closed), and the README promises a stop at once (within 2 s, tested).
+STOP_GRACE = 1.0
 READ_LIMIT = 1 << 20  # bytes buffered from a worker before its pipe is paused: fewer pauses for a large share
 WORKER_MODULE = "kvcache_exporter.runtime.worker"
 
@@ -68,6 +71,7 @@ class _Worker:
         self.process: asyncio.subprocess.Process | None = None  # None until started, and while it starts again
         self.waiting: dict[int, asyncio.Future] = {}  # request id -> its answer
         self.silent_since: float | None = None  # monotonic time of the first request unanswered since its last answer
+        self.answered = False  # whether the running process has answered (its first answer: its shard started)
         self.supervisor: asyncio.Task | None = None
 
 
@@ -100,7 +104,7 @@ class Workers:
                 log.error("worker %d could not start: %s", worker.index, err)
             else:
                 process.stdin.write(encode((next(self._ids), "config", self._config)))
-                worker.process, worker.silent_since = process, None
+                worker.process, worker.silent_since, worker.answered = process, None, False
                 if self._stopping:  # started while the exporter stopped: end it with its input
                     process.stdin.close()
                 await self._read_answers(worker, process)
@@ -123,7 +127,7 @@ class Workers:
             while True:
                 head = await process.stdout.readexactly(_LENGTH.size)
                 ident, answer = pickle.loads(await process.stdout.readexactly(_LENGTH.unpack(head)[0]))
-                worker.silent_since = None
+                worker.silent_since, worker.answered = None, True
                 future = worker.waiting.pop(ident, None)
                 if future is not None and not future.done():
                     future.set_result(answer)
@@ -194,20 +198,31 @@ class Workers:
         """A reload: each worker keeps what it polls the same way (shard.Shard.apply); one starting again
         starts with it."""
         self._config = config
-        await self._ask("config", config, timeout=STOP_TIMEOUT)
+        await self._ask("config", config, timeout=RELOAD_TIMEOUT)
 
     async def close(self) -> None:
+        """End every worker within STOP_GRACE: one that answered at the end of its input (it closes its streams
+        and connections), one still starting at once (it holds nothing yet, and starting takes a second or more on
+        a busy machine), one that outlives the grace by a kill."""
         self._stopping = True
-        for worker in self._workers:
-            if worker.process is not None and not worker.process.stdin.is_closing():
-                worker.process.stdin.close()  # the worker exits at the end of its input
+        running = []
         for worker in self._workers:
             process = worker.process
-            if process is not None:
-                try:
-                    await asyncio.wait_for(process.wait(), STOP_TIMEOUT)
-                except TimeoutError:
+            if process is None:
+                continue
+            if not worker.answered:
+                process.kill()
+            elif not process.stdin.is_closing():
+                process.stdin.close()
+            running.append(process)
+        if running:
+            waits = [asyncio.ensure_future(process.wait()) for process in running]
+            _, late = await asyncio.wait(waits, timeout=STOP_GRACE)
+            for process in running:
+                if process.returncode is None:
                     process.kill()
+            await asyncio.gather(*late)
+        for worker in self._workers:
             if worker.supervisor is not None:  # waiting to start one again, or starting one
                 worker.supervisor.cancel()
                 await asyncio.gather(worker.supervisor, return_exceptions=True)

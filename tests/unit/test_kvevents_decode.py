@@ -8,8 +8,8 @@ import pytest
 
 from kvcache_exporter.blocks import GHOST_FACTOR, PoolState
 from kvcache_exporter.contract import DISTANCE_BUCKETS
-from kvcache_exporter.sources.kvevents import (CLEARED, REMOVED, STORED, BlockEvent, DecodeError, decode_message,
-                                       decode_payload)
+from kvcache_exporter.sources.kvevents import (CLEARED, REMOVED, SKIP_TOKEN_IDS_FROM, STORED, BlockEvent, DecodeError,
+                                               decode_message, decode_payload)
 from devtools import kvevents_wire as wire
 
 LIMIT = 1 << 20
@@ -93,6 +93,26 @@ def test_a_payload_above_the_limit_is_refused_before_it_is_read():
         decode_payload(0, payload, len(payload) - 1)
 
 
+@pytest.mark.parametrize("encoding", wire.ENCODINGS)
+def test_a_batch_with_long_token_lists_is_read_without_them_to_the_same_events(encoding):
+    """vLLM sends every stored block's token ids: with long lists (1,024 a block here, the builder's ids are
+    small numbers of two bytes) the batch is read field by field with them skipped, and decodes to what the same
+    batch at 16 a block (read whole) does."""
+    def payload(block_size: int) -> bytes:
+        events = [wire.stored(encoding, [11, 12], parent=10, block_size=block_size, salt="s", lora_name="a"),
+                  wire.removed(encoding, [11]), wire.stored(encoding, [13], block_size=block_size),
+                  wire.cleared(encoding)]
+        return wire.batch(encoding, 5.0, events, dp_rank=1)
+
+    short, long = payload(16), payload(1024)
+    assert len(short) < 4 * SKIP_TOKEN_IDS_FROM <= len(long)  # four events: one way of reading each
+    assert decode_payload(0, long, LIMIT) == decode_payload(0, short, LIMIT)
+    assert decode_payload(0, long, LIMIT).events[0].hashes == [11, 12]
+    for broken in (long[:-1], long + b"x"):  # cut short, or bytes after the batch
+        with pytest.raises(DecodeError):
+            decode_payload(0, broken, LIMIT)
+
+
 # -- pool state ------------------------------------------------------------------------------------
 
 def stored(*keys):
@@ -141,7 +161,7 @@ def test_the_ring_of_marks_survives_a_capacity_change_and_wraps():
 
 def test_duplicate_copies_are_reference_counted():
     pool = PoolState(capacity=4)
-    pool.apply(0.0, [stored(7), stored(7)])  # vLLM can cache the same content twice
+    pool.apply(0.0, [stored(7, 8), stored(7, 8)])  # vLLM can cache the same content twice (two requests at once)
     pool.apply(1.0, [removed(7)])  # one physical copy reallocated: the content is still resident
     assert 7 in pool.resident and 7 not in pool.ghost and pool.evicted == 1
     pool.apply(2.0, [removed(7)])
@@ -149,6 +169,17 @@ def test_duplicate_copies_are_reference_counted():
     pool.apply(3.0, [stored(7)])
     assert pool.capacity_misses == 1 and pool.distance.sum == 0.0
     assert pool.residency.count == 1 and pool.residency.sum == 2.0  # stored at 0, last copy gone at 2
+
+
+def test_a_prompts_last_block_computed_again_while_cached_is_not_a_capacity_miss():
+    """vLLM recomputes the block holding the last token of a prompt whose every block was cached, and stores it
+    alone as a second copy: stored again after an eviction, it would not have been a hit in any pool."""
+    pool = PoolState(capacity=4)
+    pool.apply(0.0, [stored(1, 2, 3)])
+    pool.apply(1.0, [stored(3)])  # the same prompt again: 1 and 2 hit, 3 is computed again
+    pool.apply(2.0, [removed(3), removed(3), removed(2), removed(1)])
+    pool.apply(3.0, [stored(1, 2, 3)])  # and again after all of it was evicted
+    assert (pool.capacity_misses, pool.recomputed, pool.distance.count) == (2, 1, 2)
 
 
 def test_clear_forgets_residents_and_ghosts_but_keeps_the_counters():

@@ -6,10 +6,14 @@ The C pool's stream goes through the simulator's publisher encoding and the expo
 
 from __future__ import annotations
 
+import random
+from collections import OrderedDict
+
 import pytest
 
 from kvcache_exporter.blocks import PoolState
-from kvcache_exporter.sources.kvevents import decode_payload
+from kvcache_exporter.contract import DISTANCE_BUCKETS
+from kvcache_exporter.sources.kvevents import REMOVED, STORED, BlockEvent, decode_payload
 from kvcache_exporter.simulator import kvevents as sim_events
 from kvcache_exporter.simulator.exposition import FLAVORS
 from kvcache_exporter.simulator.scenarios import ScenarioRun, load_scenario, override_engine
@@ -66,3 +70,59 @@ def test_hits_a_pool_twice_as_large_gains_are_what_the_histogram_predicted(tmp_p
           f"predicted {predicted} ({predicted / gained - 1:+.1%}); capacity misses {pool.capacity_misses}")
     assert gained > 0.1 * small.prefix_queried_tokens  # the larger pool matters on this workload
     assert abs(predicted / gained - 1) < 0.10
+
+
+def lru_trace(capacity: int, accesses: int, seed: int) -> list[tuple[str, int]]:
+    """The events of a pool of `capacity` blocks evicting least recently used first, as (kind, hash): a hot set
+    of 1.5 x capacity that keeps coming back (most evictions are of blocks stored again soon) and a cold set of
+    8 x capacity whose blocks come back from every depth, below and beyond 4 x capacity."""
+    rng = random.Random(seed)
+    hot, cold = int(1.5 * capacity), 8 * capacity
+    pool: OrderedDict[int, None] = OrderedDict()
+    trace = []
+    for _ in range(accesses):
+        key = rng.randrange(hot) if rng.random() < 0.7 else hot + rng.randrange(cold)
+        if key in pool:
+            pool.move_to_end(key)  # a hit: no event
+            continue
+        if len(pool) == capacity:
+            trace.append((REMOVED, pool.popitem(last=False)[0]))
+        pool[key] = None
+        trace.append((STORED, key))
+    return trace
+
+
+def replay_definition(trace: list[tuple[str, int]], capacity: int) -> list[float]:
+    """docs/kv-events.md's definition, replayed as written: a block stored again while on the list of recent
+    evictions is a capacity miss, at distance (the blocks evicted after it and not stored again since) /
+    capacity; the list keeps the blocks still out with fewer than 4 x capacity evicted after them. The distance
+    ratio of every capacity miss."""
+    out: list[int] = []  # blocks evicted and still out, in the order they left
+    ratios = []
+    for kind, key in trace:
+        if kind == REMOVED:
+            out.append(key)
+            del out[:-4 * capacity]
+        elif key in out:
+            at = out.index(key)
+            ratios.append((len(out) - 1 - at) / capacity)
+            del out[at]
+    return ratios
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_capacity_misses_and_the_distance_buckets_equal_an_exact_replay_of_the_definition(seed):
+    capacity = 64
+    trace = lru_trace(capacity, 200_000, seed)
+    pool = PoolState(capacity=capacity)
+    for kind, key in trace:
+        pool.apply(0.0, [BlockEvent(kind, [key])])
+    ratios = replay_definition(trace, capacity)
+    cumulative = dict(pool.distance.cumulative())
+    expected = {bound: sum(ratio <= bound for ratio in ratios) for bound in DISTANCE_BUCKETS}
+    print(f"seed {seed}: {len(trace)} events, {len(ratios)} capacity misses, le=4: {expected[4.0]}, "
+          f"le=1: {expected[1.0]}; list of evictions {len(pool._ghost_keys)} positions, {len(pool.ghost)} out")
+    assert len(ratios) > 20_000 and expected[1.0] < expected[2.0] < expected[4.0]  # every bucket has its own
+    assert pool.capacity_misses == len(ratios)
+    assert {bound: cumulative[bound] for bound in DISTANCE_BUCKETS} == expected
+    assert len(pool._ghost_keys) < 2 * 4 * capacity  # the memory bound: 2 x the list's limit
