@@ -14,6 +14,7 @@ tokens/s looked up (2,000 hit) on the polled page: share 0.2, projected hit rati
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -115,8 +116,8 @@ def check(prometheus: str) -> None:
                  if p.get("title") == "Projected prefix-cache hit ratio by pool size")
     answers = {}
     for target in panel["targets"]:
-        expr = (target["expr"].replace("$__rate_interval", "3s")
-                .replace('=~"$engine"', '=~".*"').replace('=~"$model"', '=~".*"').replace('=~"$target"', '=~".*"'))
+        # Every variable matches everything (`All`), the namespace and pod ones included.
+        expr = re.sub(r'=~"\$\w+"', '=~".*"', target["expr"].replace("$__rate_interval", "3s"))
         answers[target["legendFormat"]] = harness.prom_vector(prometheus, expr)[0][1]
     assert near(answers["today's pool"], HIT_PER_SECOND / QUERIED_PER_SECOND, 0.1), answers
     for factor, expected in EXPECTED_KEPT.items():
