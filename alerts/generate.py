@@ -23,7 +23,7 @@ import yaml
 
 from kvcache_exporter import config as exporter_config
 from kvcache_exporter import contract
-from kvcache_exporter.contract import WHAT_IF_FACTORS
+from kvcache_exporter.contract import KV_SHORT_STATES, WHAT_IF_FACTORS
 from kvcache_exporter.dashboards.promql import kept_misses, pd_backpressure
 from kvcache_exporter.thresholds import DEFAULT, Thresholds
 from kvcache_exporter.units import format_duration, parse_duration
@@ -41,7 +41,7 @@ HEADER = (
 PER_TARGET = "without (dp_rank)"
 # kvcache_target_up has no model or role label; joining it with per-target series ignores them.
 UP_JOIN = "ignoring (model, role)"
-KV_BOUND_STATES = "saturated|thrashing"
+KV_BOUND_STATES = "|".join(KV_SHORT_STATES)
 # Loads from an offload tier back to the GPU pool, by what they count.
 LOAD = 'kvcache_tier_transfer_{}_total{{direction="load"}}'
 # The scrape job of the exporters' own /metrics, as compose, the Kubernetes manifests and docs/scaling.md name it.

@@ -218,3 +218,33 @@ def test_a_queue_right_after_a_preemption_waits_for_kv_though_the_freed_blocks_l
         ranks, histories = derive.derive(snapshot(preemptions), histories, t * 5.0, T)
         seen.append((ranks["0"].pressure, ranks["0"].gauges["requests_waiting_for_kv"]))
     assert seen[11:] == [("capped", 0), ("saturated", 2), ("capped", 0), ("capped", 0)]
+
+
+@pytest.mark.parametrize("gauges, preempted, expected", [
+    # usage 0.8 >= low water 0.75 decides first, though 1000 free < 3000 per request holds too
+    ({"usage_ratio": 0.8, "requests_waiting": 2, "free_tokens": 1000, "live_tokens_per_request": 3000}, False,
+     "low_water"),
+    # under the mark, 999 free < 1000 per request
+    ({"usage_ratio": 0.5, "requests_waiting": 1, "free_tokens": 999, "live_tokens_per_request": 1000}, False,
+     "free_below_request"),
+    # under the mark with room, but a preemption since the last poll
+    ({"usage_ratio": 0.5, "requests_waiting": 2, "free_tokens": 5000, "live_tokens_per_request": 1000}, True,
+     "preempted"),
+    ({"usage_ratio": 0.5, "requests_waiting": 2, "free_tokens": 5000, "live_tokens_per_request": 1000}, False, "cap"),
+    ({"usage_ratio": 0.93}, False, "high_water"),
+    ({"usage_ratio": 0.3}, False, "room"),
+])
+def test_pressure_reason_names_the_rule_that_decided(gauges, preempted, expected):
+    assert derive.pressure_reason(gauges, 0.0, T, preempted) == expected
+    assert derive.pressure_reason(gauges, 0.02, T, preempted) == "preemptions"  # at the thrashing rate
+
+
+def test_headroom_is_zero_while_the_queue_waits_for_kv():
+    """usage 0.8 of 8000 x 16 = 128000 tokens: 25600 free, 102400 / 32 = 3200 per request, 8 requests' worth; a
+    queue at usage >= the low-water mark waits for KV all the same, so the contract's headroom is 0."""
+    values = rank(usage_ratio=0.8, capacity_blocks=8000, block_size_tokens=16, requests_running=32,
+                  requests_waiting=3, requests_waiting_for_capacity=3)
+    ranks, _ = derive.derive(Snapshot("vllm", "m", "", {"0": values}), {}, 0.0, T)
+    assert (ranks["0"].pressure, ranks["0"].reason, ranks["0"].gauges["headroom_requests"]) == (
+        "saturated", "low_water", 0.0)
+    assert ranks["0"].gauges["free_tokens"] == 25600  # the free KV itself is as it was
