@@ -403,6 +403,37 @@ def fleet_alerts(t: Thresholds, group: str, runbook_base: str) -> list[dict]:
     )]
 
 
+def reasons(t: Thresholds, states: tuple[str, ...]) -> str:
+    """Template text: for each rank of the alert's target whose pressure state is one of `states`, its reason in
+    the contract's words (contract.reason_text, as `top` shows it), the numbers queried from the rank's own series
+    when the alert is evaluated. Nothing where the exporter gives no reason."""
+    names = [name for name, reason in contract.PRESSURE_REASONS.items() if reason.state in states]
+    pool = "target=%q,model=%q,dp_rank=%q"
+    # The window's increase per minute of it (no factor that reads like a threshold beside the window's own).
+    minutes = t.window_seconds / 60
+    per_minute = (f"increase(kvcache_preemptions_total{{{pool}}}[{format_duration(t.window_seconds)}])"
+                  + (f" / {number(minutes)}" if minutes != 1 else ""))
+
+    def value(name: str) -> str:
+        if name in ("low_water_ratio", "high_water_ratio"):
+            return f"{getattr(t, name) * 100:.0f}%"
+        expr, format_ = {
+            "usage_ratio": (f"100 * kvcache_usage_ratio{{{pool}}}", "%.0f%%"),
+            "headroom_requests": (f"floor(kvcache_headroom_requests{{{pool}}})", "%.0f"),
+            "preemptions_per_minute": (per_minute, "%.1f"),
+        }.get(name, (f"kvcache_{name}{{{pool}}}", "%.0f"))
+        return (f"{{{{ with query (printf `{expr}` $labels.target $labels.model $rank) }}}}"
+                f'{{{{ . | first | value | printf "{format_}" }}}}{{{{ end }}}}')
+
+    branches = "".join(
+        f'{{{{ {"else if" if i else "if"} eq .Labels.reason "{name}" }}}}{contract.reason_text(name, value)}'
+        for i, name in enumerate(names))
+    ranks = f'kvcache_pressure_reason{{target=%q,model=%q,reason=~"{"|".join(names)}"}} > 0'
+    return (f"{{{{ range query (printf `{ranks}` $labels.target $labels.model) | sortByLabel \"dp_rank\" }}}}"
+            f"{{{{ $rank := .Labels.dp_rank }}}}"
+            f" Rank {{{{ $rank }}}}: {branches}{{{{ end }}}}.{{{{ end }}}}")
+
+
 def alert(name: str, severity: str, expr: str, for_: str, summary: str, description: str, runbook_base: str) -> dict:
     return {
         "alert": name,
@@ -429,7 +460,8 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             t.preemption_storm_for,
             f"{WHERE}: the engine keeps preempting requests to free KV",
             f"{WHERE} preempts {VALUE_PER_SECOND} requests/s over {w}, above {number(per_second)}/s, while "
-            "requests still finish. Preempted requests lose their KV and are recomputed: throughput falls and latency climbs.",
+            "requests still finish. Preempted requests lose their KV and are recomputed: throughput falls and latency climbs."
+            + reasons(t, ("thrashing",)),
             runbook_base,
         )
 
@@ -441,7 +473,8 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             "KVCacheShortageQueueing", "warning", shortage, t.shortage_for,
             f"{WHERE}: requests are queueing because the KV cache is full",
             f"{{{{ $value | humanize }}}} requests wait for KV on {WHERE} while the engine answers. "
-            "GPU memory looks flat because the KV pool is reserved at start; users see this as rising time to first token.",
+            "GPU memory looks flat because the KV pool is reserved at start; users see this as rising time to first token."
+            + reasons(t, KV_SHORT_STATES),
             runbook_base,
         ),
         # Pages only on user impact: the queue keeps growing, or the first tokens it lets through come late.
@@ -453,7 +486,7 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             f"{WHERE}: requests are queueing because the KV cache is full, and users wait",
             f"{{{{ $value | humanize }}}} requests wait for KV on {WHERE} while the engine answers, and the queue grew "
             f"over {w} or the mean time to first token is above {ttft} s: users wait longer the longer it lasts. "
-            "GPU memory looks flat because the KV pool is reserved at start.",
+            "GPU memory looks flat because the KV pool is reserved at start." + reasons(t, KV_SHORT_STATES),
             runbook_base,
         ),
         storm("warning", t.preemption_storm_warning_per_second),
@@ -469,7 +502,8 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             f"{WHERE}: the KV cache is nearly full",
             f"KV usage {{{{ $value | humanizePercentage }}}} on {WHERE} (high-water mark "
             f"{number(t.high_water_ratio * 100)}%, or {number(t.low_water_ratio * 100)}% on a trend over {w} "
-            f"that fills it within {format_duration(t.nearly_full_horizon_seconds)}). Once it is full, new requests queue for KV.",
+            f"that fills it within {format_duration(t.nearly_full_horizon_seconds)}). Once it is full, new requests queue for KV."
+            + reasons(t, contract.PRESSURE_STATES[1:]),
             runbook_base,
         ),
         alert(
