@@ -56,6 +56,7 @@ FAILED_KINDS = "transfer|handshake"
 WHERE = "{{ $labels.target }} (model {{ $labels.model }})"
 PER_SECOND = 'printf "%.2f"'  # rates read better as 0.25/s than as humanize's 250m/s
 VALUE_PER_SECOND = "{{ $value | " + PER_SECOND + " }}"
+PER_MINUTE = "60 * "  # a per-second rate's factor to per minute: seconds in a minute, no threshold
 
 def number(value: float) -> str:
     """A threshold as PromQL prints it: no trailing `.0`."""
@@ -409,10 +410,7 @@ def reasons(t: Thresholds, states: tuple[str, ...]) -> str:
     when the alert is evaluated. Nothing where the exporter gives no reason."""
     names = [name for name, reason in contract.PRESSURE_REASONS.items() if reason.state in states]
     pool = "target=%q,model=%q,dp_rank=%q"
-    # The window's increase per minute of it (no factor that reads like a threshold beside the window's own).
-    minutes = t.window_seconds / 60
-    per_minute = (f"increase(kvcache_preemptions_total{{{pool}}}[{format_duration(t.window_seconds)}])"
-                  + (f" / {number(minutes)}" if minutes != 1 else ""))
+    per_minute = f"{PER_MINUTE}rate(kvcache_preemptions_total{{{pool}}}[{format_duration(t.window_seconds)}])"
 
     def value(name: str) -> str:
         if name in ("low_water_ratio", "high_water_ratio"):
