@@ -74,6 +74,7 @@ class Column:
     unit: str
     steps: bands.Steps
     mappings: list[models.ValueMapping] | None = None
+    width: int | None = None  # px; None shares the table's width with the others
 
 
 @dataclass(frozen=True)
@@ -114,16 +115,20 @@ def missing_value() -> models.ValueMapping:
 
 
 def stat(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
-         mappings: list[models.ValueMapping] | None = None, min_max: tuple[float, float] | None = None):
-    """A current value (the last one in range), coloured by its band."""
+         mappings: list[models.ValueMapping] | None = None, min_max: tuple[float, float] | None = None,
+         named: bool = False, links: tuple[Link, ...] = ()):
+    """A current value (the last one in range), coloured by its band. `named`: the value now, from an instant
+    query, with the name its legend gives it (which pool it is)."""
     panel = stat_builders.Panel().height(STAT_HEIGHT)
     panel.reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
-    panel.color_mode(common.BigValueColorMode.BACKGROUND).graph_mode(common.BigValueGraphMode.AREA)
-    panel.text_mode(common.BigValueTextMode.VALUE_AND_NAME if len(queries) > 1 else common.BigValueTextMode.AUTO)
+    panel.color_mode(common.BigValueColorMode.BACKGROUND)
+    panel.graph_mode(common.BigValueGraphMode.NONE if named else common.BigValueGraphMode.AREA)
+    panel.text_mode(common.BigValueTextMode.VALUE_AND_NAME if len(queries) > 1 or named
+                    else common.BigValueTextMode.AUTO)
     panel.mappings([*(mappings or []), missing_value()])
     if min_max:
         panel.min(min_max[0]).max(min_max[1])
-    return _with_basics(panel, title, description, unit, queries, steps, links=())
+    return _with_basics(panel, title, description, unit, queries, steps, links, instant=named)
 
 
 def timeseries(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
@@ -183,6 +188,8 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
         properties = [models.DynamicConfigValue("unit", column.unit),
                       models.DynamicConfigValue("thresholds", bands.config(column.steps).build()), cells,
                       models.DynamicConfigValue("mappings", [*(column.mappings or []), missing_value()])]
+        if column.width is not None:
+            properties.append(models.DynamicConfigValue("custom.width", column.width))
         panel.override_by_name(column.header, properties)
     queries = [Query(column.expr, column.header) for column in columns]
     return _with_basics(panel, title, description, "none", queries, bands.neutral(), links,
@@ -195,3 +202,11 @@ def value_names(names: dict[int, tuple[str, str]]) -> list[models.ValueMapping]:
         str(code): models.ValueMappingResult(text=text, color=color, index=index)
         for index, (code, (text, color)) in enumerate(names.items())
     })]
+
+
+def range_names(names: dict[int, tuple[str, str]]) -> list[models.ValueMapping]:
+    """Value mapping from codes to (text, colour), each code covering [code, code + 1): a value that adds a tie-break
+    below 1 to its code (a sort key) reads as its code."""
+    return [models.RangeMap(models.DashboardRangeMapOptions(
+        from_val=code, to=code + 0.999999, result=models.ValueMappingResult(text=text, color=color, index=index)))
+        for index, (code, (text, color)) in enumerate(names.items())]

@@ -109,20 +109,20 @@ class Reason:
 # target's ranks is also its worst state. A fixed set: `kvcache_pressure_reason{reason}` has one series per reason
 # per pool, as the state has one per state; the numbers stay in their own gauges, never in a label.
 PRESSURE_REASONS = {
-    "room": Reason("ok", "ok: KV has room, nothing waits for it", "KV has room and nothing waits for it"),
-    "high_water": Reason("tight", "tight: usage at the high-water mark {high_water_ratio}, nothing waiting",
+    "room": Reason("ok", "ok", "KV has room and nothing waits for it"),
+    "high_water": Reason("tight", "tight: at or above the high-water mark {high_water_ratio}",
                          "{usage_ratio} used (high-water {high_water_ratio}), nothing waiting"),
-    "cap": Reason("capped", "capped: waiting with KV room: a concurrency or batch cap, not KV",
+    "cap": Reason("capped", "capped: a concurrency or batch cap, not KV",
                   "capped: {requests_waiting_with_kv_room} waiting with {headroom_requests} requests of room: "
                   "a concurrency or batch cap, not KV"),
-    "preempted": Reason("saturated", "saturated: waiting, and the engine just preempted to free KV",
+    "preempted": Reason("saturated", "saturated: preempted just now for KV",
                         "{requests_waiting_for_kv} waiting, and the engine preempted since the last poll to free KV"),
-    "free_below_request": Reason("saturated", "saturated: waiting, less KV free than one typical request holds",
+    "free_below_request": Reason("saturated", "saturated: less KV free than one request holds",
                                  "{requests_waiting_for_kv} waiting: {free_tokens} tokens free, less than one typical "
                                  "request's {live_tokens_per_request}"),
-    "low_water": Reason("saturated", "saturated: waiting at or above the low-water mark {low_water_ratio} used",
+    "low_water": Reason("saturated", "saturated: queue at or above {low_water_ratio} used",
                         "{requests_waiting_for_kv} waiting at {usage_ratio} used (low-water {low_water_ratio})"),
-    "preemptions": Reason("thrashing", "thrashing: preempting requests to free KV",
+    "preemptions": Reason("thrashing", "thrashing: preempting to free KV",
                           "thrashing: {preemptions_per_minute} preemptions/min"),
 }
 REASON_RATIOS = ("usage_ratio", "low_water_ratio", "high_water_ratio")  # placeholders written as a percentage

@@ -179,8 +179,8 @@ def test_counts_where_one_is_a_problem_turn_red_at_one():
     assert steps(panel(dashboard, "Waiting requests"), "B") == [(None, "green"), (1, "yellow")]
     assert steps(panel(dashboard, "Pools without room for one more request")) == [(None, "green"), (1, "red")]
     states = panel(dashboard, "Targets per pressure state")
-    assert [t["legendFormat"] for t in states["targets"]] == ["ok", "tight", "capped", "saturated", "thrashing"]
-    assert [steps(states, ref)[-1][1] for ref in "BCDE"] == ["yellow", "orange", "red", "dark-red"]
+    assert [t["legendFormat"] for t in states["targets"]] == ["ok", "tight", "capped", "saturated", "thrashing", "down"]
+    assert [steps(states, ref)[-1][1] for ref in "BCDEF"] == ["yellow", "orange", "red", "dark-red", "purple"]
 
 
 def test_configuration_moves_bands_and_names_the_label_variables(tmp_path, capsys):
