@@ -40,6 +40,9 @@ REF_IDS = "ABCDEFGH"
 # over no requests). Without it Grafana paints an empty cell, and a stat's "No data", in the first band's colour:
 # green reads "fine" for a target whose engine has no source, red "short" for a pool where nothing runs.
 NO_DATA = "No data"
+# A time series' legend: its last and largest value, sorted by the last (Grafana names the column "Last *").
+LEGEND_CALCS = ("lastNotNull", "max")
+LEGEND_SORT = "Last *"
 
 
 def describe(shows: str, when_red: str) -> str:
@@ -132,13 +135,16 @@ def stat(title: str, description: str, unit: str, queries: list[Query], steps: b
 
 
 def timeseries(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
-               links: tuple[Link, ...] = (), min_max: tuple[float, float] | None = None):
-    """Lines over time; a band with more than one step is drawn as threshold lines."""
+               links: tuple[Link, ...] = (), min_max: tuple[float, float] | None = None, worst_low: bool = False):
+    """Lines over time; a band with more than one step is drawn as threshold lines. The legend and the tooltip
+    list the worst line first by its last value: the highest, or with `worst_low` the lowest (headroom, time
+    until full, hit ratio), so the few legend rows the panel's height shows are the worst ones."""
     panel = timeseries_builders.Panel().height(GRAPH_HEIGHT).line_width(1).fill_opacity(10)
     panel.legend(common_builders.VizLegendOptions().display_mode(common.LegendDisplayMode.TABLE)
-                 .placement(common.LegendPlacement.BOTTOM).show_legend(True).calcs(["lastNotNull", "max"]))
+                 .placement(common.LegendPlacement.BOTTOM).show_legend(True).calcs([*LEGEND_CALCS])
+                 .sort_by(LEGEND_SORT).sort_desc(not worst_low))
     panel.tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
-                  .sort(common.SortOrder.DESCENDING))
+                  .sort(common.SortOrder.ASCENDING if worst_low else common.SortOrder.DESCENDING))
     if len(steps) > 1:
         panel.thresholds_style(common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.LINE))
     if min_max:
@@ -150,6 +156,9 @@ def state_timeline(title: str, description: str, query: Query, mappings: list[mo
                    links: tuple[Link, ...] = ()):
     """One lane per series; the value is a code that `mappings` names and colours."""
     panel = statetimeline.Panel().height(GRAPH_HEIGHT).mappings(mappings).merge_values(True)
+    # The legend lists the mapped values with their colours: what each colour of a lane means.
+    panel.legend(common_builders.VizLegendOptions().display_mode(common.LegendDisplayMode.LIST)
+                 .placement(common.LegendPlacement.BOTTOM).show_legend(True))
     panel.show_value(common.VisibilityMode.NEVER).fill_opacity(80)
     panel.color_scheme(dashboard_builders.FieldColor().mode(models.FieldColorModeId.THRESHOLDS))
     return _with_basics(panel, title, description, "none", [query], bands.neutral(), links)

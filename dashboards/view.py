@@ -52,6 +52,12 @@ class View:
     def selector(self, metric: str, **fixed: str) -> str:
         return self.scope.selector(metric, **fixed)
 
+    @property
+    def one_target(self) -> bool:
+        """The target dashboard's view: one target, its lines per rank (a fleet title's "most" or "lowest" of
+        targets does not fit it)."""
+        return "dp_rank" in self.split
+
     def line(self, what: str = "") -> str:
         return f"{self.legend} {what}".strip()
 

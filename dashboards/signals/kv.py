@@ -83,6 +83,7 @@ def headroom(v: View):
         [Query(promql.least(v.selector(HEADROOM), v.split), v.line())],
         bands.headroom(),
         v.drill_down,
+        worst_low=True,
     )
 
 
@@ -104,6 +105,7 @@ def time_until_full(v: View):
         [Query(promql.least(promql.only_where(until_full, filling, POOL), v.split), v.line())],
         bands.sooner_than(t.nearly_full_horizon_seconds),
         v.drill_down,
+        worst_low=True,
     )
 
 

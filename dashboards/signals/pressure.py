@@ -172,7 +172,7 @@ def window_note(t: Thresholds) -> str:
 def preemptions_per_minute(v: View):
     t = v.thresholds
     return stat(
-        "Most preemptions per minute",
+        "Preemptions per minute" if v.one_target else "Most preemptions per minute",
         describe(
             "Requests the engines preempted (vLLM) or retracted (SGLang) to free KV, per minute, of the target "
             "that preempts most. Each one throws away computed KV that must be recomputed."
