@@ -220,21 +220,19 @@ def test_a_queue_right_after_a_preemption_waits_for_kv_though_the_freed_blocks_l
     assert seen[11:] == [("capped", 0), ("saturated", 2), ("capped", 0), ("capped", 0)]
 
 
-@pytest.mark.parametrize("gauges, preempted, expected", [
-    # usage 0.8 >= low water 0.75 decides first, though 1000 free < 3000 per request holds too
-    ({"usage_ratio": 0.8, "requests_waiting": 2, "free_tokens": 1000, "live_tokens_per_request": 3000}, False,
-     "low_water"),
-    # under the mark, 999 free < 1000 per request
-    ({"usage_ratio": 0.5, "requests_waiting": 1, "free_tokens": 999, "live_tokens_per_request": 1000}, False,
-     "free_below_request"),
-    # under the mark with room, but a preemption since the last poll
-    ({"usage_ratio": 0.5, "requests_waiting": 2, "free_tokens": 5000, "live_tokens_per_request": 1000}, True,
-     "preempted"),
-    ({"usage_ratio": 0.5, "requests_waiting": 2, "free_tokens": 5000, "live_tokens_per_request": 1000}, False, "cap"),
-    ({"usage_ratio": 0.93}, False, "high_water"),
-    ({"usage_ratio": 0.3}, False, "room"),
+# (usage, waiting, free tokens, live tokens per request, preempted since the last poll): the reason
+@pytest.mark.parametrize("usage, waiting, free, live, preempted, expected", [
+    (0.8, 2, 1000, 3000, False, "low_water"),  # 0.8 >= low water 0.75 decides first, though 1000 < 3000 holds too
+    (0.5, 1, 999, 1000, False, "free_below_request"),  # under the mark, 999 free < 1000 per request
+    (0.5, 2, 5000, 1000, True, "preempted"),  # under the mark with room, but a preemption since the last poll
+    (0.5, 2, 5000, 1000, False, "cap"),
+    (0.93, 0, None, None, False, "high_water"),
+    (0.3, 0, None, None, False, "room"),
 ])
-def test_pressure_reason_names_the_rule_that_decided(gauges, preempted, expected):
+def test_pressure_reason_names_the_rule_that_decided(usage, waiting, free, live, preempted, expected):
+    gauges = {"usage_ratio": usage, "requests_waiting": waiting}
+    if free is not None:
+        gauges |= {"free_tokens": free, "live_tokens_per_request": live}
     assert derive.pressure_reason(gauges, 0.0, T, preempted) == expected
     assert derive.pressure_reason(gauges, 0.02, T, preempted) == "preemptions"  # at the thrashing rate
 
