@@ -16,8 +16,9 @@ def hit_ratio_now(v: View):
     return stat(
         "Prefix-cache hit ratio now" if v.one_target else "Lowest prefix-cache hit ratio",
         describe(
-            "The lowest windowed prefix-cache hit ratio of any target that looks up at least "
-            f"{t.traffic_floor_prefix_tokens_per_second:g} prompt tokens/s: sum(rate(hit tokens)) / "
+            ("The target's windowed prefix-cache hit ratio, where it looks up at least " if v.one_target else
+             "The lowest windowed prefix-cache hit ratio of any target that looks up at least ")
+            + f"{t.traffic_floor_prefix_tokens_per_second:g} prompt tokens/s: sum(rate(hit tokens)) / "
             "sum(rate(queried tokens)) per target over the rate interval, never lifetime counters.",
             "this stat has no absolute red: a good ratio depends on the workload. Hit ratio vs baseline "
             "turns red when a target's ratio falls below its own baseline, the condition of "

@@ -174,8 +174,9 @@ def preemptions_per_minute(v: View):
     return stat(
         "Preemptions per minute" if v.one_target else "Most preemptions per minute",
         describe(
-            "Requests the engines preempted (vLLM) or retracted (SGLang) to free KV, per minute, of the target "
-            "that preempts most. Each one throws away computed KV that must be recomputed."
+            "Requests the engines preempted (vLLM) or retracted (SGLang) to free KV, per minute, "
+            + ("summed over the target's ranks." if v.one_target else "of the target that preempts most.")
+            + " Each one throws away computed KV that must be recomputed."
             + without_source("preemptions_total") + window_note(t),
             f"at or above {t.thrashing_preemptions_per_second * 60:g}/min a target counts as thrashing (dark red at "
             f"the critical preemption-storm rate, {t.preemption_storm_critical_per_second * 60:g}/min). Find the "
