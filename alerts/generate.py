@@ -23,7 +23,7 @@ import yaml
 
 from kvcache_exporter import config as exporter_config
 from kvcache_exporter import contract
-from kvcache_exporter.contract import WHAT_IF_FACTORS
+from kvcache_exporter.contract import KV_SHORT_STATES, WHAT_IF_FACTORS
 from kvcache_exporter.dashboards.promql import kept_misses, pd_backpressure
 from kvcache_exporter.thresholds import DEFAULT, Thresholds
 from kvcache_exporter.units import format_duration, parse_duration
@@ -41,7 +41,7 @@ HEADER = (
 PER_TARGET = "without (dp_rank)"
 # kvcache_target_up has no model or role label; joining it with per-target series ignores them.
 UP_JOIN = "ignoring (model, role)"
-KV_BOUND_STATES = "saturated|thrashing"
+KV_BOUND_STATES = "|".join(KV_SHORT_STATES)
 # Loads from an offload tier back to the GPU pool, by what they count.
 LOAD = 'kvcache_tier_transfer_{}_total{{direction="load"}}'
 # The scrape job of the exporters' own /metrics, as compose, the Kubernetes manifests and docs/scaling.md name it.
@@ -59,6 +59,7 @@ PD_ROLES = f'role=~"{"|".join(contract.DISAGGREGATED_ROLES)}"'
 WHERE = "{{ $labels.target }} (model {{ $labels.model }})"
 PER_SECOND = 'printf "%.2f"'  # rates read better as 0.25/s than as humanize's 250m/s
 VALUE_PER_SECOND = "{{ $value | " + PER_SECOND + " }}"
+PER_MINUTE = "60 * "  # a per-second rate's factor to per minute: seconds in a minute, no threshold
 
 def number(value: float) -> str:
     """A threshold as PromQL prints it: no trailing `.0`."""
@@ -411,6 +412,34 @@ def fleet_alerts(t: Thresholds, group: str, runbook_base: str) -> list[dict]:
     )]
 
 
+def reasons(t: Thresholds, states: tuple[str, ...]) -> str:
+    """Template text: for each rank of the alert's target whose pressure state is one of `states`, its reason in
+    the contract's words (contract.reason_text, as `top` shows it), the numbers queried from the rank's own series
+    when the alert is evaluated. Nothing where the exporter gives no reason."""
+    names = [name for name, reason in contract.PRESSURE_REASONS.items() if reason.state in states]
+    pool = "target=%q,model=%q,dp_rank=%q"
+    per_minute = f"{PER_MINUTE}rate(kvcache_preemptions_total{{{pool}}}[{format_duration(t.window_seconds)}])"
+
+    def value(name: str) -> str:
+        if name in ("low_water_ratio", "high_water_ratio"):
+            return f"{getattr(t, name) * 100:.0f}%"
+        expr, format_ = {
+            "usage_ratio": (f"100 * kvcache_usage_ratio{{{pool}}}", "%.0f%%"),
+            "headroom_requests": (f"floor(kvcache_headroom_requests{{{pool}}})", "%.0f"),
+            "preemptions_per_minute": (per_minute, "%.1f"),
+        }.get(name, (f"kvcache_{name}{{{pool}}}", "%.0f"))
+        return (f"{{{{ with query (printf `{expr}` $labels.target $labels.model $rank) }}}}"
+                f'{{{{ . | first | value | printf "{format_}" }}}}{{{{ end }}}}')
+
+    branches = "".join(
+        f'{{{{ {"else if" if i else "if"} eq .Labels.reason "{name}" }}}}{contract.reason_text(name, value)}'
+        for i, name in enumerate(names))
+    ranks = f'kvcache_pressure_reason{{target=%q,model=%q,reason=~"{"|".join(names)}"}} > 0'
+    return (f"{{{{ range query (printf `{ranks}` $labels.target $labels.model) | sortByLabel \"dp_rank\" }}}}"
+            f"{{{{ $rank := .Labels.dp_rank }}}}"
+            f" Rank {{{{ $rank }}}}: {branches}{{{{ end }}}}.{{{{ end }}}}")
+
+
 def alert(name: str, severity: str, expr: str, for_: str, summary: str, description: str, runbook_base: str) -> dict:
     return {
         "alert": name,
@@ -437,7 +466,8 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             t.preemption_storm_for,
             f"{WHERE}: the engine keeps preempting requests to free KV",
             f"{WHERE} preempts {VALUE_PER_SECOND} requests/s over {w}, above {number(per_second)}/s, while "
-            "requests still finish. Preempted requests lose their KV and are recomputed: throughput falls and latency climbs.",
+            "requests still finish. Preempted requests lose their KV and are recomputed: throughput falls and latency climbs."
+            + reasons(t, ("thrashing",)),
             runbook_base,
         )
 
@@ -450,7 +480,8 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             "KVCacheShortageQueueing", "warning", shortage, t.shortage_for,
             f"{WHERE}: requests are queueing because the KV cache is full",
             f"{{{{ $value | humanize }}}} requests wait for KV on {WHERE} while the engine answers. "
-            "GPU memory looks flat because the KV pool is reserved at start; users see this as rising time to first token.",
+            "GPU memory looks flat because the KV pool is reserved at start; users see this as rising time to first token."
+            + reasons(t, KV_SHORT_STATES),
             runbook_base,
         ),
         # Pages only on user impact: the queue keeps growing, or the first tokens it lets through come late.
@@ -462,7 +493,7 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             f"{WHERE}: requests are queueing because the KV cache is full, and users wait",
             f"{{{{ $value | humanize }}}} requests wait for KV on {WHERE} while the engine answers, and the queue grew "
             f"over {w} or the mean time to first token is above {ttft} s: users wait longer the longer it lasts. "
-            "GPU memory looks flat because the KV pool is reserved at start.",
+            "GPU memory looks flat because the KV pool is reserved at start." + reasons(t, KV_SHORT_STATES),
             runbook_base,
         ),
         # Per pool: a wedged data-parallel rank stalls while its peers serve, which a sum over ranks would hide.
@@ -494,7 +525,8 @@ def alerting_rules(t: Thresholds, runbook_base: str) -> list[dict]:
             f"{WHERE}: the KV cache is nearly full",
             f"KV usage {{{{ $value | humanizePercentage }}}} on {WHERE} (high-water mark "
             f"{number(t.high_water_ratio * 100)}%, or {number(t.low_water_ratio * 100)}% on a trend over {w} "
-            f"that fills it within {format_duration(t.nearly_full_horizon_seconds)}). Once it is full, new requests queue for KV.",
+            f"that fills it within {format_duration(t.nearly_full_horizon_seconds)}). Once it is full, new requests queue for KV."
+            + reasons(t, contract.PRESSURE_STATES[1:]),
             runbook_base,
         ),
         alert(

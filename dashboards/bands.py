@@ -17,6 +17,7 @@ Steps = tuple[tuple[float | None, str], ...]
 """(lower bound, colour) pairs; the first bound is None (everything below the next step)."""
 
 # The colour of each of the exporter's pressure states (exporter.contract.PRESSURE_STATES).
+DOWN_COLOR = "purple"  # a target the exporter cannot poll: no state, and no green either
 STATE_COLORS = {"ok": "green", "tight": "yellow", "capped": "orange", "saturated": "red", "thrashing": "dark-red"}
 # Headroom below one request: the next typical request does not fit (a definition, not a tunable).
 ONE_REQUEST = 1

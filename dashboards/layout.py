@@ -18,14 +18,26 @@ FIRING_ALERTS = 'ALERTS{alertstate="firing", alertname=~"KVCache.*"}'
 FIRING_ALERTS_MATCHERS = FIRING_ALERTS.removeprefix("ALERTS{").removesuffix("}")
 
 
-def firing_alerts_of(labels: tuple[str, ...]) -> str:
-    """Firing alerts whose `labels` match the dashboard's variables, and those about no target at all
-    (the exporter itself), which concern every target."""
+# The time series each alert is about, by the start of their titles: its firing is drawn there, where the lines
+# that made it fire are; the other alerts are drawn on every panel.
+ALERT_PANELS = {
+    "KVCacheShortageQueueing": ("Waiting requests by cause", "Pressure state over time", "Headroom per"),
+    "KVCachePreemptionStorm": ("Preemption rate", "Pressure state over time"),
+    "KVCacheNearlyFull": ("KV usage per", "Time until full"),
+    "KVCachePrefixHitRateDrop": ("Prefix-cache hit ratio per", "Hit ratio vs baseline"),
+    "KVCacheQueueDominatesTTFT": ("Share of TTFT spent queueing", "Queue time"),
+    "KVCacheTargetDown": ("Targets up over time",),
+}
+
+
+def firing_alerts_of(labels: tuple[str, ...], alertname: str = 'alertname=~"KVCache.*"') -> str:
+    """Firing alerts (of `alertname`, a matcher) whose `labels` match the dashboard's variables, and those about no
+    target at all (the exporter itself), which concern every target."""
+    firing = FIRING_ALERTS_MATCHERS.replace('alertname=~"KVCache.*"', alertname)
     if not labels:
-        return FIRING_ALERTS
+        return f"ALERTS{{{firing}}}"
     matchers = ", ".join(f'{label}=~"${label}"' for label in labels)
-    return (f"ALERTS{{{FIRING_ALERTS_MATCHERS}, {matchers}}} "
-            f'or ALERTS{{{FIRING_ALERTS_MATCHERS}, target=""}}')
+    return f"ALERTS{{{firing}, {matchers}}} " f'or ALERTS{{{firing}, target=""}}'
 
 
 @dataclass(frozen=True)
@@ -42,19 +54,25 @@ def widths(count: int) -> list[int]:
     return [base + 1 if index < extra else base for index in range(count)]
 
 
-def firing_alerts(labels: tuple[str, ...]):
-    return (
+def firing_alerts(labels: tuple[str, ...], name: str = "Firing KV-cache alerts",
+                  alertname: str = f'alertname!~"{"|".join(ALERT_PANELS)}", alertname=~"KVCache.*"',
+                  panel_ids: list[int] | None = None):
+    """The annotation of the firing alerts `alertname` matches, on the panels `panel_ids` (every panel: None)."""
+    query = (
         builders.AnnotationQuery()
-        .name("Firing KV-cache alerts")
+        .name(name)
         .datasource(DATASOURCE)
         .enable(True)
         .icon_color("red")
-        .target(prometheus.Dataquery().datasource(DATASOURCE).ref_id("Anno").expr(firing_alerts_of(labels)))
+        .target(prometheus.Dataquery().datasource(DATASOURCE).ref_id("Anno").expr(firing_alerts_of(labels, alertname)))
         .title_format("{{alertname}}")
         .text_format("{{target}} {{severity}}")
         .tag_keys("alertname,severity,target")
         .use_value_for_time(False)
     )
+    if panel_ids is not None:
+        query.filter(builders.AnnotationPanelFilter().exclude(False).ids(panel_ids))
+    return query
 
 
 def assemble(uid: str, title: str, description: str, filters: list, rows: list[Row],
@@ -69,7 +87,6 @@ def assemble(uid: str, title: str, description: str, filters: list, rows: list[R
         .refresh("30s")
         .tooltip(models.DashboardCursorSync.CROSSHAIR)
         .with_variable(variables.datasource())
-        .annotation(firing_alerts(alerts_of))
         # Both dashboards carry the tag, so this shows the other one and keeps time range and variables.
         .link(builders.DashboardLink("KV cache dashboards").type(models.DashboardLinkType.DASHBOARDS)
               .tags([TAG]).include_vars(True).keep_time(True))
@@ -77,9 +94,15 @@ def assemble(uid: str, title: str, description: str, filters: list, rows: list[R
     for variable in filters:
         dashboard.with_variable(variable)
     ids = itertools.count(1)
+    titles: dict[str, int] = {}
     for row in rows:
         dashboard.with_row(builders.Row(row.title).id(next(ids)))
         for line in row.lines:
             for panel, width in zip(line, widths(len(line))):
-                dashboard.with_panel(panel.id(next(ids)).span(width))
+                titles[panel._internal.title] = next(ids)
+                dashboard.with_panel(panel.id(titles[panel._internal.title]).span(width))
+    dashboard.annotation(firing_alerts(alerts_of))
+    for alert, starts in ALERT_PANELS.items():
+        panel_ids = [id_ for title, id_ in titles.items() if title.startswith(starts)]
+        dashboard.annotation(firing_alerts(alerts_of, alert, f'alertname="{alert}"', panel_ids))
     return dashboard.build()

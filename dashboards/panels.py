@@ -40,6 +40,9 @@ REF_IDS = "ABCDEFGH"
 # over no requests). Without it Grafana paints an empty cell, and a stat's "No data", in the first band's colour:
 # green reads "fine" for a target whose engine has no source, red "short" for a pool where nothing runs.
 NO_DATA = "No data"
+# A time series' legend: its last and largest value, sorted by the last (Grafana names the column "Last *").
+LEGEND_CALCS = ("lastNotNull", "max")
+LEGEND_SORT = "Last *"
 
 
 def describe(shows: str, when_red: str) -> str:
@@ -74,6 +77,7 @@ class Column:
     unit: str
     steps: bands.Steps
     mappings: list[models.ValueMapping] | None = None
+    width: int | None = None  # px; None shares the table's width with the others
 
 
 @dataclass(frozen=True)
@@ -114,26 +118,33 @@ def missing_value() -> models.ValueMapping:
 
 
 def stat(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
-         mappings: list[models.ValueMapping] | None = None, min_max: tuple[float, float] | None = None):
-    """A current value (the last one in range), coloured by its band."""
+         mappings: list[models.ValueMapping] | None = None, min_max: tuple[float, float] | None = None,
+         named: bool = False, links: tuple[Link, ...] = ()):
+    """A current value (the last one in range), coloured by its band. `named`: the value now, from an instant
+    query, with the name its legend gives it (which pool it is)."""
     panel = stat_builders.Panel().height(STAT_HEIGHT)
     panel.reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
-    panel.color_mode(common.BigValueColorMode.BACKGROUND).graph_mode(common.BigValueGraphMode.AREA)
-    panel.text_mode(common.BigValueTextMode.VALUE_AND_NAME if len(queries) > 1 else common.BigValueTextMode.AUTO)
+    panel.color_mode(common.BigValueColorMode.BACKGROUND)
+    panel.graph_mode(common.BigValueGraphMode.NONE if named else common.BigValueGraphMode.AREA)
+    panel.text_mode(common.BigValueTextMode.VALUE_AND_NAME if len(queries) > 1 or named
+                    else common.BigValueTextMode.AUTO)
     panel.mappings([*(mappings or []), missing_value()])
     if min_max:
         panel.min(min_max[0]).max(min_max[1])
-    return _with_basics(panel, title, description, unit, queries, steps, links=())
+    return _with_basics(panel, title, description, unit, queries, steps, links, instant=named)
 
 
 def timeseries(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
-               links: tuple[Link, ...] = (), min_max: tuple[float, float] | None = None):
-    """Lines over time; a band with more than one step is drawn as threshold lines."""
+               links: tuple[Link, ...] = (), min_max: tuple[float, float] | None = None, worst_low: bool = False):
+    """Lines over time; a band with more than one step is drawn as threshold lines. The legend and the tooltip
+    list the worst line first by its last value: the highest, or with `worst_low` the lowest (headroom, time
+    until full, hit ratio), so the few legend rows the panel's height shows are the worst ones."""
     panel = timeseries_builders.Panel().height(GRAPH_HEIGHT).line_width(1).fill_opacity(10)
     panel.legend(common_builders.VizLegendOptions().display_mode(common.LegendDisplayMode.TABLE)
-                 .placement(common.LegendPlacement.BOTTOM).show_legend(True).calcs(["lastNotNull", "max"]))
+                 .placement(common.LegendPlacement.BOTTOM).show_legend(True).calcs([*LEGEND_CALCS])
+                 .sort_by(LEGEND_SORT).sort_desc(not worst_low))
     panel.tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
-                  .sort(common.SortOrder.DESCENDING))
+                  .sort(common.SortOrder.ASCENDING if worst_low else common.SortOrder.DESCENDING))
     if len(steps) > 1:
         panel.thresholds_style(common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.LINE))
     if min_max:
@@ -145,6 +156,9 @@ def state_timeline(title: str, description: str, query: Query, mappings: list[mo
                    links: tuple[Link, ...] = ()):
     """One lane per series; the value is a code that `mappings` names and colours."""
     panel = statetimeline.Panel().height(GRAPH_HEIGHT).mappings(mappings).merge_values(True)
+    # The legend lists the mapped values with their colours: what each colour of a lane means.
+    panel.legend(common_builders.VizLegendOptions().display_mode(common.LegendDisplayMode.LIST)
+                 .placement(common.LegendPlacement.BOTTOM).show_legend(True))
     panel.show_value(common.VisibilityMode.NEVER).fill_opacity(80)
     panel.color_scheme(dashboard_builders.FieldColor().mode(models.FieldColorModeId.THRESHOLDS))
     return _with_basics(panel, title, description, "none", [query], bands.neutral(), links)
@@ -183,6 +197,8 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
         properties = [models.DynamicConfigValue("unit", column.unit),
                       models.DynamicConfigValue("thresholds", bands.config(column.steps).build()), cells,
                       models.DynamicConfigValue("mappings", [*(column.mappings or []), missing_value()])]
+        if column.width is not None:
+            properties.append(models.DynamicConfigValue("custom.width", column.width))
         panel.override_by_name(column.header, properties)
     queries = [Query(column.expr, column.header) for column in columns]
     return _with_basics(panel, title, description, "none", queries, bands.neutral(), links,
@@ -195,3 +211,11 @@ def value_names(names: dict[int, tuple[str, str]]) -> list[models.ValueMapping]:
         str(code): models.ValueMappingResult(text=text, color=color, index=index)
         for index, (code, (text, color)) in enumerate(names.items())
     })]
+
+
+def range_names(names: dict[int, tuple[str, str]]) -> list[models.ValueMapping]:
+    """Value mapping from codes to (text, colour), each code covering [code, code + 1): a value that adds a tie-break
+    below 1 to its code (a sort key) reads as its code."""
+    return [models.RangeMap(models.DashboardRangeMapOptions(
+        from_val=code, to=code + 0.999999, result=models.ValueMappingResult(text=text, color=color, index=index)))
+        for index, (code, (text, color)) in enumerate(names.items())]

@@ -149,14 +149,14 @@ def only_where(expr: str, condition: str, on: tuple[str, ...]) -> str:
     return f"(({expr}) and on ({', '.join(on)}) ({condition}))"
 
 
-def rank_of_states(scope: Scope, metric: str, states: tuple[str, ...], by: tuple[str, ...]) -> str:
+def rank_of_states(scope: Scope, metric: str, states: tuple[str, ...], by: tuple[str, ...], label: str = "state") -> str:
     """Index in `states` of the current state (the one series at 1), worst over the rest of the labels.
 
-    The state-set gauge has one series per state at 1 or 0; multiplying each by its index and
+    The state-set gauge has one series per state (its `label`) at 1 or 0; multiplying each by its index and
     taking the max leaves the index of the worst state any pool in the group is in.
     """
     ranked = " or ".join(
-        f"{scope.selector(metric, state=state)} * {index}" for index, state in enumerate(states)
+        f"{scope.selector(metric, **{label: state})} * {index}" for index, state in enumerate(states)
     )
     return f"max{_by(by)} ({ranked})"
 
@@ -166,9 +166,10 @@ def count_where(expr: str) -> str:
     return f"count ({expr}) or vector(0)"
 
 
-def count_in_state(scope: Scope, metric: str, state: str, per: tuple[str, ...]) -> str:
-    """How many `per` groups (e.g. targets) have at least one pool in `state`; 0 when none."""
-    return f"sum (max{_by(per)} ({scope.selector(metric, state=state)}))"
+def count_in_state(scope: Scope, metric: str, states: tuple[str, ...], state: str, per: tuple[str, ...]) -> str:
+    """How many `per` groups (e.g. targets) have `state` as their worst (rank_of_states); 0 when none. Each group
+    counts once, so the counts add up to the groups."""
+    return f"count (({rank_of_states(scope, metric, states, per)}) == {states.index(state)}) or vector(0)"
 
 
 # What more KV would buy: the capacity misses a larger pool would have kept, from the distance histogram

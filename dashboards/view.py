@@ -59,6 +59,12 @@ class View:
         roles = f'role=~"{"|".join(contract.DISAGGREGATED_ROLES)}"'
         return replace(self, scope=replace(self.scope, matchers=(*self.scope.matchers, roles)))
 
+    @property
+    def one_target(self) -> bool:
+        """The target dashboard's view: one target, its lines per rank (a fleet title's "most" or "lowest" of
+        targets does not fit it)."""
+        return "dp_rank" in self.split
+
     def line(self, what: str = "") -> str:
         return f"{self.legend} {what}".strip()
 

@@ -67,12 +67,13 @@ DERIVED = {
     "capacity_bytes": "capacity tokens x bytes per token",
     "used_bytes": "used tokens x bytes per token",
     "pressure_state": "the pressure rule below",
+    "pressure_reason": "the pressure rule below: which of its tests decided the state",
     "tier_used_tokens": "usage ratio x capacity tokens, per tier",
     "tier_usage_ratio": "used tokens / capacity tokens, per tier",
     "requests_waiting_for_kv": "the queue the pressure rule counts while KV is short (below), else 0",
     "requests_waiting_with_kv_room": "the queue the pressure rule counts while KV has room, less a decode pool's "
                                      "transfers waiting to start, else 0",
-    "headroom_requests": "free tokens / live tokens per request",
+    "headroom_requests": "free tokens / live tokens per request; 0 while saturated or thrashing",
     "kv_transfer_above_link_total": "the speed histogram's count less its cumulative count at the smallest bound "
                                     "at or above `kv_transfer_link_bytes_per_second`",
     "kv_transfer_requests_waiting_for_kv": "on a decode pool, its waiting_to_start stage while KV is short (as for "
@@ -329,6 +330,8 @@ def _pressure_section() -> str:
         raise LookupError(f"STATE_RULES in devtools/contract_doc.py covers {sorted(STATE_RULES)}, "
                           f"exporter/contract.py has {sorted(contract.PRESSURE_STATES)}")
     rules = "\n".join(f"{i}. `{state}`: {rule}" for i, (state, rule) in enumerate(STATE_RULES.items(), 1))
+    reasons = "\n".join(f"| `{name}` | {reason.state} | {reason.text} |"
+                        for name, reason in contract.PRESSURE_REASONS.items())
     return f"""\
 ## The pressure state
 
@@ -341,6 +344,24 @@ the rules in this order and the first that holds is the state (thresholds from
 
 A decrease of the preemption counter (an engine restart) adds nothing to the window's rate, so a
 restart never reads as a preemption burst.
+
+### Why: the reason
+
+`kvcache_pressure_reason{{reason}}` says which test decided the state, one series per reason for each pool (1
+for the current one, 0 for the others), so a pool has exactly {len(contract.PRESSURE_REASONS)} of them whatever
+its numbers: the numbers stay in the pool's gauges and never enter a label. The reasons are ordered mildest first
+and grouped by state, so the largest reason index over a target's ranks is also its worst state. The dashboards
+show the words (with the configured marks) beside the columns that hold the numbers; `top` and the alerts' descriptions
+show the text, its numbers read from the same series (`{{placeholder}}`: the pool's gauge of that name, the
+preemptions per minute, or a mark from `exporter/thresholds.py`):
+
+| reason | state | text |
+| --- | --- | --- |
+{reasons}
+
+`kvcache_headroom_requests` is 0 while the state is saturated or thrashing: the queue waits for KV, and engines
+reserve KV ahead (the running requests' output to come, admission watermarks), so the free KV then is no room a
+request would be admitted into; a saturated pool never shows room.
 """
 
 

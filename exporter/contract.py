@@ -8,6 +8,8 @@ tests/unit/test_contract_table.py fails when any of them names a family the tabl
 
 from __future__ import annotations
 
+import string
+from collections.abc import Callable
 from dataclasses import dataclass
 
 PREFIX = "kvcache_"
@@ -78,6 +80,8 @@ class Family:
 
 # The values labels take.
 PRESSURE_STATES = ("ok", "tight", "capped", "saturated", "thrashing")  # mildest first; exporter.derive decides
+# The states in which requests wait for KV or are recomputed for it: the pool has no room for another request.
+KV_SHORT_STATES = ("saturated", "thrashing")
 # What each state says, in a few words: the state family's description, and the README's table of states.
 PRESSURE_STATE_MEANINGS = {
     "ok": "KV has room and nothing waits for it",
@@ -86,6 +90,52 @@ PRESSURE_STATE_MEANINGS = {
     "saturated": "requests queue because KV is short",
     "thrashing": "the engine preempts or retracts requests to free KV",
 }
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a pool is in its pressure state: the rule of exporter.derive that decided it. `words` say it without
+    the pool's own numbers (a panel's value mapping, beside the columns that hold them); `text` says it with
+    them, its {placeholders} the pool's gauges (contract family names), `preemptions_per_minute` and the marks
+    `low_water_ratio` and `high_water_ratio` (exporter.thresholds), each filled by its reader: `top` from the
+    page, the alerts by Prometheus template queries (reason_text)."""
+
+    state: str
+    words: str
+    text: str
+
+
+# The reasons, mildest first and grouped by state in PRESSURE_STATES' order, so that the worst reason of a
+# target's ranks is also its worst state. A fixed set: `kvcache_pressure_reason{reason}` has one series per reason
+# per pool, as the state has one per state; the numbers stay in their own gauges, never in a label.
+PRESSURE_REASONS = {
+    "room": Reason("ok", "ok", "KV has room and nothing waits for it"),
+    "high_water": Reason("tight", "tight: at or above the high-water mark {high_water_ratio}",
+                         "{usage_ratio} used (high-water {high_water_ratio}), nothing waiting"),
+    "cap": Reason("capped", "capped: a concurrency or batch cap, not KV",
+                  "capped: {requests_waiting_with_kv_room} waiting with {headroom_requests} requests of room: "
+                  "a concurrency or batch cap, not KV"),
+    "preempted": Reason("saturated", "saturated: preempted just now for KV",
+                        "{requests_waiting_for_kv} waiting, and the engine preempted since the last poll to free KV"),
+    "free_below_request": Reason("saturated", "saturated: less KV free than one request holds",
+                                 "{requests_waiting_for_kv} waiting: {free_tokens} tokens free, less than one typical "
+                                 "request's {live_tokens_per_request}"),
+    "low_water": Reason("saturated", "saturated: queue at or above {low_water_ratio} used",
+                        "{requests_waiting_for_kv} waiting at {usage_ratio} used (low-water {low_water_ratio})"),
+    "preemptions": Reason("thrashing", "thrashing: preempting to free KV",
+                          "thrashing: {preemptions_per_minute} preemptions/min"),
+}
+REASON_RATIOS = ("usage_ratio", "low_water_ratio", "high_water_ratio")  # placeholders written as a percentage
+
+
+def reason_text(reason: str, value: Callable[[str], str], words: bool = False) -> str:
+    """A reason's text (its words, with `words`), each placeholder replaced by `value(name)`: the reader's number,
+    formatted."""
+    found = PRESSURE_REASONS[reason]
+    text = found.words if words else found.text
+    return text.format_map({name: value(name) for _, name, _, _ in string.Formatter().parse(text) if name})
+
+
 # KV kept beyond the GPU pool: offload tiers, and where cached prompt tokens came from.
 TIERS = ("cpu", "disk", "remote")
 # `peer`: KV another engine instance sends (disaggregated prefill/decode), not a storage tier; counted when the load
@@ -280,8 +330,10 @@ _TABLE = (
            "requests that wait for something else (vLLM's deferred reasons: a KV transfer under way or done, a "
            "LoRA slot, a grammar)."),
     Family("headroom_requests", "gauge", "pool", "requests",
-           "Requests of today's typical size that still fit in the free KV: free tokens / live tokens per request; "
-           "derived by the exporter, absent while nothing runs."),
+           "Requests of today's typical size that still fit in the free KV: free tokens / live tokens per request, "
+           "and 0 while the pool is saturated or thrashing (its queue waits for KV: engines reserve KV ahead for "
+           "the running requests' output and admission watermarks, so what is free then is no room a request is "
+           "admitted into); derived by the exporter, absent while nothing runs."),
     Family("preemptions_total", "counter", "pool", "",
            "Requests preempted (vLLM) or retracted (SGLang) to free KV; mirrors the engine's counter. " + _POLLED),
     Family("prefix_cache_queried_tokens_total", "counter", "pool", "tokens",
@@ -308,6 +360,11 @@ _TABLE = (
     Family("pressure_state", "gauge", "pressure", "",
            "KV pressure derived by the exporter, 1 for the current state: "
            + ", ".join(f"{state} ({PRESSURE_STATE_MEANINGS[state]})" for state in PRESSURE_STATES) + ".", ("state",)),
+    Family("pressure_reason", "gauge", "pressure", "",
+           "Why the pool is in its pressure state, 1 for the rule that decided it (one series per reason, a fixed "
+           "set): " + ", ".join(f"{reason} ({PRESSURE_REASONS[reason].state})" for reason in PRESSURE_REASONS)
+           + ". The numbers behind it are the pool's own gauges; docs/metrics.md gives each reason's text.",
+           ("reason",)),
     # Per pool: KV beyond the GPU pool.
     Family("tier_capacity_tokens", "gauge", "offload", "tokens", "Offload tier capacity in tokens. " + _TIER + _POLLED,
            ("tier",)),

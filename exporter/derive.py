@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .contract import KV_SHORT_STATES, PRESSURE_REASONS
 from .snapshot import RankValues, Snapshot
 from .thresholds import Thresholds
 
@@ -22,6 +23,7 @@ class DerivedRank:
     # kv_transfer_above_link_total: a count derived from a histogram)
     values: RankValues  # the adapter's counters and histograms, passed through
     pressure: str | None
+    reason: str | None = None  # why: a key of contract.PRESSURE_REASONS
     # The adapter's labelled families, each tier's usage completed (tier_values).
     labelled: dict[str, dict[tuple[str, ...], float]] = field(default_factory=dict)
 
@@ -129,20 +131,27 @@ def preempted_since_last_poll(history: History) -> bool:
     return len(history) >= 2 and history[-1][1] > history[-2][1]
 
 
-def kv_is_short(gauges: dict[str, float], thresholds: Thresholds, preempted: bool = False) -> bool:
-    """Whether the KV pool is what would hold a queued request back: the engine preempted since the last
-    poll (it does so only when it cannot grow a running request's KV; the blocks it freed make the pool look
-    roomy until the queue is readmitted), usage at or above the low-water mark (the pool no longer has room
-    to spare), or fewer free tokens than one typical live request holds. Not the high-water mark: engines
-    admit a request only if its prompt fits next to a reserve
+def kv_short_reason(gauges: dict[str, float], thresholds: Thresholds, preempted: bool = False) -> str | None:
+    """Why the KV pool is what would hold a queued request back (a reason of contract.PRESSURE_REASONS), None
+    while it has room: usage at or above the low-water mark (the pool no longer has room to spare), fewer free
+    tokens than one typical live request holds, or the engine preempted since the last poll (it does so only
+    when it cannot grow a running request's KV; the blocks it freed make the pool look roomy until the queue is
+    readmitted). Not the high-water mark: engines admit a request only if its prompt fits next to a reserve
     for the running requests' future output (SGLang's new_token_ratio), so a queue waits for KV
     already at 80-89 % usage with several typical requests' worth free (the simulator's kv-saturation
     ramp shows it; a queue behind the running cap sits far lower). While nothing runs the typical
     request is unknown and only the mark decides."""
-    if preempted or gauges.get("usage_ratio", 0.0) >= thresholds.low_water_ratio:
-        return True
+    if gauges.get("usage_ratio", 0.0) >= thresholds.low_water_ratio:
+        return "low_water"
     free, live = gauges.get("free_tokens"), gauges.get("live_tokens_per_request")
-    return free is not None and live is not None and free < live
+    if free is not None and live is not None and free < live:
+        return "free_below_request"
+    return "preempted" if preempted else None
+
+
+def kv_is_short(gauges: dict[str, float], thresholds: Thresholds, preempted: bool = False) -> bool:
+    """Whether the KV pool is what would hold a queued request back (kv_short_reason)."""
+    return kv_short_reason(gauges, thresholds, preempted) is not None
 
 
 def decode_stages(labelled: dict[str, dict[tuple[str, ...], float]], role: str) -> dict[str, float]:
@@ -196,23 +205,24 @@ def transfer_waiting_for_kv(gauges: dict[str, float], stages: dict[str, float], 
     return {"kv_transfer_requests_waiting_for_kv": waiting if kv_is_short(gauges, thresholds, preempted) else 0.0}
 
 
-def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thresholds: Thresholds,
-                   preempted: bool = False, stages: dict[str, float] | None = None) -> str | None:
-    """The KV pressure state of one pool; the first rule that holds wins.
+def pressure_reason(gauges: dict[str, float], preemption_rate: float | None, thresholds: Thresholds,
+                    preempted: bool = False, stages: dict[str, float] | None = None) -> str | None:
+    """Why a pool is in its KV pressure state (a reason of contract.PRESSURE_REASONS, whose `state` is the
+    state); the first rule that holds wins.
 
-    1. thrashing: preemptions/retractions at or above the threshold rate.
+    1. thrashing (preemptions): preemptions/retractions at or above the threshold rate.
     2. saturated: requests wait for capacity (vLLM's `capacity` reason, else the whole queue; on a decode
-       pool neither holds transfers under way or done) AND the KV pool is short (kv_is_short: a preemption
-       since the last poll, usage at the low-water mark or above, or fewer free tokens than a typical live
-       request holds).
-    3. capped: requests other than a decode pool's transfers waiting to start wait for capacity while the KV
-       pool has room (usage below the low-water mark and free tokens >= a typical live request): the
+       pool neither holds transfers under way or done) AND the KV pool is short (kv_short_reason: usage at
+       the low-water mark or above, fewer free tokens than a typical live request holds, or a preemption
+       since the last poll).
+    3. capped (cap): requests other than a decode pool's transfers waiting to start wait for capacity while
+       the KV pool has room (usage below the low-water mark and free tokens >= a typical live request): the
        running-request cap or the token budget binds, not KV. vLLM reports `capacity` for the running cap too
        (reference §7) and SGLang gives no reason at all, so for SGLang this state is what tells the two queues
        apart. A transfer waiting to start while KV has room is no evidence of a cap (vLLM counts one from its
        arrival, before the scheduler has looked at it).
-    4. tight: usage at or above the high-water mark, nothing waiting for capacity.
-    5. ok: otherwise. None when the engine reports no usage at all.
+    4. tight (high_water): usage at or above the high-water mark, nothing waiting for capacity.
+    5. ok (room): otherwise. None when the engine reports no usage at all.
     capped needs usage below the low-water mark and tight at or above the high-water mark, so the
     two never compete.
     """
@@ -220,15 +230,23 @@ def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thre
     if usage is None:
         return None
     if preemption_rate is not None and preemption_rate >= thresholds.thrashing_preemptions_per_second:
-        return "thrashing"
+        return "preemptions"
     queue, to_allocate = _waiting_for_capacity(gauges, stages or {})
-    if queue > 0 and kv_is_short(gauges, thresholds, preempted):
-        return "saturated"
+    short = kv_short_reason(gauges, thresholds, preempted) if queue > 0 else None
+    if short is not None:
+        return short
     if queue - to_allocate > 0:
-        return "capped"
+        return "cap"
     if usage >= thresholds.high_water_ratio:
-        return "tight"
-    return "ok"
+        return "high_water"
+    return "room"
+
+
+def pressure_state(gauges: dict[str, float], preemption_rate: float | None, thresholds: Thresholds,
+                   preempted: bool = False, stages: dict[str, float] | None = None) -> str | None:
+    """The KV pressure state of one pool: its reason's (pressure_reason)."""
+    reason = pressure_reason(gauges, preemption_rate, thresholds, preempted, stages)
+    return None if reason is None else PRESSURE_REASONS[reason].state
 
 
 def transfers_above_link(values: RankValues, thresholds: Thresholds) -> dict[str, float]:
@@ -261,7 +279,9 @@ def derive(
         gauges.update(waiting_split(gauges, thresholds, preempted, stages))
         gauges.update(transfer_waiting_for_kv(gauges, stages, thresholds, preempted))
         gauges.update(transfers_above_link(rank, thresholds))
-        derived[rank_name] = DerivedRank(
-            gauges, rank, pressure_state(gauges, rate(history), thresholds, preempted, stages),
-            tier_values(rank.labelled))
+        reason = pressure_reason(gauges, rate(history), thresholds, preempted, stages)
+        state = None if reason is None else PRESSURE_REASONS[reason].state
+        if state in KV_SHORT_STATES and "headroom_requests" in gauges:
+            gauges["headroom_requests"] = 0.0  # the queue waits for KV: what is free is no room it is admitted into
+        derived[rank_name] = DerivedRank(gauges, rank, state, reason, tier_values(rank.labelled))
     return derived, new_histories

@@ -122,6 +122,11 @@ def render_target(name: str, labels: dict[str, str], url: str, outcome, failures
                 prefixes[P + "pressure_state", rank_labels, f',state="{state}"']
                 + ("1.0\n" if state == rank.pressure else "0.0\n")
                 for state in contract.PRESSURE_STATES)
+        if rank.reason is not None:
+            series.setdefault("pressure_reason", []).extend(
+                prefixes[P + "pressure_reason", rank_labels, f',reason="{reason}"']
+                + ("1.0\n" if reason == rank.reason else "0.0\n")
+                for reason in contract.PRESSURE_REASONS)
     return TargetText({family: text.encode() for family, text in status.items()},
                       {family: "".join(lines).encode() for family, lines in series.items()}, outcome.last_success)
 

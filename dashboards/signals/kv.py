@@ -41,11 +41,13 @@ def usage_now(v: View):
     t = v.thresholds
     return stat(
         "Fullest pool's KV usage",
-        describe(USAGE_SHOWS, usage_red(t)),
+        describe(USAGE_SHOWS + " Named by its target and rank.", usage_red(t)),
         RATIO,
-        [Query(promql.highest(v.scope, "kvcache_usage_ratio"), "usage")],
+        [Query(f"topk(1, {promql.highest(v.scope, 'kvcache_usage_ratio', POOL)})", "{{target}} rank {{dp_rank}}")],
         bands.usage(t),
         min_max=(0, 1),
+        named=True,
+        links=v.drill_down,
     )
 
 
@@ -81,6 +83,7 @@ def headroom(v: View):
         [Query(promql.least(v.selector(HEADROOM), v.split), v.line())],
         bands.headroom(),
         v.drill_down,
+        worst_low=True,
     )
 
 
@@ -102,6 +105,7 @@ def time_until_full(v: View):
         [Query(promql.least(promql.only_where(until_full, filling, POOL), v.split), v.line())],
         bands.sooner_than(t.nearly_full_horizon_seconds),
         v.drill_down,
+        worst_low=True,
     )
 
 

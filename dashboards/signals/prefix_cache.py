@@ -14,10 +14,11 @@ QUERIED = "kvcache_prefix_cache_queried_tokens_total"
 def hit_ratio_now(v: View):
     t = v.thresholds
     return stat(
-        "Lowest prefix-cache hit ratio",
+        "Prefix-cache hit ratio now" if v.one_target else "Lowest prefix-cache hit ratio",
         describe(
-            "The lowest windowed prefix-cache hit ratio of any target that looks up at least "
-            f"{t.traffic_floor_prefix_tokens_per_second:g} prompt tokens/s: sum(rate(hit tokens)) / "
+            ("The target's windowed prefix-cache hit ratio, where it looks up at least " if v.one_target else
+             "The lowest windowed prefix-cache hit ratio of any target that looks up at least ")
+            + f"{t.traffic_floor_prefix_tokens_per_second:g} prompt tokens/s: sum(rate(hit tokens)) / "
             "sum(rate(queried tokens)) per target over the rate interval, never lifetime counters.",
             "this stat has no absolute red: a good ratio depends on the workload. Hit ratio vs baseline "
             "turns red when a target's ratio falls below its own baseline, the condition of "
@@ -51,6 +52,7 @@ def hit_ratio(v: View):
         bands.neutral(),
         v.drill_down,
         min_max=(0, 1),
+        worst_low=True,
     )
 
 

@@ -2,17 +2,45 @@
 
 from __future__ import annotations
 
-from kvcache_exporter.contract import PRESSURE_STATES
+from kvcache_exporter.contract import PRESSURE_REASONS, PRESSURE_STATES, reason_text
 from kvcache_exporter.thresholds import Thresholds
 from kvcache_exporter.units import format_duration
 
 from kvcache_exporter.dashboards import bands, promql
-from kvcache_exporter.dashboards.panels import Query, describe, stat, state_timeline, timeseries, value_names, without_source
+from kvcache_exporter.dashboards.panels import (Query, describe, range_names, stat, state_timeline, timeseries, value_names,
+                                                without_source)
 from kvcache_exporter.dashboards.view import PER_TARGET, PREEMPTIONS_PER_MINUTE, PREEMPTIONS_PER_SECOND, REQUESTS, TARGETS, View, percent
 
 
 def state_names():
     return value_names({index: (state, bands.STATE_COLORS[state]) for index, state in enumerate(PRESSURE_STATES)})
+
+
+REASONS = tuple(PRESSURE_REASONS)
+# A target the exporter cannot poll: ranked above every reason, so it is first in the triage table.
+DOWN = "down: the exporter cannot poll it"
+DOWN_CODE = len(REASONS)
+
+
+def reason_words(t: Thresholds, reason: str) -> str:
+    """A reason's words (contract.PRESSURE_REASONS) with the marks the dashboards were generated for."""
+    marks = {"low_water_ratio": t.low_water_ratio, "high_water_ratio": t.high_water_ratio}
+    return reason_text(reason, lambda name: percent(marks[name]), words=True)
+
+
+def reason_names(t: Thresholds, ranges: bool = False):
+    """Reason codes (rank_of_states over kvcache_pressure_reason) named in the contract's words, coloured by their
+    state; with `ranges`, each code's name covers [code, code + 1), for values that add a tie-break below 1, and
+    the down code follows."""
+    names = {code: (reason_words(t, reason), bands.STATE_COLORS[PRESSURE_REASONS[reason].state])
+             for code, reason in enumerate(REASONS)}
+    if not ranges:
+        return value_names(names)
+    return range_names({**names, DOWN_CODE: (DOWN, bands.DOWN_COLOR)})
+
+
+def reason_rank(v: View, by: tuple[str, ...]) -> str:
+    return promql.rank_of_states(v.scope, "kvcache_pressure_reason", REASONS, by, label="reason")
 
 
 def targets_per_state(v: View):
@@ -24,15 +52,17 @@ def targets_per_state(v: View):
             "How many targets are in each KV pressure state the exporter derives: ok (room to spare), tight "
             f"(usage at or above {percent(v.thresholds.high_water_ratio)}, nothing queued for KV), capped "
             "(requests wait while the KV pool has room: the running-request cap or compute holds them), saturated "
-            "(requests queue because KV is full), thrashing (the engine preempts requests to free KV). A target "
-            "with several data-parallel ranks counts in every state one of its ranks is in.",
+            "(requests queue because KV is full), thrashing (the engine preempts requests to free KV), and down "
+            "(the exporter cannot poll it). Each target counts once, by its worst data-parallel rank, as in the "
+            "table beside it: the counts add up to its rows.",
             "targets are saturated or thrashing: KV, not compute, limits them; add KV capacity or shed load. "
             "Capped (orange): raise the running cap or add replicas, KV is not the limit. Tight (amber) is the "
             "early warning.",
         ),
         TARGETS,
-        [Query(promql.count_in_state(v.scope, "kvcache_pressure_state", state, PER_TARGET), state, state_bands[state])
-         for state in PRESSURE_STATES],
+        [*(Query(promql.count_in_state(v.scope, "kvcache_pressure_state", PRESSURE_STATES, state, PER_TARGET), state,
+                 state_bands[state]) for state in PRESSURE_STATES),
+         Query(promql.count_where(f"{v.selector('kvcache_target_up')} == 0"), "down", bands.any_present(bands.DOWN_COLOR))],
         bands.neutral(),
     )
 
@@ -41,17 +71,18 @@ def state_now(v: View):
     return stat(
         "Pressure state",
         describe(
-            "The worst KV pressure state of the target's pools now: ok, tight (nearly full, nothing queued for KV), "
-            "capped (requests wait while KV has room), saturated (requests queue because KV is full) or thrashing "
-            "(preempting requests to free KV).",
+            "The worst KV pressure state of the target's pools now, and why (the rule of the exporter that decided "
+            "it): ok, tight (nearly full, nothing queued for KV), capped (requests wait while KV has room), "
+            "saturated (requests queue because KV is full) or thrashing (preempting requests to free KV). The "
+            "numbers behind it are beside it: Waiting requests, KV usage, Preemptions per minute.",
             "saturated or thrashing: requests wait or are recomputed for lack of KV. Follow Waiting for KV "
             "and Preemptions below; reduce concurrency or max sequence length, or add replicas. Capped: the "
             "running cap, not KV, holds requests back; raise it or add replicas.",
         ),
         "none",
-        [Query(promql.rank_of_states(v.scope, "kvcache_pressure_state", PRESSURE_STATES, ()), "state")],
+        [Query(reason_rank(v, ()), "state")],
         bands.neutral(),
-        mappings=state_names(),
+        mappings=reason_names(v.thresholds),
     )
 
 
@@ -143,10 +174,11 @@ def window_note(t: Thresholds) -> str:
 def preemptions_per_minute(v: View):
     t = v.thresholds
     return stat(
-        "Most preemptions per minute",
+        "Preemptions per minute" if v.one_target else "Most preemptions per minute",
         describe(
-            "Requests the engines preempted (vLLM) or retracted (SGLang) to free KV, per minute, of the target "
-            "that preempts most. Each one throws away computed KV that must be recomputed."
+            "Requests the engines preempted (vLLM) or retracted (SGLang) to free KV, per minute, "
+            + ("summed over the target's ranks." if v.one_target else "of the target that preempts most.")
+            + " Each one throws away computed KV that must be recomputed."
             + without_source("preemptions_total") + window_note(t),
             f"at or above {t.thrashing_preemptions_per_second * 60:g}/min a target counts as thrashing (dark red at "
             f"the critical preemption-storm rate, {t.preemption_storm_critical_per_second * 60:g}/min). Find the "

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from kvcache_exporter.contract import PRESSURE_STATES
-
 from kvcache_exporter.dashboards import bands, promql
 from kvcache_exporter.dashboards.panels import Column, describe, table
 from kvcache_exporter.dashboards.signals import kv, latency, pressure
@@ -14,14 +12,30 @@ TRIAGE_QUANTILE = 0.9
 # The header names what a count column counts; "304 requests" or "252 preemptions/min" in every cell would not
 # fit nine columns in 1200 px, and Grafana clips a right-aligned cell's number first.
 COUNT = "none"
+# The State column says why in words ("saturated: queue at or above 75% used"): wide enough for them, the other
+# columns share the rest down to panels.TABLE_COLUMN_MIN_WIDTH.
+STATE_WIDTH = 300
+
+
+def worst_first(v: View) -> str:
+    """The State column's value, a sort key: the worst reason's code of the target's ranks (pressure.reason_rank),
+    plus below 1 its fullest rank's usage in whole percent (x 0.9) and then its waiting requests (w / (w + 1), x
+    0.009), so that a descending sort puts the worst state first and ties by usage, then waiting; a target that
+    is down reads the down code, above every reason."""
+    s = v.scope
+    ranked = pressure.reason_rank(v, PER_TARGET)
+    usage = f"floor(100 * clamp_max({promql.highest(s, 'kvcache_usage_ratio', PER_TARGET)}, 1)) * 0.009"
+    waiting = promql.total(s, "kvcache_requests_waiting", PER_TARGET)
+    queue = f"(0.009 * {waiting} / ({waiting} + 1) or on (target) 0 * {ranked})"
+    down = f"max by (target) ({v.selector('kvcache_target_up')} == 0) + {pressure.DOWN_CODE}"
+    return f"(\n  {ranked}\n  + on (target) {usage}\n  + on (target) {queue}\n)\nor on (target)\n{down}"
 
 
 def pools_needing_help(v: View):
     t = v.thresholds
     s = v.scope
     columns = [
-        Column(STATE, promql.rank_of_states(s, "kvcache_pressure_state", PRESSURE_STATES, PER_TARGET), "none",
-               bands.neutral(), pressure.state_names()),
+        Column(STATE, worst_first(v), "none", bands.neutral(), pressure.reason_names(t, ranges=True), STATE_WIDTH),
         Column("KV usage", promql.highest(s, "kvcache_usage_ratio", PER_TARGET), RATIO, bands.usage(t)),
         Column("Headroom", promql.least(v.selector(kv.HEADROOM), PER_TARGET), HEADROOM_UNIT, bands.headroom()),
         Column("Waiting for KV", promql.total(s, "kvcache_requests_waiting_for_kv", PER_TARGET), COUNT,
@@ -37,8 +51,10 @@ def pools_needing_help(v: View):
     return table(
         "Pools that need help now",
         describe(
-            "One row per target, worst pressure state first. State, KV usage and headroom are those of its "
-            "worst data-parallel rank; waiting, running and preemptions are summed over its ranks; TTFT "
+            "One row per target, worst pressure state first, then the fullest, then the longest queue; targets the "
+            "exporter cannot poll come first, as down. State says why (the exporter's rule, in the words of "
+            "docs/metrics.md) and the columns beside it hold the numbers. State, KV usage and headroom are those of "
+            "its worst data-parallel rank; waiting, running and preemptions are summed over its ranks; TTFT "
             f"p{TRIAGE_QUANTILE * 100:g} comes from the target's own histogram over the rate interval. Filter "
             "the table or sort by any column; click a target to open it." + pressure.window_note(t),
             "the state column names what limits the pool: saturated or thrashing is KV (add KV capacity, shed "

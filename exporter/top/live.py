@@ -45,7 +45,7 @@ class Reader(threading.Thread):
                 try:
                     frame = read_frame(self.source.read(), time.time())
                     self.window.add(frame)
-                    self.latest = (frame, build_rows(frame, self.window), None)
+                    self.latest = (frame, build_rows(frame, self.window, self.source.thresholds), None)
                 except (SourceError, parser.ParseError) as err:
                     # Nothing from before is shown as if it were current.
                     self.latest = (None, [], f"read failed at {time.strftime('%H:%M:%S')}: {err}")

@@ -22,7 +22,7 @@ def output(source, interval: float, sort: str, text_filter: str, as_json: bool) 
             window.add(frame)
     finally:
         source.close()
-    every_pool = build_rows(frame, window)
+    every_pool = build_rows(frame, window, source.thresholds)
     rows = sort_rows(filter_rows(every_pool, text_filter), sort)
     fleet = totals(frame, every_pool, window.window)  # the filter narrows the table, never the fleet
     if as_json:

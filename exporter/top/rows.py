@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .. import contract
+from ..thresholds import DEFAULT as DEFAULT_THRESHOLDS
+from ..thresholds import Thresholds
 from ..units import format_duration
 from .rates import RateWindow
 from .source import CAPACITY_MISSES, Frame
@@ -21,8 +23,9 @@ TARGET_MIN_WIDTH = 8
 USAGE_BAR_WIDTH = 8
 
 
-def build_rows(frame: Frame, window: RateWindow) -> list[dict[str, Any]]:
-    """One dict per pool, in page order; a value the exporter does not give is None."""
+def build_rows(frame: Frame, window: RateWindow, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[dict[str, Any]]:
+    """One dict per pool, in page order; a value the exporter does not give is None. `why` says the state's
+    reason in the words of contract.PRESSURE_REASONS, with the pool's numbers and the source's marks."""
     rows = []
     for key, pool in frame.pools.items():
         gauges = pool.gauges
@@ -34,6 +37,7 @@ def build_rows(frame: Frame, window: RateWindow) -> list[dict[str, Any]]:
             "capacity_tokens": gauges.get("capacity_tokens"),
             "free_tokens": gauges.get("free_tokens"),
             "headroom_requests": gauges.get("headroom_requests"),
+            "live_tokens_per_request": gauges.get("live_tokens_per_request"),
             "requests_running": gauges.get("requests_running"),
             "requests_running_max": gauges.get("requests_running_max"),
             "requests_waiting": gauges.get("requests_waiting"),
@@ -44,7 +48,9 @@ def build_rows(frame: Frame, window: RateWindow) -> list[dict[str, Any]]:
             "ttft_p90_seconds": rates.ttft_p90_seconds,
             "rates_seconds": rates.seconds,
             "polled_at": pool.at,
+            "reason": pool.reason,
         })
+        rows[-1]["why"] = why(rows[-1], thresholds)
         if CAPACITY_MISSES in pool.counters:  # the key exists only where the exporter has the series
             rows[-1]["capacity_misses_per_min"] = rates.capacity_misses_per_min
         if pool.holders:  # the pool's KV event stream names who holds its blocks
@@ -79,6 +85,25 @@ def totals(frame: Frame, rows: list[dict[str, Any]], window_seconds: float) -> d
         "window_seconds": window_seconds,
         "rates_seconds": min(covered, default=None),
     }
+
+
+def why(row: dict[str, Any], thresholds: Thresholds) -> str | None:
+    """The pool's reason as text (contract.reason_text), None where the exporter gives none or the pool is ok."""
+    reason = row["reason"]
+    if reason is None or contract.PRESSURE_REASONS[reason].state == "ok":
+        return None
+    given = {"low_water_ratio": thresholds.low_water_ratio, "high_water_ratio": thresholds.high_water_ratio,
+             "preemptions_per_minute": row["preemptions_per_min"]}
+
+    def value(name: str) -> str:
+        number = given[name] if name in given else row[name]
+        if name in contract.REASON_RATIOS:
+            return percent(number)
+        if name == "headroom_requests":
+            return _whole(number)
+        return per_min(number) if name == "preemptions_per_minute" else count(number)
+
+    return contract.reason_text(reason, value)
 
 
 # -- how values are written -------------------------------------------------------------------
@@ -172,6 +197,9 @@ COLUMNS = (
            lambda r: _high_first(r["ttft_p90_seconds"]), 88),
     Column("misses", "MISSES\n/min {window}", lambda r: per_min(r.get("capacity_misses_per_min")),
            lambda r: _high_first(r.get("capacity_misses_per_min")), 70),
+    # Last: the only column of words, cut first on a narrow terminal (the state still says which).
+    Column("why", "WHY", lambda r: r["why"] or "", lambda r: (-_severity(r["state"]), _high_first(r["usage_ratio"])),
+           65, "left"),
 )
 SORTS = tuple(column.name for column in COLUMNS if column.name not in ("dp", "role", "engine", "model"))
 _BY_NAME = {column.name: column for column in COLUMNS}

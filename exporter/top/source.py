@@ -26,13 +26,14 @@ from ..thresholds import Thresholds
 P = contract.PREFIX
 TTFT = "time_to_first_token_seconds"
 STATE = "pressure_state"
+REASON = "pressure_reason"
 CAPACITY_MISSES = "capacity_miss_blocks_total"
 HOLDERS = ("adapter", "tenant")  # who holds a pool's blocks: kvcache_{adapter,tenant}_blocks_resident
 _RESIDENT = {holder: f"{holder}_blocks_resident" for holder in HOLDERS}
 _GAUGES = contract.names(group="pool", type="gauge")
 _COUNTERS = contract.names(group="pool", type="counter") + (CAPACITY_MISSES,)
 _LAST_SUCCESS = "target_last_success_timestamp_seconds"
-WANTED = frozenset(P + name for name in (*_GAUGES, *_COUNTERS, STATE, "target_up", _LAST_SUCCESS, TTFT + "_bucket",
+WANTED = frozenset(P + name for name in (*_GAUGES, *_COUNTERS, STATE, REASON, "target_up", _LAST_SUCCESS, TTFT + "_bucket",
                                          *_RESIDENT.values()))
 _IDENTITY = contract.GROUPS["pool"].identity
 
@@ -55,6 +56,7 @@ class Pool:
     counters: dict[str, float] = field(default_factory=dict)
     ttft: list[tuple[float, float]] = field(default_factory=list)  # (le, cumulative count), ascending
     state: str | None = None
+    reason: str | None = None  # why the state: a key of contract.PRESSURE_REASONS
     # blocks resident by adapter and by tenant, where the exporter reads the pool's KV event stream
     holders: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -95,6 +97,9 @@ def read_frame(text: str, read_at: float) -> Frame:
     for sample in samples.get(P + STATE, ()):
         if sample.value == 1.0:
             pool_of(sample.labels).state = sample.labels.get("state")
+    for sample in samples.get(P + REASON, ()):
+        if sample.value == 1.0 and sample.labels.get("reason") in contract.PRESSURE_REASONS:
+            pool_of(sample.labels).reason = sample.labels.get("reason")
     for sample in samples.get(P + TTFT + "_bucket", ()):
         labels = sample.labels
         pool_of(labels).ttft.append((float(labels.get("le", "nan")), sample.value))

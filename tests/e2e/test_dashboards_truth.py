@@ -45,9 +45,10 @@ import yaml
 
 from kvcache_exporter.alerts import generate
 from kvcache_exporter.dashboards import build, fleet, target
+from kvcache_exporter.dashboards.signals import pressure
 from devtools import grafana_render
 from kvcache_exporter.adapters import ADAPTERS
-from kvcache_exporter.contract import PRESSURE_STATES
+from kvcache_exporter.contract import KV_SHORT_STATES, PRESSURE_REASONS, PRESSURE_STATES
 from kvcache_exporter import units
 from kvcache_exporter.thresholds import DEFAULT
 from kvcache_exporter.simulator.model import KV_BOUND
@@ -138,7 +139,8 @@ class Rank:
 
     @property
     def headroom(self) -> float | None:
-        """Free tokens / live tokens per running request, as the contract defines it."""
+        """Free tokens / live tokens per running request: the contract's headroom while the pool is neither
+        saturated nor thrashing (0 then: surely_without_room, maybe_without_room)."""
         if not self.running:
             return None
         used = self.used_blocks * self.block_size
@@ -749,21 +751,17 @@ def read_at(run: Run, seen: Seen, name: str, t: float) -> list[tuple[Rank, ...]]
 
 @pytest.mark.usefixtures("artifacts_on_failure")
 def test_overview_shows_the_worst_pool(run, fleet_all, seen):
-    t, usage = by_target(fleet_all["Fullest pool's KV usage"])[""][-1]
+    [points] = by_target(fleet_all["Fullest pool's KV usage"]).values()  # one series: the fullest pool's
+    t, usage = points[-1]
     fullest = [[max(r.usage for r in ranks) for ranks in read]
                for read in states_shown(run, seen, "kvcache_usage_ratio", t).values()]
     least, most = max(map(min, fullest)), max(map(max, fullest))
     assert least - 0.02 <= usage <= most + 0.02, (usage, least, most)
     # Headroom below 1 on a target's least-free rank: between the certain and the possible count.
     t, without_room = by_target(fleet_all["Pools without room for one more request"])[""][-1]
-
-    def short(ranks):
-        rooms = [r.headroom for r in ranks if r.headroom is not None]
-        return bool(rooms) and min(rooms) < 1
-
     shown = states_shown(run, seen, "kvcache_headroom_requests", t).values()
-    certain = sum(all(map(short, read)) for read in shown)
-    possible = sum(any(map(short, read)) for read in shown)
+    certain = sum(all(any(map(surely_without_room, ranks)) for ranks in read) for read in shown)
+    possible = sum(any(any(map(maybe_without_room, ranks)) for ranks in read) for read in shown)
     assert certain <= without_room <= possible, (certain, without_room, possible)
     # Lowest hit ratio and most preemptions are the extreme of the per-target lines, not a sum.
     hit = [last(points) for points in by_target(fleet_all["Prefix-cache hit ratio per target"]).values() if points]
@@ -838,6 +836,17 @@ def rank_states(rank: Rank) -> set[str]:
     return states | {"capped"} if rank.waiting_reason == "kv" and rank.shows_room else states
 
 
+def surely_without_room(rank: Rank) -> bool:
+    """Whether the contract's headroom of a rank's page is below 1 whatever its state: less than one typical
+    request free, or a page that can only read saturated or thrashing (headroom 0 then)."""
+    return rank.headroom is not None and (rank.headroom < 1 or rank_states(rank) <= set(KV_SHORT_STATES))
+
+
+def maybe_without_room(rank: Rank) -> bool:
+    """Whether it may be: below one request, or a page that may read saturated or thrashing."""
+    return rank.headroom is not None and (rank.headroom < 1 or bool(rank_states(rank) & set(KV_SHORT_STATES)))
+
+
 def usage_colour(value: float) -> str:
     """The band of a KV usage, from exporter/thresholds.py's marks."""
     return "red" if value >= DEFAULT.high_water_ratio else "yellow" if value >= DEFAULT.low_water_ratio else "green"
@@ -891,13 +900,16 @@ def test_grafana_shows_the_fullest_pool_in_its_unit_and_band(run, fleet_all, see
     percentage (the engine's fraction, to Grafana's rounding), in the band exporter/thresholds.py puts it in."""
     stat = fleet_all["Fullest pool's KV usage"]
     [query] = stat.displayed["queries"]
-    [(_, points)] = stat.series["A"]
-    assert points[-1][0] == query["end"] == drawn_at(run)  # lastNotNull: the value at the end of the range
-    bounds = usage_bounds(run, seen, query["end"])
+    assert query["instant"] and query["time"] == drawn_at(run)  # the value now, of the pool it names
+    bounds = usage_bounds(run, seen, query["time"])
     assert set(bounds) == set(FLEET)
     low, high = max(low for low, _ in bounds.values()), max(high for _, high in bounds.values())
     [shown] = stat.displayed["values"]
     assert_shows_usage(shown, low, high, "fullest pool")
+    # It names its pool ("<target> rank <n>"), one whose fill the polls allow to be the fullest.
+    name, _, rank = shown["name"].partition(" rank ")
+    assert name in FLEET and rank.isdigit(), shown["name"]
+    assert bounds[name][1] >= low, (shown["name"], bounds[name], low)
 
 
 @pytest.mark.usefixtures("artifacts_on_failure")
@@ -908,14 +920,21 @@ def test_grafana_lists_the_pools_worst_first_with_their_state_and_colour(run, fl
     t = table.displayed["queries"][0]["time"]
     rows = table_rows(table)
     assert sorted(row["target"]["text"] for row in rows) == sorted(FLEET)
-    codes = [PRESSURE_STATES.index(row["State"]["text"]) for row in rows]
+    words = {pressure.reason_words(THRESHOLDS, reason): reason for reason in PRESSURE_REASONS}
+    reasons = [words[row["State"]["text"]] for row in rows]  # each State says its reason in the contract's words
+    codes = [list(PRESSURE_REASONS).index(reason) for reason in reasons]
     assert codes == sorted(codes, reverse=True), [row["State"]["text"] for row in rows]
+    # Ties by usage, fullest first (the cells' percentages, to Grafana's rounding).
+    for above, below in zip(rows, rows[1:]):
+        if above["State"]["text"] == below["State"]["text"]:
+            assert percent_interval(above["KV usage"]["text"])[1] >= percent_interval(below["KV usage"]["text"])[0], (
+                above["target"]["text"], below["target"]["text"])
     reads = states_shown(run, seen, "kvcache_pressure_state", t)
     usage = usage_bounds(run, seen, t)
-    for row in rows:
-        name, state = row["target"]["text"], row["State"]
-        assert state["colorName"] == SEVERITY_COLOURS[PRESSURE_STATES.index(state["text"])], (name, state)
-        assert state["text"] in possible_states(reads[name]), (name, state["text"], reads[name])
+    for row, reason in zip(rows, reasons):
+        name, state, word = row["target"]["text"], row["State"], PRESSURE_REASONS[reason].state
+        assert state["colorName"] == SEVERITY_COLOURS[PRESSURE_STATES.index(word)], (name, state)
+        assert word in possible_states(reads[name]), (name, state["text"], reads[name])
         assert_shows_usage(row["KV usage"], *usage[name], name)
     # The run's point: saturated pools at the top (a queue for KV, or preempting), the steady ones below them.
     top = {row["target"]["text"] for row in rows[:len(KV_SATURATION)]}
@@ -942,8 +961,10 @@ def test_a_value_the_engine_does_not_give_reads_no_data_not_a_band(run, fleet_al
             assert (shown["text"], shown["colorName"]) == ("No data", None), name
         elif all(rooms):
             assert shown["text"] != "No data", name
-            # Red below one request that fits, as the contract computes headroom from the engine's own blocks.
-            assert shown["colorName"] in {"red" if min(room) < 1 else "green" for room in rooms}, (name, shown, rooms)
+            # Red below one request that fits or while the pool waits for KV (headroom 0 then, by the contract).
+            colours = ({"red" for ranks in read if any(map(maybe_without_room, ranks))}
+                       | {"green" for ranks in read if not any(map(surely_without_room, ranks))})
+            assert shown["colorName"] in colours, (name, shown, rooms)
     for name, row in rows.items():
         for column, cell in row.items():
             assert cell["text"] not in ("", "NaN"), (name, column, cell)
@@ -960,11 +981,15 @@ def test_target_dashboard_shows_only_the_selected_target(run, grafana):
         ranks = {labels.get("dp_rank") for labels, _ in panels["KV usage per rank"].series["A"]}
         assert len(ranks) == len(run.truth.at(name, run.end))
     dashboard = json.loads((build.GENERATED / target.FILENAME).read_text())
-    [annotation] = dashboard["annotations"]["list"]
-    expr = annotation["target"]["expr"].replace("$target", "vllm-steady")
-    assert "$" not in expr, expr
-    firing = harness.prom_query(run.prometheus_url, f"max_over_time(({expr})[{int(RUN_S + 2 * LAG_S)}s:1s])")
-    assert {item["metric"].get("target", "") for item in firing["result"]} <= {"vllm-steady", ""}
+    drawn = []  # each firing alert is drawn by one annotation query (its own panels', or every panel's)
+    for annotation in dashboard["annotations"]["list"]:
+        expr = annotation["target"]["expr"].replace("$target", "vllm-steady")
+        assert "$" not in expr, expr
+        firing = harness.prom_query(run.prometheus_url, f"max_over_time(({expr})[{int(RUN_S + 2 * LAG_S)}s:1s])")
+        assert {item["metric"].get("target", "") for item in firing["result"]} <= {"vllm-steady", ""}
+        drawn += [(m["alertname"], m["severity"], m.get("target", ""))
+                  for m in (item["metric"] for item in firing["result"])]
+    assert len(drawn) == len(set(drawn)), drawn
 
 
 @pytest.mark.usefixtures("artifacts_on_failure")

@@ -91,8 +91,9 @@ def test_fixture_values(samples, name):
         labels = {"target": name, "dp_rank": rank, "engine": expected["engine"], "model": expected["model"],
                   "role": expected["role"], "cluster": "test"}
         for key, want in values.items():
-            if key == "pressure_state":
-                assert harness.value(samples, "kvcache_pressure_state", state=want, **labels) == 1.0, (name, rank)
+            if key in ("pressure_state", "pressure_reason"):  # a state set: the expected one is at 1
+                label = key.removeprefix("pressure_")
+                assert harness.value(samples, "kvcache_" + key, **{label: want}, **labels) == 1.0, (name, rank)
                 continue
             family, _, label_part = key.partition("{")  # `tier_used_tokens{tier=cpu}`: a labelled family
             extra = dict(pair.split("=") for pair in label_part.rstrip("}").split(",")) if label_part else {}

@@ -41,9 +41,9 @@ running 38  waiting for KV 40, with KV room 100  preemptions/min 12.0
 thrashing 0  saturated 1  capped 1  tight 0  ok 1  window 30s of 1m
 
                                                  FREE HEAD     WAIT WAIT PREEMPT  HIT   TTFT  MISSES
-TARGET    DP ENGINE MODEL    STATE     KV USED TOKENS ROOM RUN   KV ROOM /min 1m   1m p90 1m /min 1m
-sat       0  vllm   llama-8b saturated     95%    816    1  30   40    0    12.0 0.80  4.67s    60.0
-cap       0  sglang qwen-7b  capped        20%  26.2k   40 8/8    0  100     0.0    -   9.1s       -
+TARGET    DP ENGINE MODEL    STATE     KV USED TOKENS ROOM RUN   KV ROOM /min 1m   1m p90 1m /min 1m WHY
+sat       0  vllm   llama-8b saturated     95%    816    0  30   40    0    12.0 0.80  4.67s    60.0 40 waiting at 95% used (low-water 75%)
+cap       0  sglang qwen-7b  capped        20%  26.2k   40 8/8    0  100     0.0    -   9.1s       - capped: 100 waiting with 40 requests of room: a concurrency or batch cap, not KV
 restarted 1  vllm   llama-8b ok            10%  14.7k    -   0    0    0     0.0    -      -       -
 """
     # KV: (65536 - 41776) / 65536 = 36%; 816 + 26214 + 14746 = 41776 free; preemptions 12 + 0 + 0.
@@ -65,20 +65,24 @@ def test_json_gives_the_same_rows_as_numbers():
     assert math.isclose(sat.pop("ttft_p90_seconds"), 2.5 + 2.5 * (54 - 15) / (60 - 15), rel_tol=1e-12)
     assert sat == {**common, "target": "sat", "engine": "vllm", "model": "llama-8b", "dp_rank": "0",
                    "state": "saturated", "usage_ratio": 0.95, "capacity_tokens": 16384.0, "free_tokens": 816.0,
-                   "headroom_requests": 1.5, "requests_running": 30.0, "requests_waiting": 40.0,
+                   "headroom_requests": 0.0, "requests_running": 30.0, "requests_waiting": 40.0,
                    "requests_waiting_for_kv": 40.0, "requests_waiting_with_kv_room": 0.0,
                    "preemptions_per_min": (16 - 10) / 0.5, "prefix_hit_ratio": ((1600 - 1000) + (300 - 100)) / (3000 - 2000),
-                   "capacity_misses_per_min": (130 - 100) / 0.5}
+                   "capacity_misses_per_min": (130 - 100) / 0.5, "live_tokens_per_request": None,
+                   "reason": "low_water", "why": "40 waiting at 95% used (low-water 75%)"}
     assert cap == {**common, "target": "cap", "engine": "sglang", "model": "qwen-7b", "dp_rank": "0",
                    "state": "capped", "usage_ratio": 0.2, "capacity_tokens": 32768.0, "free_tokens": 26214.0,
                    "headroom_requests": 40.0, "requests_running": 8.0, "requests_running_max": 8.0,
                    "requests_waiting": 100.0, "requests_waiting_for_kv": 0.0, "requests_waiting_with_kv_room": 100.0,
-                   "preemptions_per_min": 0.0, "prefix_hit_ratio": None, "ttft_p90_seconds": 1 + 9 * 18 / 20}
+                   "preemptions_per_min": 0.0, "prefix_hit_ratio": None, "ttft_p90_seconds": 1 + 9 * 18 / 20,
+                   "live_tokens_per_request": None, "reason": "cap",
+                   "why": "capped: 100 waiting with 40 requests of room: a concurrency or batch cap, not KV"}
     assert restarted == {**common, "target": "restarted", "engine": "vllm", "model": "llama-8b", "dp_rank": "1",
                          "state": "ok", "usage_ratio": 0.1, "capacity_tokens": 16384.0, "free_tokens": 14746.0,
                          "headroom_requests": None, "requests_running": 0.0, "requests_waiting": 0.0,
                          "requests_waiting_for_kv": 0.0, "requests_waiting_with_kv_room": 0.0,
-                         "preemptions_per_min": 0.0, "prefix_hit_ratio": None, "ttft_p90_seconds": None}
+                         "preemptions_per_min": 0.0, "prefix_hit_ratio": None, "ttft_p90_seconds": None,
+                         "live_tokens_per_request": None, "reason": "room", "why": None}
 
 
 def test_filter_and_sort_narrow_the_table_not_the_fleet():
@@ -106,8 +110,10 @@ def test_direct_poll_reads_the_engines_with_the_exporters_pipeline(tmp_path):
             assert (row["engine"], row["model"]) == (expected[name]["engine"], expected[name]["model"])
             for key in ("usage_ratio", "capacity_tokens", "free_tokens", "requests_running", "requests_waiting"):
                 assert math.isclose(row[key], want[key], rel_tol=1e-9, abs_tol=1e-6), (name, rank, key)
-            assert math.isclose(row["headroom_requests"], want["free_tokens"] / want["live_tokens_per_request"],
-                                rel_tol=1e-9)
+            # a queue at or above the low-water mark (0.75) waits for KV: no headroom, by the contract
+            short = want["requests_waiting"] > 0 and want["usage_ratio"] >= 0.75
+            assert math.isclose(row["headroom_requests"],
+                                0.0 if short else want["free_tokens"] / want["live_tokens_per_request"], rel_tol=1e-9)
             # the page is the same at both reads: nothing was preempted in between, no TTFT was observed
             assert (row["preemptions_per_min"], row["ttft_p90_seconds"]) == (0.0, None)
 

@@ -190,7 +190,7 @@ def missing_values_dashboard() -> dict:
     stat["gridPos"] = {"h": 4, "w": 6, "x": 0, "y": 1}
     table = copy.deepcopy(by_title["Pools that need help now"])
     table["gridPos"] = {"h": 6, "w": 24, "x": 0, "y": 5}
-    values = {"State": (3, 0), "KV usage": (0.953, 0.5), "Headroom": (0.5, None), "Waiting for KV": (2, 0),
+    values = {"State": (5.85, 0), "KV usage": (0.953, 0.5), "Headroom": (0.5, None), "Waiting for KV": (2, 0),
               "Waiting with KV room": (0, 0), "Running": (4, 0), "Preemptions/min": (3, None),
               "TTFT p90": (1.5, "NaN")}
     for query in table["targets"]:
@@ -217,6 +217,8 @@ def test_a_missing_value_reads_no_data_on_no_colour_not_in_a_band(built_page, em
     for column in ("Headroom", "Preemptions/min", "TTFT p90"):
         assert rows["b"][column] == ("No data", None), column
         assert rows["a"][column][0] != "No data" and rows["a"][column][1] is not None, column
-    assert rows["a"]["State"] == ("saturated", "red") and rows["b"]["State"] == ("ok", "green")
+    # 5.85: reason 5 (low_water) with a tie-break, in the contract's words at the default low-water mark
+    assert rows["a"]["State"] == ("saturated: queue at or above 75% used", "red")
+    assert rows["b"]["State"] == ("ok", "green")
     assert rows["a"]["KV usage"] == ("95.3%", "red") and rows["b"]["KV usage"] == ("50%", "green")
     assert rows["a"]["Headroom"][1] == "red" and rows["a"]["Preemptions/min"][1] != "green"

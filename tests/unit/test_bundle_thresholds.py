@@ -12,7 +12,7 @@ from dataclasses import fields
 import pytest
 import yaml
 
-from kvcache_exporter.alerts import runbook
+from kvcache_exporter.alerts import generate, runbook
 from kvcache_exporter.commands import assets
 from kvcache_exporter.thresholds import DEFAULT
 from kvcache_exporter.units import format_duration
@@ -75,7 +75,8 @@ def parts(files: dict[str, bytes]) -> dict[tuple[str, str], str]:
     for group in yaml.safe_load(files[assets.RULES])["groups"]:
         for rule in group["rules"]:
             key = rule.get("alert", rule.get("record")) + repr(rule.get("labels"))
-            found["rules", key] = yaml.safe_dump(rule)
+            # A rate's factor to per minute is seconds in a minute, whatever the window (60 s by default) says.
+            found["rules", key] = yaml.safe_dump(rule).replace(generate.PER_MINUTE + "rate(", "rate(")
     for title, body in runbook.sections(files[assets.RUNBOOK].decode()):
         found["runbook", title] = body
     for path, content in files.items():

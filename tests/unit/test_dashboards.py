@@ -12,6 +12,7 @@ from grafana_foundation_sdk.models import dashboard as models
 
 from kvcache_exporter.dashboards import bands, build, fleet, target
 from kvcache_exporter.dashboards import variables as variables_module
+from kvcache_exporter.dashboards.signals import triage
 from devtools import build_dashboards, lint_dashboards as lint
 from kvcache_exporter.contract import PRESSURE_STATES
 from kvcache_exporter.thresholds import DEFAULT, Thresholds
@@ -83,12 +84,26 @@ def test_dashboards_identity_and_conventions():
         datasource = dashboard["templating"]["list"][0]
         assert (datasource["name"], datasource["type"]) == ("datasource", "datasource")
         assert datasource["query"] == "prometheus"
-        [alerts] = dashboard["annotations"]["list"]
-        # Alerts of the targets the variable selects, and those about the exporter itself (no target).
+        alerts, *concerned = dashboard["annotations"]["list"]
+        # Alerts of the targets the variable selects, and those about the exporter itself (no target); those
+        # about one signal are drawn on its time series only, the others on every panel.
         assert alerts["target"]["expr"] == (
-            'ALERTS{alertstate="firing", alertname=~"KVCache.*", target=~"$target"} '
-            'or ALERTS{alertstate="firing", alertname=~"KVCache.*", target=""}')
-        assert alerts["datasource"]["uid"] == "${datasource}"
+            'ALERTS{alertstate="firing", alertname!~"KVCacheShortageQueueing|KVCachePreemptionStorm|'
+            'KVCacheNearlyFull|KVCachePrefixHitRateDrop|KVCacheQueueDominatesTTFT|KVCacheTargetDown", '
+            'alertname=~"KVCache.*", target=~"$target"} or ALERTS{alertstate="firing", alertname!~"KVCacheShortage'
+            'Queueing|KVCachePreemptionStorm|KVCacheNearlyFull|KVCachePrefixHitRateDrop|KVCacheQueueDominatesTTFT|'
+            'KVCacheTargetDown", alertname=~"KVCache.*", target=""}')
+        assert alerts["datasource"]["uid"] == "${datasource}" and "filter" not in alerts
+        by_id = {p["id"]: p for p in lint.panels(dashboard)}
+        drawn_on = {a["name"]: [by_id[i]["title"] for i in a["filter"]["ids"]] for a in concerned}
+        assert all(a["target"]["expr"].startswith(f'ALERTS{{alertstate="firing", alertname="{a["name"]}"')
+                   and not a["filter"]["exclude"] for a in concerned)
+        per_ = per(dashboard)
+        assert sorted(drawn_on["KVCacheShortageQueueing"]) == [
+            f"Headroom {per_}", "Pressure state over time", f"Waiting requests by cause {per_}"]
+        assert drawn_on["KVCachePreemptionStorm"] == ["Pressure state over time", f"Preemption rate {per_}"]
+        assert drawn_on["KVCacheNearlyFull"] == [f"KV usage {per_}", f"Time until full {per_}"]
+        assert drawn_on["KVCacheTargetDown"] == ["Targets up over time"]
         ids = [p["id"] for p in dashboard["panels"]]
         assert len(ids) == len(set(ids))
         titles = [p["title"] for p in lint.panels(dashboard)]
@@ -149,7 +164,8 @@ def test_bands_and_descriptions_come_from_thresholds():
             assert steps(panel(dashboard, f"Preemption rate {per(dashboard)}")) == [
                 (None, "green"), (thresholds.thrashing_preemptions_per_second, "red"),
                 (thresholds.preemption_storm_critical_per_second, "dark-red")]
-            assert steps(panel(dashboard, "Most preemptions per minute")) == [
+            most = "Most preemptions per minute" if per(dashboard) == "per target" else "Preemptions per minute"
+            assert steps(panel(dashboard, most)) == [
                 (None, "green"), (pytest.approx(thresholds.thrashing_preemptions_per_second * 60), "red"),
                 (pytest.approx(thresholds.preemption_storm_critical_per_second * 60), "dark-red")]
             assert steps(panel(dashboard, "Share of TTFT spent queueing")) == [
@@ -179,8 +195,8 @@ def test_counts_where_one_is_a_problem_turn_red_at_one():
     assert steps(panel(dashboard, "Waiting requests"), "B") == [(None, "green"), (1, "yellow")]
     assert steps(panel(dashboard, "Pools without room for one more request")) == [(None, "green"), (1, "red")]
     states = panel(dashboard, "Targets per pressure state")
-    assert [t["legendFormat"] for t in states["targets"]] == ["ok", "tight", "capped", "saturated", "thrashing"]
-    assert [steps(states, ref)[-1][1] for ref in "BCDE"] == ["yellow", "orange", "red", "dark-red"]
+    assert [t["legendFormat"] for t in states["targets"]] == ["ok", "tight", "capped", "saturated", "thrashing", "down"]
+    assert [steps(states, ref)[-1][1] for ref in "BCDEF"] == ["yellow", "orange", "red", "dark-red", "purple"]
 
 
 def test_configuration_moves_bands_and_names_the_label_variables(tmp_path, capsys):
@@ -315,3 +331,45 @@ def test_the_pd_rows_read_prefill_and_decode_pools_only():
             for t in p["targets"]:
                 for selector in re.findall(r"kvcache_[a-z_]+\{[^}]*\}", t["expr"]):
                     assert 'role=~"prefill|decode"' in selector, (name, p["title"], selector)
+
+
+def test_on_call_reads_the_worst_first_and_why():
+    """Legends list the worst line first (the highest last value, the lowest where less is worse), state timelines
+    carry their colour legend, the triage table's State says why in the contract's words with the down code above
+    them, and the fullest pool's stat names its pool."""
+    for name in (fleet.FILENAME, target.FILENAME):
+        dashboard = committed(name)
+        per_ = per(dashboard)
+        low_first = {f"Headroom {per_}", f"Time until full {per_}", f"Prefix-cache hit ratio {per_}"}
+        for p in lint.panels(dashboard):
+            if p["type"] == "timeseries":
+                legend = p["options"]["legend"]
+                assert (legend["sortBy"], legend["showLegend"]) == ("Last *", True), p["title"]
+                assert "lastNotNull" in legend["calcs"], p["title"]
+                assert legend["sortDesc"] == (p["title"] not in low_first), p["title"]
+            elif p["type"] == "state-timeline":
+                assert p["options"]["legend"]["showLegend"], p["title"]
+        fullest = panel(dashboard, "Fullest pool's KV usage")
+        assert fullest["targets"][0]["legendFormat"] == "{{target}} rank {{dp_rank}}"
+        assert fullest["targets"][0]["instant"] and fullest["options"]["textMode"] == "value_and_name"
+    dashboard = committed(fleet.FILENAME)
+    table = panel(dashboard, "Pools that need help now")
+    [state] = [o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "State"]
+    properties = {p["id"]: p["value"] for p in state["properties"]}
+    ranges = [m["options"] for m in properties["mappings"] if m["type"] == "range"]
+    # One range per reason, mildest first, then down; each [code, code + 1) so the tie-break reads as its code.
+    assert [(r["from"], r["result"]["text"]) for r in ranges] == [
+        (0, "ok"), (1, "tight: at or above the high-water mark 90%"), (2, "capped: a concurrency or batch cap, not KV"),
+        (3, "saturated: preempted just now for KV"), (4, "saturated: less KV free than one request holds"),
+        (5, "saturated: queue at or above 75% used"), (6, "thrashing: preempting to free KV"),
+        (7, "down: the exporter cannot poll it")]
+    assert all(r["to"] < r["from"] + 1 for r in ranges)
+    assert [r["result"]["color"] for r in ranges] == ["green", "yellow", "orange", "red", "red", "red", "dark-red",
+                                                      "purple"]
+    assert properties["custom.width"] == triage.STATE_WIDTH
+    # The stat beside it counts each target once, by its worst rank, and the down ones: its counts add up to the rows.
+    states = panel(dashboard, "Targets per pressure state")
+    for query, state in zip(states["targets"], ("ok", "tight", "capped", "saturated", "thrashing")):
+        assert query["expr"].startswith("count ((max by (target) (") and query["expr"].endswith(
+            f") == {('ok', 'tight', 'capped', 'saturated', 'thrashing').index(state)}) or vector(0)"), state
+    assert states["targets"][5]["expr"].startswith('count (kvcache_target_up{') and "== 0" in states["targets"][5]["expr"]

@@ -303,3 +303,31 @@ def test_transfers_the_engine_timed_above_the_link_are_counted(link, above):
     thresholds = Thresholds(kv_transfer_link_bytes_per_second=link)
     assert derive.transfers_above_link(values, thresholds) == {"kv_transfer_above_link_total": above}
     assert derive.transfers_above_link(RankValues(), thresholds) == {}
+
+
+# (usage, waiting, free tokens, live tokens per request, preempted since the last poll): the reason
+@pytest.mark.parametrize("usage, waiting, free, live, preempted, expected", [
+    (0.8, 2, 1000, 3000, False, "low_water"),  # 0.8 >= low water 0.75 decides first, though 1000 < 3000 holds too
+    (0.5, 1, 999, 1000, False, "free_below_request"),  # under the mark, 999 free < 1000 per request
+    (0.5, 2, 5000, 1000, True, "preempted"),  # under the mark with room, but a preemption since the last poll
+    (0.5, 2, 5000, 1000, False, "cap"),
+    (0.93, 0, None, None, False, "high_water"),
+    (0.3, 0, None, None, False, "room"),
+])
+def test_pressure_reason_names_the_rule_that_decided(usage, waiting, free, live, preempted, expected):
+    gauges = {"usage_ratio": usage, "requests_waiting": waiting}
+    if free is not None:
+        gauges |= {"free_tokens": free, "live_tokens_per_request": live}
+    assert derive.pressure_reason(gauges, 0.0, T, preempted) == expected
+    assert derive.pressure_reason(gauges, 0.02, T, preempted) == "preemptions"  # at the thrashing rate
+
+
+def test_headroom_is_zero_while_the_queue_waits_for_kv():
+    """usage 0.8 of 8000 x 16 = 128000 tokens: 25600 free, 102400 / 32 = 3200 per request, 8 requests' worth; a
+    queue at usage >= the low-water mark waits for KV all the same, so the contract's headroom is 0."""
+    values = rank(usage_ratio=0.8, capacity_blocks=8000, block_size_tokens=16, requests_running=32,
+                  requests_waiting=3, requests_waiting_for_capacity=3)
+    ranks, _ = derive.derive(Snapshot("vllm", "m", "", {"0": values}), {}, 0.0, T)
+    assert (ranks["0"].pressure, ranks["0"].reason, ranks["0"].gauges["headroom_requests"]) == (
+        "saturated", "low_water", 0.0)
+    assert ranks["0"].gauges["free_tokens"] == 25600  # the free KV itself is as it was

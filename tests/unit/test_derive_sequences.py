@@ -12,6 +12,7 @@ from devtools import harness
 from kvcache_exporter import adapters, derive
 from kvcache_exporter.sources import parser
 from kvcache_exporter.thresholds import Thresholds
+from kvcache_exporter.top import rows as top_rows
 
 SEQUENCES = sorted((harness.FIXTURES / "sequences").iterdir())
 
@@ -34,5 +35,9 @@ def test_pressure_state_along_the_sequence(directory):
         for key in ("requests_waiting_for_kv", "requests_waiting_with_kv_room", "headroom_requests"):
             if key in step:
                 assert math.isclose(rank.gauges[key], step[key], rel_tol=1e-9), (step["page"], key)
-        states.append(rank.pressure)
-    assert states == [step["state"] for step in spec["pages"]]
+        states.append((rank.pressure, rank.reason))
+        if "text" in step:  # the words `top` shows, from this pool's gauges and the window's preemption rate
+            rate = derive.rate(histories["0"])
+            row = {**rank.gauges, "reason": rank.reason, "preemptions_per_min": None if rate is None else rate * 60}
+            assert top_rows.why(row, thresholds) == step["text"], step["page"]
+    assert states == [(step["state"], step["reason"]) for step in spec["pages"]]
