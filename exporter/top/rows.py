@@ -199,7 +199,7 @@ COLUMNS = (
            lambda r: _high_first(r.get("capacity_misses_per_min")), 70),
     # Last: the only column of words, cut first on a narrow terminal (the state still says which).
     Column("why", "WHY", lambda r: r["why"] or "", lambda r: (-_severity(r["state"]), _high_first(r["usage_ratio"])),
-           65, "left"),
+           5, "left"),
 )
 SORTS = tuple(column.name for column in COLUMNS if column.name not in ("dp", "role", "engine", "model"))
 _BY_NAME = {column.name: column for column in COLUMNS}
