@@ -20,7 +20,8 @@ from importlib import resources
 from pathlib import Path
 
 from kvcache_exporter import config as exporter_config
-from kvcache_exporter.alerts.generate import emit, number
+from kvcache_exporter.alerts.generate import emit
+from kvcache_exporter.alerts.rules.common import number
 from kvcache_exporter.thresholds import DEFAULT, Thresholds
 from kvcache_exporter.units import format_duration
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvcache_exporter import contract
 from kvcache_exporter.adapters import ADAPTERS
-from kvcache_exporter.alerts.generate import FAILED_KINDS, PD_BACKPRESSURE
+from kvcache_exporter.alerts.rules.disaggregated import FAILED_KINDS, PD_BACKPRESSURE
 from kvcache_exporter.thresholds import DEFAULT as T
 
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"

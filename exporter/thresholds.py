@@ -1,6 +1,6 @@
 """The one place where KV-pressure thresholds live.
 
-The exporter's pressure state (exporter.derive), the alert rules (alerts/generate.py) and the
+The exporter's pressure state (exporter.derive), the alert rules (alerts/rules/) and the
 dashboards (dashboards/build.py) all read these values; the exporter configuration's
 `pressure:` section overrides them for the exporter, and the generators take the same file
 (`--config exporter.yml`) so that rules and panels follow a deployment's overrides.

@@ -1,4 +1,4 @@
-"""Autoscaling an engine Deployment on the fleet rules' replica signal (alerts/generate.py, fleet_rules):
+"""Autoscaling an engine Deployment on the fleet rules' replica signal (alerts/rules/fleet.py):
 a KEDA ScaledObject (Prometheus scaler) and, without KEDA, an HPA on an external metric that prometheus-adapter
 serves from the same series. Both read kvcache:fleet_replicas:desired of one model and role (ready + starting +
 the replicas its KV-bound backlog needs, or fewer while it queues nothing), with AverageValue 1 per replica:

@@ -90,6 +90,7 @@ def test_the_wheel_holds_one_import_package_with_its_assets(wheel):
     assert expected_data <= set(names)
     # The generators ship (assets --config rebuilds with them); the development tools and promtool tests do not.
     assert {"kvcache_exporter/dashboards/build.py", "kvcache_exporter/alerts/generate.py",
+            "kvcache_exporter/alerts/rules/fleet.py",
             "kvcache_exporter/alerts/runbook.py", "kvcache_exporter/simulator/server.py"} <= set(names)
     assert not [name for name in names if re.search(r"(^|/)(devtools|tests|lint|preview|contract_doc)\b", name)]
     # The compiled reader, built where the wheel was (a C compiler is here).

@@ -18,6 +18,7 @@ import yaml
 from devtools import harness
 from devtools.alerting import prometheus_config
 from kvcache_exporter.alerts import generate
+from kvcache_exporter.alerts.rules import disaggregated
 from kvcache_exporter.simulator.pd import start_pd_pair
 from kvcache_exporter.thresholds import DEFAULT
 
@@ -109,7 +110,7 @@ def outcome(tmp_path_factory):
                 raise AssertionError(f"{err}\nseen (any state): {seen}") from None
             window = int(time.monotonic() - started) + 2
             backpressure = {labels["model"]: value for labels, value in
-                            harness.prom_vector(prom.url, generate.PD_BACKPRESSURE)}
+                            harness.prom_vector(prom.url, disaggregated.PD_BACKPRESSURE)}
             states = {(labels["target"], labels["state"]) for labels, _ in harness.prom_vector(
                 prom.url, f'max_over_time(kvcache_pressure_state[{window}s]) == 1')}
             page = harness.scrape(exporter.url)

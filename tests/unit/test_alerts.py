@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from kvcache_exporter.alerts import generate, runbook
+from kvcache_exporter.alerts.rules import disaggregated
 from kvcache_exporter.thresholds import DEFAULT
 from devtools.harness import REPO
 
@@ -118,7 +119,7 @@ def test_the_pd_group_label_groups_the_cross_pool_rules(tmp_path):
     assert generate.main(["--config", str(config), "--output", str(out)]) == 0
     rules = {r.get("record") or r["alert"]: r for g in yaml.safe_load(out.read_text())["groups"] for r in g["rules"]}
     assert "sum by (pair) (kvcache_kv_transfer_requests_waiting_for_kv{role=\"decode\"}) > 0\nand on (pair)" in \
-        rules[generate.PD_BACKPRESSURE]["expr"]
+        rules[disaggregated.PD_BACKPRESSURE]["expr"]
     assert "by (model)" not in rules["kvcache:kv_transfer_share_of_ttft:ratio"]["expr"]
     assert "{{ $labels.pair }}" in rules["KVCachePDBackpressure"]["annotations"]["summary"]
 

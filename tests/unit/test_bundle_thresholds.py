@@ -12,7 +12,8 @@ from dataclasses import fields
 import pytest
 import yaml
 
-from kvcache_exporter.alerts import generate, runbook
+from kvcache_exporter.alerts import runbook
+from kvcache_exporter.alerts.rules import pressure
 from kvcache_exporter.commands import assets
 from kvcache_exporter.thresholds import DEFAULT
 from kvcache_exporter.units import format_duration
@@ -76,7 +77,7 @@ def parts(files: dict[str, bytes]) -> dict[tuple[str, str], str]:
         for rule in group["rules"]:
             key = rule.get("alert", rule.get("record")) + repr(rule.get("labels"))
             # A rate's factor to per minute is seconds in a minute, whatever the window (60 s by default) says.
-            found["rules", key] = yaml.safe_dump(rule).replace(generate.PER_MINUTE + "rate(", "rate(")
+            found["rules", key] = yaml.safe_dump(rule).replace(pressure.PER_MINUTE + "rate(", "rate(")
     for title, body in runbook.sections(files[assets.RUNBOOK].decode()):
         found["runbook", title] = body
     for path, content in files.items():

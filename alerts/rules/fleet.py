@@ -1,0 +1,162 @@
+"""The replicas of one model, per P/D group (the configuration's pd_group_label) and role: how evenly its KV is
+used, how many replicas its KV demand needs (the signal an autoscaler reads, deploy/kubernetes/autoscaling.py),
+and the alert on a router that sends work to full replicas while peers have room.
+
+A pool's series show only while its target's polls are fresh, so every pool these rules see is ready. Scale-out
+reads KV-bound waiting, never usage alone: a pool that queues behind its running-request cap has no KV-bound
+waiting, and a pool kept full by design (its offload tier serves the hits) queues nothing."""
+
+from __future__ import annotations
+
+from kvcache_exporter.alerts.rules.common import alert, number
+from kvcache_exporter.thresholds import Thresholds
+from kvcache_exporter.units import format_duration
+
+
+def recording_rules(t: Thresholds, group: str) -> list[dict]:
+    """The fleet's rules in the order they read each other (`group`: the pd_group_label)."""
+    return balance_rules(t, group) + capacity_rules(t, group) + flow_rules(t, group) + scaling_rules(t, group)
+
+
+def balance_rules(t: Thresholds, group: str) -> list[dict]:
+    """How evenly the replicas' KV is used, and how much of the KV-bound waiting their peers could take."""
+    by = f"by ({group}, role)"
+    w = format_duration(t.window_seconds)
+    return [
+        {"record": "kvcache:fleet_usage_ratio:spread", "expr": (
+            f"max {by} (kvcache_usage_ratio)\n-\nmin {by} (kvcache_usage_ratio)")},
+        {"record": "kvcache:fleet_usage_ratio:stddev", "expr": f"stddev {by} (kvcache_usage_ratio)"},
+        {"record": "kvcache:fleet_requests_waiting_for_kv:sum", "expr": f"sum {by} (kvcache_requests_waiting_for_kv)"},
+        # Spare KV: free tokens over the ready pools; the peers' share of it is on pools that queue nothing at all
+        # (a pool queueing behind its cap would not run more either).
+        {"record": "kvcache:fleet_free_tokens:sum", "expr": f"sum {by} (kvcache_free_tokens)"},
+        {"record": "kvcache:fleet_peer_free_tokens:sum", "expr": (
+            f"sum {by} (\n  kvcache_free_tokens\n  unless on (target, dp_rank) (kvcache_requests_waiting > 0)\n)")},
+        # The engines count queued requests, not their tokens: a queued request is taken to need what a running
+        # one of the same pool holds now (prompt and output so far). Only the queue held through the whole window
+        # counts: a burst that the pool absorbs within it (an offload tier reloading hits) asks for no replica.
+        {"record": "kvcache:fleet_kv_backlog_tokens:sum", "expr": (
+            f"sum {by} (\n  min_over_time(kvcache_requests_waiting_for_kv[{w}]) * kvcache_live_tokens_per_request\n)")},
+        {"record": "kvcache:fleet_live_tokens_per_request:avg", "expr": f"avg {by} (kvcache_live_tokens_per_request)"},
+        # The share of KV-bound waiting on pools whose peers have headroom (a pool below the low-water mark that
+        # queues nothing): waiting there is the router's doing (fix the routing), elsewhere a capacity problem.
+        {"record": "kvcache:fleet_requests_waiting_for_kv_peer_headroom:ratio", "expr": (
+            f"(\n  sum {by} (\n    kvcache_requests_waiting_for_kv\n    and on ({group}, role) (\n"
+            f"      kvcache_usage_ratio < {number(t.low_water_ratio)}\n"
+            "      unless on (target, dp_rank) (kvcache_requests_waiting > 0)\n    )\n  )\n"
+            "  or\n  0 * kvcache:fleet_requests_waiting_for_kv:sum\n)\n/\n(kvcache:fleet_requests_waiting_for_kv:sum > 0)")},
+        # Of the KV-bound waiting requests, the share the peers' free KV could hold (a queued request taken as
+        # large as a running one): how much of the backlog better routing alone would place.
+        {"record": "kvcache:fleet_requests_waiting_for_kv_routable:ratio", "expr": (
+            "clamp_max(\n  kvcache:fleet_peer_free_tokens:sum\n  / kvcache:fleet_live_tokens_per_request:avg\n"
+            "  / (kvcache:fleet_requests_waiting_for_kv:sum > 0),\n  1\n)")},
+    ]
+
+
+def capacity_rules(t: Thresholds, group: str) -> list[dict]:
+    """The backlog the peers cannot take, and the replicas ready and starting to hold it."""
+    by = f"by ({group}, role)"
+    start = t.replica_starting_lookback
+    return [
+        # Backlog the peers cannot take: what new replicas must hold.
+        {"record": "kvcache:fleet_kv_short_tokens:sum", "expr": (
+            "clamp_min(kvcache:fleet_kv_backlog_tokens:sum - kvcache:fleet_peer_free_tokens:sum, 0)\n"
+            "or\nkvcache:fleet_kv_backlog_tokens:sum")},
+        # A replica is a target (its data-parallel ranks are its pools).
+        {"record": "kvcache:fleet_replicas_ready:count", "expr": (
+            f"count {by} (group without (dp_rank) (kvcache_capacity_tokens))")},
+        {"record": "kvcache:fleet_replica_capacity_tokens:avg", "expr": (
+            f"avg {by} (sum without (dp_rank) (kvcache_capacity_tokens))")},
+        # Starting: targets that do not answer now and were a pool of the model within the lookback (restarting,
+        # rescheduled), or are a replica of it by the exporter's word (kvcache_target_replica_info: an
+        # autoscaler's new replica, its model configured or probed) and did answer, or were not there, a lookback
+        # ago (one down since is broken, not starting). Counting them keeps the signal from asking for them again.
+        {"record": "kvcache:fleet_replicas_starting:count", "expr": (
+            f"count {by} (\n  group by (target, {group}, role) (\n"
+            f"    group without (dp_rank) (last_over_time(kvcache_capacity_tokens[{start}]))\n"
+            f"    or\n    (kvcache_target_replica_info unless on (target) (kvcache_target_up offset {start} == 0))\n"
+            "  )\n  unless on (target) kvcache_capacity_tokens\n  and on (target) (kvcache_target_up == 0)\n)")},
+    ]
+
+
+def flow_rules(t: Thresholds, group: str) -> list[dict]:
+    """The replicas the model's flow of requests needs, and those its KV shortage needs."""
+    by = f"by ({group}, role)"
+    w = format_duration(t.window_seconds)
+    backlog_pools = "ceil(kvcache:fleet_kv_short_tokens:sum / kvcache:fleet_replica_capacity_tokens:avg)"
+    return [
+        # The flow: requests the model finishes a second, and how fast its queue grows (the arrivals beyond them).
+        {"record": "kvcache:fleet_requests_finished:rate", "expr": (
+            f"sum {by} (rate(kvcache_e2e_request_latency_seconds_count[{w}]))")},
+        {"record": "kvcache:fleet_requests_waiting:deriv", "expr": f"sum {by} (deriv(kvcache_requests_waiting[{w}]))"},
+        # Replicas the flow needs, where the model's completions are known and go on: while the queue does not
+        # shrink, one more than its growth is in ready replicas' worth of completions (that stops it growing, then
+        # drains it); 0 while it drains.
+        {"record": "kvcache:fleet_replicas_flow:count", "expr": (
+            "(\n  floor(\n    kvcache:fleet_replicas_ready:count * kvcache:fleet_requests_waiting:deriv\n"
+            "    / (kvcache:fleet_requests_finished:rate > 0)\n  ) + 1\n"
+            "  and\n  kvcache:fleet_requests_waiting:deriv >= 0\n)\n"
+            "or\n0 * (kvcache:fleet_requests_finished:rate > 0)")},
+        # Replicas the KV shortage needs: the backlog's size in pools (what would hold today's queue at once), no
+        # more than the flow needs. Sized by the backlog alone, a queue that built up while replicas started asks
+        # for replicas to run all of it at once: far more than the load needs once it has drained. The backlog
+        # alone sizes it only where the flow cannot: the engine has no completion count, or the model finished
+        # nothing in the window; while the flow is unknown for want of samples (a gap in the scrapes), nothing.
+        {"record": "kvcache:fleet_replicas_short:count", "expr": (
+            f"(\n  {backlog_pools}\n  <= on ({group}, role)\n  kvcache:fleet_replicas_flow:count\n)\n"
+            f"or on ({group}, role)\n"
+            f"(kvcache:fleet_replicas_flow:count and on ({group}, role) kvcache:fleet_kv_short_tokens:sum)\n"
+            f"or on ({group}, role)\n"
+            f"(\n  {backlog_pools}\n  and on ({group}, role) (kvcache:fleet_requests_finished:rate == 0)\n)\n"
+            f"or on ({group}, role)\n"
+            f"(\n  {backlog_pools}\n"
+            f"  unless on ({group}, role) group {by} (kvcache_e2e_request_latency_seconds_count)\n)")},
+        # Ready replicas that were not a window ago (new, or back from a restart): the window's queue and
+    ]
+
+
+def scaling_rules(t: Thresholds, group: str) -> list[dict]:
+    """Replicas to add or remove, and what an autoscaler targets."""
+    by = f"by ({group}, role)"
+    w = format_duration(t.window_seconds)
+    return [
+        # completions do not show what they serve yet.
+        {"record": "kvcache:fleet_replicas_joined:count", "expr": (
+            f"count {by} (\n  group without (dp_rank) (kvcache_capacity_tokens)\n"
+            f"  unless on (target) (kvcache_capacity_tokens offset {w})\n)\n"
+            "or\n0 * kvcache:fleet_replicas_ready:count")},
+        # Replicas to add (> 0) for the shortage, less those starting and those that joined within the window; or,
+        # while the model has queued nothing for the window, replicas to remove (< 0) down to what holds its used KV
+        # at the low-water mark (at least one); else 0.
+        {"record": "kvcache:fleet_replicas:delta", "expr": (
+            "(\n  clamp_min(\n"
+            "    (\n      kvcache:fleet_replicas_short:count - kvcache:fleet_replicas_starting:count\n"
+            "      - kvcache:fleet_replicas_joined:count\n    )\n"
+            "    or\n    kvcache:fleet_replicas_short:count - kvcache:fleet_replicas_joined:count,\n"
+            "    0\n  ) > 0\n)\nor\n(\n  0 - clamp_min(\n    kvcache:fleet_replicas_ready:count\n    - clamp_min(\n"
+            f"      ceil(\n        sum {by} (kvcache_used_tokens)\n"
+            f"        / (kvcache:fleet_replica_capacity_tokens:avg * {number(t.low_water_ratio)})\n      ),\n"
+            "      1\n    ),\n    0\n  )\n"
+            f"  and on ({group}, role) (sum {by} (max_over_time(kvcache_requests_waiting[{w}])) == 0)\n)\n"
+            "or\n0 * kvcache:fleet_replicas_ready:count")},
+        # What an autoscaler targets (external metric, AverageValue 1 per replica): ready + starting + delta.
+        {"record": "kvcache:fleet_replicas:desired", "expr": (
+            "(kvcache:fleet_replicas_ready:count + kvcache:fleet_replicas:delta + kvcache:fleet_replicas_starting:count)"
+            "\nor\n(kvcache:fleet_replicas_ready:count + kvcache:fleet_replicas:delta)")},
+    ]
+
+
+
+def alerting_rules(t: Thresholds, group: str, runbook_base: str) -> list[dict]:
+    where = f"{{{{ $labels.{group} }}}} ({{{{ $labels.role }}}})"
+    return [alert(
+        "KVCacheRoutingImbalance", "info",
+        f"kvcache:fleet_requests_waiting_for_kv_peer_headroom:ratio >= {number(t.routing_imbalance_share)}",
+        t.routing_imbalance_for,
+        f"{where}: requests wait for KV on some replicas while others have room",
+        f"{{{{ $value | humanizePercentage }}}} of the requests waiting for KV on the replicas of {where} wait "
+        "while a peer queues nothing below the low-water mark: the router sends work to full replicas. Fix the "
+        "routing (KV- or load-aware); kvcache:fleet_requests_waiting_for_kv_routable:ratio says how much of the "
+        "backlog the peers' free KV could take.",
+        runbook_base,
+    )]
