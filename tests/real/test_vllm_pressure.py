@@ -78,7 +78,6 @@ MIRRORED_WITH_LABELS = {
 }
 HIT_SOURCES = vllm_engine.HIT_SOURCES
 # Counters the exporter keeps of its own (polls) or folds from the KV event stream: no counterpart on the page.
-# The exporter's own series (its process's `process_*` among them), the event streams' and what they derive.
 NOT_MIRRORED_PREFIXES = ("kvcache_exporter_", "kvcache_target_", "kvcache_events_", "kvcache_capacity_miss_",
                          "kvcache_block_residency_", "kvcache_adapter_", "kvcache_tenant_", "kvcache_recomputed_",
                          "process_")
