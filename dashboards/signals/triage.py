@@ -19,12 +19,12 @@ STATE_WIDTH = 300
 
 def worst_first(v: View) -> str:
     """The State column's value, a sort key: the worst reason's code of the target's ranks (pressure.reason_rank),
-    plus below 1 its fullest rank's usage in whole percent (x 0.9) and then its waiting requests (w / (w + 1), x
-    0.009), so that a descending sort puts the worst state first and ties by usage, then waiting; a target that
-    is down reads the down code, above every reason."""
+    plus below 1 its fullest rank's usage in whole percent, rounded as the KV usage column shows it (x 0.9), and
+    then its waiting requests (w / (w + 1), x 0.009), so that a descending sort puts the worst state first and
+    ties by usage, then waiting; a target that is down reads the down code, above every reason."""
     s = v.scope
     ranked = pressure.reason_rank(v, PER_TARGET)
-    usage = f"floor(100 * clamp_max({promql.highest(s, 'kvcache_usage_ratio', PER_TARGET)}, 1)) * 0.009"
+    usage = f"round(100 * clamp_max({promql.highest(s, 'kvcache_usage_ratio', PER_TARGET)}, 1)) * 0.009"
     waiting = promql.total(s, "kvcache_requests_waiting", PER_TARGET)
     queue = f"(0.009 * {waiting} / ({waiting} + 1) or on (target) 0 * {ranked})"
     down = f"max by (target) ({v.selector('kvcache_target_up')} == 0) + {pressure.DOWN_CODE}"
