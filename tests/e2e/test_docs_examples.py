@@ -130,7 +130,7 @@ def test_the_newcomers_commands_are_make_demo_and_make_test_and_make_knows_them(
     # What `make demo` and `make top` would run (the install, then the command); `make test` runs make again, which
     # even `make -n` would do, so make's database (`-p`, with -q on the default goal: nothing runs) shows the target.
     for target in ("demo", "top"):
-        assert run(f"make -n {target}", clone).stdout.splitlines()[-1].startswith(
+        assert run(f"make --no-print-directory -n {target}", clone).stdout.splitlines()[-1].startswith(
             f".venv/bin/python -m kvcache_exporter {'--demo' if target == 'demo' else 'top'}"), target
     assert re.search(r"^test: deps$", run("make -pq", clone).stdout, re.M)
     # Every other first-screen command runs from the virtual environment: activated first, then its commands.
