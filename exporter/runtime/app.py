@@ -138,11 +138,11 @@ class Exporter:
             seen = (request.client, request.arrived, SCRAPE_TIMEOUT_HEADER in request.headers)
             texts += await self.workers.scrape(seen if request.method == "GET" else None, self.config.timeout)
             phase_state = self.workers.phase_state()
-        # Joining every target's text takes milliseconds at a large fleet: in a worker thread, not the poll loop.
+        own = self.state.lines(self.prober.probed(), self.prober.evictions, *phase_state, self.workers)
+        # Joining every target's text takes milliseconds at a large fleet, and the process series read /proc: in a
+        # worker thread, not the poll loop.
         body = await asyncio.to_thread(
-            exposition.render, texts, time.time(), self.config.staleness,
-            self.state.lines(self.prober.probed(), self.prober.evictions, *phase_state, self.workers)
-            | process_series.lines())
+            lambda: exposition.render(texts, time.time(), self.config.staleness, own | process_series.lines()))
         return Response(200, body, CONTENT_TYPE)
 
     async def _probe(self, request: Request) -> Response:
