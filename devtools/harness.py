@@ -42,6 +42,7 @@ import zmq
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvcache_exporter import units
 from kvcache_exporter.sources import parser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -280,6 +281,14 @@ def prom_vector(base_url: str, expr: str) -> list[tuple[dict, float]]:
     """An instant query's result as (labels, value) pairs."""
     data = prom_query(base_url, expr)
     return [(item["metric"], float(item["value"][1])) for item in data["result"]]
+
+
+def held_above_zero(expr: str, seconds: float, step: float) -> str:
+    """PromQL true when `expr` was above zero at every step of the last `seconds`, and existed for all of them:
+    a window that reaches back before the series began would otherwise hold after its first sample."""
+    window = f"[{units.format_duration(seconds)}:{step:g}s]"
+    return (f"(min_over_time(({expr}){window}) > 0)"
+            f" and (count_over_time(({expr}){window}) >= {int(seconds // step)})")
 
 
 def samples_of(body: str) -> dict[tuple[str, tuple], float]:

@@ -369,8 +369,8 @@ def cap_bound(stack) -> Run:
     work = stack.tmp / "cap"
     # The queue the shortage alert would need: held twice its `for` (a shortage would have fired after one).
     held_for = 2 * SHORTAGE_FOR
-    queue_held = (f'min_over_time(sum without (dp_rank) (kvcache_requests_waiting{{target="{CAP_TARGET}"}})'
-                  f'[{units.format_duration(held_for)}:{POLL:g}s]) > 0')
+    queue_held = harness.held_above_zero(f'sum without (dp_rank) (kvcache_requests_waiting{{target="{CAP_TARGET}"}})',
+                                         held_for, POLL)
     with vllm_engine.serve(work, **CAP_POOL) as engine, \
             harness.exporter(work, "--config", str(exporter_config(work / "exporter.yml", CAP_TARGET, engine)),
                              port=stack.exporter_ports[CAP_TARGET]) as exporter:
