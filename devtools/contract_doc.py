@@ -31,6 +31,8 @@ INFO_LABEL_SOURCES = {
                            "block): with data parallelism vLLM writes the sum over its engines on every engine's "
                            "series, so the split is exact for alike engines and a guess where they differ",
         "block_size_tokens": "`vllm:cache_config_info{block_size}`",
+        "prefix_cache_min_hit_tokens": "`vllm:cache_config_info{cache_hit_alignment_tokens}`, else "
+                                       "`{effective_attention_block_size}`, else `{block_size}`",
         "capacity_tokens": "`vllm:cache_config_info{kv_cache_size_tokens}` less the null block's share (newer "
                            "vLLM; the first engine's value, not summed)",
         "tier_capacity_tokens": "`vllm:kv_offload_config_info{cpu_kv_cache_size_tokens}` (tier=cpu; each engine "
@@ -57,6 +59,7 @@ INFO_LABEL_SOURCES = {
 DERIVED = {
     "usage_ratio": "used tokens / capacity tokens",
     "capacity_blocks": "capacity tokens / block size",
+    "prefix_cache_min_hit_tokens": "the block size (hits land on whole blocks)",
     "capacity_tokens": "capacity blocks x block size",
     "used_blocks": "used tokens / block size (rounded up), or usage x capacity blocks",
     "free_blocks": "capacity blocks - used blocks",
@@ -207,7 +210,7 @@ def _per_pool(family: contract.Family) -> bool:
 
 
 def _family_labels(family: contract.Family) -> str:
-    own = ("le",) if family.type == "histogram" else family.labels
+    own = (*family.labels, "le") if family.type == "histogram" else family.labels
     scope = "per pool" if _per_pool(family) else "per target" if family.identity else ""
     return ", ".join([scope] * bool(scope) + [f"`{label}`" for label in own]) or "none"
 

@@ -161,8 +161,9 @@ class _Marks:
 class PoolState:
     """Resident blocks, the ghost list of evicted ones and the counters derived from them."""
 
-    def __init__(self, capacity: int | None = None):
+    def __init__(self, capacity: int | None = None, media: tuple[str | None, ...] = GPU_MEDIA):
         self.capacity: int | None = None
+        self.media = media  # the `medium` of the events it folds (an offload tier's: exporter.tiers)
         self.stored = 0  # blocks stored (kvcache_events_blocks_stored_total)
         self.evicted = 0  # blocks evicted; also the next eviction's ordinal
         self.capacity_misses = 0
@@ -215,7 +216,7 @@ class PoolState:
             if event.kind == CLEARED:
                 self.reset()
                 continue
-            if event.medium not in GPU_MEDIA:
+            if event.medium not in self.media:
                 self.ignored["other_medium"] += len(event.hashes)
                 continue
             if event.group_idx:  # hybrid models: only group 0 (full attention) is the pool we size

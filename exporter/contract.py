@@ -186,7 +186,7 @@ EVENT_DROP_REASONS = {
 EVENT_IGNORED_REASONS = {
     "unknown_type": "events of a type the exporter does not know (skipped)",
     "unknown_field": "events with fields the exporter does not know (decoded, the fields skipped)",
-    "other_medium": "blocks of another tier than the GPU pool (CPU offload, disk, ...)",
+    "other_medium": "blocks of a medium that is neither the GPU pool's nor an offload tier's",
     "other_group": "blocks of a KV cache group other than 0 (sliding-window or Mamba groups of hybrid models)",
 }
 # The buckets of the histograms the exporter fills itself, from the KV event streams.
@@ -202,6 +202,8 @@ WHAT_IF_FACTORS = (1.25, 1.5, 2.0, 4.0)
 
 _POLLED = "Polled from the engine's /metrics and cached until the next poll."
 _STREAMED = "Folded from the engine's KV event stream (ZMQ), GPU pool only."
+_TIERED = ("`tier` is " + ", ".join(TIERS) + " (the event's medium: CPU and CPU_PINNED are cpu, DISK and STORAGE "
+           "disk, EXTERNAL remote). Folded from the engine's KV event stream (ZMQ).")
 _HOLDERS = ("The top kv_events.top_holders by resident blocks, the rest summed as `other` (whose members change "
             "as the ranking does). " + _STREAMED)
 _TIER = "`tier` is " + ", ".join(TIERS) + ". "
@@ -283,6 +285,12 @@ _TABLE = (
            "Usable KV blocks (pages) in the pool (vLLM: num_gpu_blocks - 1, the null block excluded). " + _POLLED),
     Family("block_size_tokens", "gauge", "pool", "tokens",
            "Tokens per KV block (vLLM block_size, SGLang page_size). " + _POLLED),
+    Family("prefix_cache_min_hit_tokens", "gauge", "pool", "tokens",
+           "The shortest shared prefix that can be a prefix-cache hit: hits land on whole blocks of this many "
+           "tokens, so a shorter shared prefix is never one (and a prompt needs one token more, which the engine "
+           "computes). vLLM: cache_config_info's cache_hit_alignment_tokens, else effective_attention_block_size "
+           "(a hybrid model's full-attention block, often far above block_size), else block_size; the other "
+           "engines: their block size (SGLang page_size). " + _POLLED),
     Family("capacity_tokens", "gauge", "pool", "tokens", "KV pool capacity in tokens. " + _POLLED),
     Family("used_blocks", "gauge", "pool", "blocks",
            "KV blocks held by live requests; derived by the exporter from the polled usage and capacity."),
@@ -475,6 +483,32 @@ _TABLE = (
            "the target's `kv_events:` endpoints); the envelope's rank labels the pool's series."),
     Family("events_last_message_timestamp_seconds", "gauge", "events", "seconds",
            "Unix time the exporter received the pool's last event batch."),
+    # Per pool and offload tier, from the same stream's events of the tier's medium (exporter/tiers.py).
+    Family("tier_events_blocks_stored_total", "counter", "events", "blocks",
+           "Blocks an offload tier stored (BlockStored of its medium: vLLM CPU offload, SGLang HiCache). "
+           + _TIERED, ("tier",)),
+    Family("tier_events_blocks_evicted_total", "counter", "events", "blocks",
+           "Blocks an offload tier evicted (BlockRemoved of its medium). " + _TIERED, ("tier",)),
+    Family("tier_blocks_resident", "gauge", "events", "blocks",
+           "Blocks an offload tier holds now, by its stores and evictions since the exporter joined the stream. "
+           + _TIERED, ("tier",)),
+    Family("tier_capacity_miss_blocks_total", "counter", "events", "blocks",
+           "Blocks stored to an offload tier again while on its list of recent evictions: evicted from the tier, "
+           "computed again on the GPU and offloaded again. " + _TIERED, ("tier",)),
+    Family("tier_capacity_miss_distance_ratio", "histogram", "events", "ratio",
+           "Per capacity miss of an offload tier: blocks the tier evicted after it and not stored again before "
+           "its re-store, divided by the tier's capacity in blocks (kvcache_tier_capacity_tokens / "
+           "kvcache_block_size_tokens). Under LRU the misses at or below x are those a tier (1 + x) times as "
+           "large would have served. " + _TIERED, ("tier",)),
+    Family("tier_block_residency_seconds", "histogram", "events", "seconds",
+           "Time from a block's store to an offload tier to its eviction from it, by the batches' timestamps. "
+           + _TIERED, ("tier",)),
+    Family("tier_served_blocks_total", "counter", "events", "blocks",
+           "Blocks the GPU pool stored while an offload tier held them: loaded from that tier, not computed (its "
+           "offload hits, by the tier that served them). " + _TIERED, ("tier",)),
+    Family("events_block_size_tokens", "gauge", "events", "tokens",
+           "Tokens per block the GPU pool's last store named (BlockStored block_size, KV cache group 0): on a "
+           "hybrid model the full-attention block, the shortest shared prefix that can hit. " + _STREAMED),
     # Per pool and holder, from the stream's stores: the LoRA adapter (`base` without one) and the tenant (a
     # keyed hash of the request's cache salt, `none` without one); the top kv_events.top_holders holders by
     # resident blocks, the rest summed as `other`.

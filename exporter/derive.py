@@ -65,6 +65,8 @@ def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str,
             used_tokens = used_blocks * block
     elif usage is not None and tokens is not None:
         used_tokens = _whole(usage * tokens, round)
+    if block and "prefix_cache_min_hit_tokens" not in out:  # hits land on whole blocks
+        out["prefix_cache_min_hit_tokens"] = block
     for name, value in (("capacity_blocks", blocks), ("capacity_tokens", tokens), ("usage_ratio", usage)):
         if value is not None:
             out[name] = value

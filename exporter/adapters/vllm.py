@@ -151,6 +151,14 @@ class VllmAdapter(Adapter):
             block_size = _number(labels.get("block_size"))
             if block_size:
                 values["block_size_tokens"] = block_size
+            # Where hits land (vllm/v1/core/kv_cache_utils.py, resolve_cache_hit_alignment_tokens): the page's
+            # alignment where it states one, else the full-attention block of a hybrid model, which vLLM grows
+            # to match the Mamba or sliding-window page (1,920 to 4,096 tokens) while block_size stays small.
+            min_hit = next((value for value in map(_number, (labels.get("cache_hit_alignment_tokens"),
+                                                             labels.get("effective_attention_block_size")))
+                            if value), block_size)
+            if min_hit:
+                values["prefix_cache_min_hit_tokens"] = min_hit
             # Group-aware token capacity (hybrid models) where the engine states it (#42206), less the
             # null block's share of it.
             tokens = _number(labels.get("kv_cache_size_tokens"))

@@ -31,6 +31,7 @@ from .. import contract, exposition
 from ..blocks import Histogram, PoolState
 from ..config import KVEventsConfig
 from ..snapshot import Histogram as Buckets, RankValues
+from ..tiers import Tiers
 from ..sources.kvevents import END_SEQ, DecodeError, decode_payload, parse_seq
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class EventStream:
         self.rank_mismatches = 0
         self.endpoint, self.replay_endpoint, self.config = endpoint, replay_endpoint, config
         self.pool = PoolState()
+        self.tiers = Tiers()  # the offload tiers the stream names beside the GPU pool
         self.messages = 0
         self.dropped = dict.fromkeys(contract.EVENT_DROP_REASONS, 0)
         self.ignored = dict.fromkeys(contract.EVENT_IGNORED_REASONS, 0)
@@ -180,6 +182,7 @@ class EventStream:
                          self.target.name, self.rank, seq, last)
                 self.restarts += 1
                 self.pool.reset()
+                self.tiers.reset()
             elif seq > last + 1:
                 await self._fill_gap(last + 1, seq)
         self.last_seq = seq
@@ -205,7 +208,9 @@ class EventStream:
         self.ignored["unknown_field"] += batch.unknown_fields
         # The pool's size as the target's last poll saw it, taken here where the pool changes (a scrape only reads).
         self.pool.set_capacity(self._capacity())
-        self.pool.apply(batch.ts, batch.events)
+        for tier in self.tiers.pools:
+            self.tiers.set_capacity(tier, self._tier_capacity(tier))
+        self.tiers.apply(self.pool, batch.ts, batch.events)
 
     async def _fill_gap(self, first: int, stop: int) -> None:
         """Messages first..stop-1 never arrived: ask the replay endpoint for them, count the rest."""
@@ -268,6 +273,16 @@ class EventStream:
         rank = self.target.outcome.ranks.get(str(self.pool_rank))
         return rank.gauges.get("capacity_blocks") if rank is not None else None
 
+    def _tier_capacity(self, tier: str) -> float | None:
+        """An offload tier's capacity in blocks: its polled tokens over the pool's block size (vLLM offloads one
+        block per chunk by default, and its self-describing events name every block of a chunk)."""
+        rank = self.target.outcome.ranks.get(str(self.pool_rank))
+        if rank is None:
+            return None
+        tokens = rank.labelled.get("tier_capacity_tokens", {}).get((tier,))
+        block = rank.gauges.get("block_size_tokens") or self.tiers.block_size
+        return tokens // block if tokens and block else None
+
     def render(self, rank: int) -> exposition.TargetText:
         """The stream's series, labelled as the pool of DP rank `rank`."""
         target, outcome, pool = self.target, self.target.outcome, self.pool
@@ -279,6 +294,8 @@ class EventStream:
                     "events_publisher_restarts_total": self.restarts,
                     "events_rank_mismatches_total": self.rank_mismatches}
         gauges = {} if self.last_message is None else {"events_last_message_timestamp_seconds": self.last_message}
+        if self.tiers.block_size:
+            gauges["events_block_size_tokens"] = self.tiers.block_size
         labelled = {"events_dropped_total": self.dropped, "events_ignored_total": {**self.ignored, **pool.ignored}}
         histograms = {"capacity_miss_distance_ratio": _buckets(pool.distance),
                       "block_residency_seconds": _buckets(pool.residency)}
@@ -287,7 +304,20 @@ class EventStream:
         labelled_values.update(_holder_series(pool, self.config.top_holders))
         values = RankValues(gauges, {name: float(count) for name, count in counters.items()}, histograms,
                             labelled_values)
-        return exposition.render_pool(labels, values, self._prefixes)
+        text = exposition.render_pool(labels, values, self._prefixes)
+        for tier, state in self.tiers.pools.items():
+            tier_values = RankValues(
+                {"tier_blocks_resident": float(len(state.resident))},
+                {"tier_events_blocks_stored_total": float(state.stored),
+                 "tier_events_blocks_evicted_total": float(state.evicted),
+                 "tier_capacity_miss_blocks_total": float(state.capacity_misses),
+                 "tier_served_blocks_total": float(self.tiers.served[tier])},
+                {"tier_capacity_miss_distance_ratio": _buckets(state.distance),
+                 "tier_block_residency_seconds": _buckets(state.residency)})
+            tiered = exposition.render_pool({**labels, "tier": tier}, tier_values, self._prefixes)
+            for family, lines in tiered.status.items():
+                text.status[family] = text.status.get(family, b"") + lines
+        return text
 
 
 def _holder_series(pool: PoolState, top_holders: int) -> dict[str, dict[tuple[str, ...], float]]:

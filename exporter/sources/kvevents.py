@@ -34,7 +34,7 @@ STORED, REMOVED, CLEARED = "BlockStored", "BlockRemoved", "AllBlocksCleared"
 # Positions of the fields the tracker reads in the array form of each event (index 0 is the tag).
 _ARRAY_MEDIUM = {STORED: 6, REMOVED: 2}
 _ARRAY_GROUP = {STORED: 9, REMOVED: 3}
-_ARRAY_PARENT, _ARRAY_TOKEN_IDS, _ARRAY_LORA_ID, _ARRAY_LORA_NAME, _ARRAY_EXTRA_KEYS = 2, 3, 5, 7, 8
+_ARRAY_PARENT, _ARRAY_TOKEN_IDS, _ARRAY_BLOCK_SIZE, _ARRAY_LORA_ID, _ARRAY_LORA_NAME, _ARRAY_EXTRA_KEYS = 2, 3, 4, 5, 7, 8
 _ARRAY_FIELDS = {STORED: 12, REMOVED: 4, CLEARED: 1}  # the longest array of each seen (vLLM, 2026)
 # Map keys known per event type: vLLM's and SGLang's fields, newest versions included.
 _KNOWN_KEYS = {
@@ -81,6 +81,7 @@ class BlockEvent:
     parent: int | None = None  # a store's parent block (its chain's previous block), as a key
     adapter: str | None = None  # a store's LoRA adapter; None for the base model
     tenant: str | None = None  # a store's tenant (tenant_of its cache salt); None where no salt is sent
+    block_size: int | None = None  # a store's tokens per block; None where not sent (0 in tokenless offload stores)
 
 
 @dataclass(slots=True)
@@ -229,6 +230,7 @@ def _decode_events(raw_events: list, out: Batch) -> None:
                 salt = raw[_ARRAY_LORA_NAME].get("cache_salt") if salted else None
                 lora_name = None if salted else _at(raw, _ARRAY_LORA_NAME)
                 lora_id, extra, parent = _at(raw, _ARRAY_LORA_ID), _at(raw, _ARRAY_EXTRA_KEYS), _at(raw, _ARRAY_PARENT)
+                block_size = _at(raw, _ARRAY_BLOCK_SIZE)
         elif isinstance(raw, dict):
             kind = raw.get("type")
             known = _KNOWN_KEYS.get(kind)
@@ -246,6 +248,7 @@ def _decode_events(raw_events: list, out: Batch) -> None:
                 metadata = raw.get("metadata")
                 salt = raw.get("cache_salt") or (metadata.get("cache_salt") if isinstance(metadata, dict) else None)
                 parent = raw.get("parent_block_hash")
+                block_size = raw.get("block_size")
         else:
             raise DecodeError(f"event is neither a tagged array nor a tagged map: {type(raw).__name__}")
         if medium is not None and not isinstance(medium, str):
@@ -260,7 +263,10 @@ def _decode_events(raw_events: list, out: Batch) -> None:
         if salt is None:
             salt = _salt_of(extra, adapter is not None)
         parent_key = normalise_hashes([parent])[0] if parent is not None else None
-        append(BlockEvent(kind, normalise_hashes(hashes), medium, group, parent_key, adapter, tenant_of(salt)))
+        if not isinstance(block_size, int) or isinstance(block_size, bool):  # nothing here needs it: not a refusal
+            block_size = None
+        append(BlockEvent(kind, normalise_hashes(hashes), medium, group, parent_key, adapter, tenant_of(salt),
+                          block_size))
 
 
 def _at(raw: list, index: int):

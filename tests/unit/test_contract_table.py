@@ -67,8 +67,11 @@ def exposed(tmp_path_factory) -> str:
     assert all(target.outcome.up for target in polled)
     with_events = polled[-1]
     stream = EventStream(with_events, 0, "tcp://127.0.0.1:5557", None, with_events.config.kv_events)
+    # The GPU pool's blocks, and a CPU tier's (vLLM's offload: a capacity miss of the tier, a block it served).
     events = [[wire.stored("vllm-map", [1, 2, 3])], [wire.removed("vllm-map", [1, 2])],
-              [wire.stored("vllm-map", [1])]]
+              [wire.stored("vllm-map", [1])],
+              [wire.stored("vllm-map", [2, 4], medium="CPU"), wire.removed("vllm-map", [4], medium="CPU")],
+              [wire.stored("vllm-map", [4], medium="CPU"), wire.stored("vllm-map", [2])]]
     for seq, batch in enumerate(events):
         stream._process(seq, wire.batch("vllm-map", 1000.0 + seq, batch))
     texts = [target.text for target in polled] + [stream.render(stream.pool_rank)]
@@ -200,4 +203,4 @@ def test_the_stream_families_render_as_the_polled_ones(exposed):
     assert len(heads) == len(set(heads)) == len(contract.FAMILIES)
     stored = [line for line in exposed.splitlines() if line.startswith("kvcache_events_blocks_stored_total{")]
     assert len(stored) == 1 and stored[0].startswith('kvcache_events_blocks_stored_total{target="architecture",')
-    assert stored[0].endswith(',dp_rank="0",role="unified",cluster="test"} 4.0')  # 3 stored, then 1 stored again
+    assert stored[0].endswith(',dp_rank="0",role="unified",cluster="test"} 5.0')  # 3 stored, 1 stored again, 1 loaded from the CPU tier

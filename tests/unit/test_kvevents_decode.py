@@ -29,7 +29,9 @@ def test_every_encoding_and_hash_form_decodes_to_the_same_events(encoding, form)
     has_rank = encoding not in ("vllm-v1-early", "sglang-early")
     assert batch.dp_rank == (3 if has_rank else None)
     medium = None if encoding in ("vllm-v1-early", "sglang-early") else "GPU"
-    assert batch.events == [BlockEvent(STORED, KEYS, medium, parent=KEYS[0]), BlockEvent(REMOVED, KEYS[1:3], medium),
+    # block_size: the wire's 16 tokens per block, in every form (the stream's events_block_size_tokens)
+    assert batch.events == [BlockEvent(STORED, KEYS, medium, parent=KEYS[0], block_size=16),
+                            BlockEvent(REMOVED, KEYS[1:3], medium),
                             BlockEvent(CLEARED, [])]
     assert (batch.unknown_types, batch.unknown_fields) == (0, 0)
 
@@ -106,7 +108,10 @@ def test_a_batch_with_long_token_lists_is_read_without_them_to_the_same_events(e
 
     short, long = payload(16), payload(1024)
     assert len(short) < 4 * SKIP_TOKEN_IDS_FROM <= len(long)  # four events: one way of reading each
-    assert decode_payload(0, long, LIMIT) == decode_payload(0, short, LIMIT)
+    expected = decode_payload(0, short, LIMIT)
+    for event in expected.events:  # the same events, each store naming its own block size
+        event.block_size = 1024 if event.block_size else event.block_size
+    assert decode_payload(0, long, LIMIT) == expected
     assert decode_payload(0, long, LIMIT).events[0].hashes == [11, 12]
     for broken in (long[:-1], long + b"x"):  # cut short, or bytes after the batch
         with pytest.raises(DecodeError):

@@ -1,0 +1,88 @@
+"""Offload tiers from the KV event stream (exporter/tiers.py), on the golden streams of
+tests/fixtures/offload-golden: a GPU pool with vLLM's own CPU offload manager behind it (how they were made:
+devtools/offload_golden.py), held to what vLLM's manager itself did in each run (truth.json)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import msgpack
+import pytest
+
+from kvcache_exporter.blocks import PoolState
+from kvcache_exporter.sources.kvevents import decode_payload
+from kvcache_exporter.tiers import Tiers
+from devtools import kvevents_wire as wire
+from devtools.harness import FIXTURES
+
+GOLDEN = FIXTURES / "offload-golden"
+TRUTH = json.loads((GOLDEN / "truth.json").read_text())
+RUNS = sorted(int(chunks) for chunks in TRUTH["runs"])
+
+
+def replay(chunks: int) -> tuple[PoolState, Tiers]:
+    """The run's stream folded as the exporter's subscriber folds it: the tier's capacity is its polled tokens
+    over the block size, chunks x 16 / 16 here."""
+    gpu, tiers = PoolState(capacity=TRUTH["gpu_blocks"]), Tiers()
+    for seq, payload in msgpack.unpackb(gzip.decompress((GOLDEN / f"vllm-cpu-{chunks}.msgpack.gz").read_bytes())):
+        batch = decode_payload(seq, payload, 1 << 24)
+        for tier in tiers.pools:
+            tiers.set_capacity(tier, chunks)
+        tiers.apply(gpu, batch.ts, batch.events)
+    return gpu, tiers
+
+
+@pytest.mark.parametrize("chunks", RUNS)
+def test_the_host_tier_counts_what_vllms_offload_manager_did(chunks):
+    truth = TRUTH["runs"][str(chunks)]
+    gpu, tiers = replay(chunks)
+    cpu = tiers.pools["cpu"]
+    assert (cpu.stored, cpu.evicted) == (truth["host_stored"], truth["host_evicted"])
+    # Every key vLLM stored again after evicting it is a capacity miss of the tier (80 keys: the list of
+    # evictions, 4 x capacity, holds them all).
+    assert cpu.capacity_misses == truth["host_restored_after_eviction"]
+    assert cpu.distance.count == cpu.capacity_misses
+    # The tier is full from early on: it holds as many blocks as it has chunks, stored less evicted.
+    assert len(cpu.resident) == cpu.stored - cpu.evicted == chunks
+    # Offload hits, attributed to the tier that served them: the blocks vLLM loaded.
+    assert tiers.served == {"cpu": truth["served"]}
+    # The GPU pool is the same as without the tier's events, none of which it counts as ignored any more.
+    assert (gpu.stored, gpu.evicted) == (truth["gpu_stored"], truth["gpu_evicted"])
+    assert gpu.ignored["other_medium"] == 0
+    assert tiers.block_size == TRUTH["block_size"]
+
+
+@pytest.mark.parametrize("factor", [1.5, 2.0])
+def test_a_larger_host_tier_serves_what_the_distance_histogram_said(factor):
+    """The same requests against a tier `factor` times as large: vLLM's manager loaded more blocks from it,
+    and the capacity misses of the smaller tier's stream with a distance ratio at or below factor - 1 say how
+    many."""
+    small = RUNS[0]
+    _, tiers = replay(small)
+    kept = dict(tiers.pools["cpu"].distance.cumulative())[factor - 1]
+    gained = TRUTH["runs"][str(int(small * factor))]["served"] - TRUTH["runs"][str(small)]["served"]
+    print(f"\nx{factor:g} host tier: vLLM served {gained} more blocks, the histogram kept {kept}")
+    assert gained > 100  # the run says something: the larger tier serves many more
+    assert abs(kept - gained) <= 0.02 * gained
+
+
+def test_sglang_hicache_host_copies_and_load_backs():
+    """SGLang names its host tier CPU_PINNED: a node written through to host, evicted from the GPU (a
+    demotion: the host copy stays) and loaded back is served by the host tier; a block the GPU pool already
+    holds (a second copy) is not."""
+    gpu, tiers = PoolState(capacity=4), Tiers()
+    batches = [
+        [wire.stored("sglang-map", [1, 2]), wire.stored("sglang-map", [1, 2], medium="CPU_PINNED")],
+        [wire.removed("sglang-map", [1, 2])],  # demoted: host only
+        [wire.stored("sglang-map", [1, 2, 3])],  # 1 and 2 loaded back, 3 computed
+        [wire.stored("sglang-map", [3], medium="CPU_PINNED"), wire.stored("sglang-map", [3])],  # a copy: not served
+        [wire.removed("sglang-map", [1], medium="CPU_PINNED")],
+        [wire.stored("sglang-map", [1], medium="CPU_PINNED")],  # computed again and backed up: the tier's miss
+    ]
+    for seq, events in enumerate(batches):
+        tiers.apply(gpu, 100.0 + seq, decode_payload(seq, wire.batch("sglang-map", 100.0 + seq, events), 1 << 20).events)
+    cpu = tiers.pools["cpu"]
+    assert tiers.served == {"cpu": 2}
+    assert (cpu.stored, cpu.evicted, cpu.capacity_misses, len(cpu.resident)) == (4, 1, 1, 3)
+    assert gpu.stored == 6 and gpu.evicted == 2
