@@ -54,10 +54,12 @@ def exposition(request, tmp_path_factory):
             # every target answered once (on a busy machine a first poll may time out and be retried)
             harness.wait_until(lambda: all(v == 1.0 for v in harness.series(
                 harness.scrape(exporter.url), "kvcache_target_up").values()), 30, what="every target up")
-            # One stored block of an adapter and a tenant, so that every event family has a series.
-            stored = wire.stored("vllm-map", [1], salt="tenant-a", lora_name="sql")
-            harness.wait_until(lambda: (publisher.send(wire.batch("vllm-map", 1.0, [stored])), harness.series(
-                harness.scrape(exporter.url), "kvcache_adapter_blocks_resident"))[1], 30,
+            # One stored block of an adapter and a tenant, and one a CPU tier holds, so that every event family
+            # has a series.
+            stored = [wire.stored("vllm-map", [1], salt="tenant-a", lora_name="sql"),
+                      wire.stored("vllm-map", [2], medium="CPU")]
+            harness.wait_until(lambda: (publisher.send(wire.batch("vllm-map", 1.0, stored)), harness.series(
+                harness.scrape(exporter.url), "kvcache_tier_blocks_resident"))[1], 30,
                 what="a KV event batch received")
             status, text = harness.http_get(exporter.url + "/metrics")
             assert status == 200

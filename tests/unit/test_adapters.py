@@ -194,6 +194,21 @@ def test_vllm_capacity_per_data_parallel_engine(engines, info, blocks, tokens):
         assert rank.gauges.get("capacity_tokens") == tokens
 
 
+@pytest.mark.parametrize("info, min_hit", [
+    # no alignment on the page (vLLM before the labels, or a frontend that never resolves them): the block size
+    ('num_gpu_blocks="1000"', 16),
+    # a hybrid model (Mamba or sliding-window groups): vLLM grows the full-attention block to match their page,
+    # 2096 tokens here, while block_size stays the smallest group's 16; hits land on the 2096
+    ('effective_attention_block_size="2096",cache_hit_alignment_tokens="None",num_gpu_blocks="1000"', 2096),
+    # with the alignment resolved (prefix_match_unit finer than the block, partial hits on): the alignment wins
+    ('effective_attention_block_size="2096",cache_hit_alignment_tokens="64",num_gpu_blocks="1000"', 64),
+])
+def test_vllm_shortest_prefix_that_can_hit(info, min_hit):
+    gauges = adapt(_cache_config_page(1, info))[1].ranks["0"].gauges
+    assert gauges["block_size_tokens"] == 16
+    assert gauges["prefix_cache_min_hit_tokens"] == min_hit
+
+
 def test_tensorrt_llm_block_size_from_its_kv_cache_config_info():
     """Without the tokens-per-block gauge the block size comes from `trtllm_kv_cache_config_info{page_size}`."""
     text = "".join(line for line in (FIXTURES / "trtllm-1.3.txt").read_text().splitlines(keepends=True)

@@ -35,6 +35,9 @@ def test_pool_capacity_from_cache_config_info():
     assert gauges["block_size_tokens"] == 32
     # kv_cache_size_tokens counts the null block too: 2048 - 2048 / 64 = 63 x 32.
     assert gauges["capacity_tokens"] == 2048 - 2048 / 64 == 63 * 32
+    # effective_attention_block_size="32" (the full-attention group's block), cache_hit_alignment_tokens="None":
+    # a shared prefix shorter than 32 tokens never hits.
+    assert gauges["prefix_cache_min_hit_tokens"] == 32
 
 
 def test_queue_usage_and_counters_are_the_pages():
