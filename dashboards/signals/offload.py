@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from kvcache_exporter.contract import WHAT_IF_FACTORS
 from kvcache_exporter.dashboards import bands, promql
 from kvcache_exporter.dashboards.panels import Query, describe, timeseries, without_source
 from kvcache_exporter.dashboards.signals.prefix_cache import QUERIED
-from kvcache_exporter.dashboards.view import BYTES_PER_SECOND, FAILURES_PER_SECOND, RATIO, SECONDS, TOKENS, TOKENS_PER_SECOND, View
+from kvcache_exporter.dashboards.view import BLOCKS, BYTES_PER_SECOND, FAILURES_PER_SECOND, RATIO, SECONDS, TOKENS, TOKENS_PER_SECOND, View
 
 CACHED = "kvcache_cached_prompt_tokens_total"
 CAPACITY = "kvcache_tier_capacity_tokens"
@@ -14,6 +15,14 @@ TRANSFER_BYTES = "kvcache_tier_transfer_bytes_total"
 TRANSFER_TOKENS = "kvcache_tier_transfer_tokens_total"
 TRANSFER_SECONDS = "kvcache_tier_transfer_seconds_total"
 STORE_FAILURES = "kvcache_tier_store_failures_total"
+# From the KV event stream (exporter/tiers.py): the tiers' own stores and evictions, and the blocks they served.
+SERVED = "kvcache_tier_served_blocks_total"
+TIER_RESIDENT = "kvcache_tier_blocks_resident"
+TIER_MISSES = "kvcache_tier_capacity_miss_blocks_total"
+TIER_DISTANCE = "kvcache_tier_capacity_miss_distance_ratio"
+TIER_STREAM_ONLY = ("Present only for targets whose KV event stream the exporter reads (`kv_events:`) and whose "
+                    "engine publishes its tier's events (vLLM's offloading connector, medium CPU; SGLang's HiCache, "
+                    "CPU_PINNED), docs/kv-events.md.")
 # A rate above this is at least one refused store in the window: red.
 ANY_FAILURE_PER_SECOND = 0.001
 ONLY_WITH_A_TIER = "Present only on engines with an offload tier (vLLM's native CPU offload, SGLang's HiCache)."
@@ -137,4 +146,46 @@ def store_failures(v: View):
         [Query(promql.rate(v.scope, STORE_FAILURES, by), v.line("{{tier}}"))],
         ((None, "green"), (ANY_FAILURE_PER_SECOND, "red")),
         v.drill_down,
+    )
+
+
+def tier_blocks(v: View):
+    by = ("tier",)
+    return timeseries(
+        "Offload tier blocks, by its events",
+        describe(
+            "Blocks each offload tier holds by its own stores and evictions (since the exporter joined the "
+            "stream), over the whole selection, and per second: blocks it served (the GPU pool stored them while "
+            "the tier held them: loaded, not computed), and its capacity misses (blocks stored to it again after "
+            "it had evicted them: computed again on the GPU). " + TIER_STREAM_ONLY,
+            "no red band. Capacity misses near the blocks served: the tier evicts what comes back; see What a "
+            "larger offload tier would buy.",
+        ),
+        BLOCKS,
+        [Query(promql.total(v.scope, TIER_RESIDENT, by), "{{tier}} resident"),
+         Query(promql.rate(v.scope, SERVED, by), "{{tier}} served /s"),
+         Query(promql.rate(v.scope, TIER_MISSES, by), "{{tier}} capacity misses /s")],
+        bands.neutral(),
+    )
+
+
+def tier_what_if(v: View):
+    by = ("tier",)
+    served = promql.rate(v.scope, SERVED, by)
+    queries = [Query(served, "{{tier}} today")]
+    queries += [Query(f"{served} + {promql.summed(promql.kept_misses(factor, v.selector(TIER_DISTANCE + '_bucket'), promql.RATE_INTERVAL), by)}",
+                      f"{{{{tier}}}} x{factor:g}") for factor in WHAT_IF_FACTORS]
+    return timeseries(
+        "What a larger offload tier would buy",
+        describe(
+            "Blocks per second each offload tier served (offload hits, attributed to the tier that served them), "
+            "and what a tier 1.25x, 1.5x, 2x and 4x as large would have served: today's plus its capacity misses "
+            "that lay at most factor - 1 tier capacities below it (LRU, as the GPU pool's projection). "
+            + TIER_STREAM_ONLY,
+            "no red band. Where the x2 line is well above today's, more host memory for the tier pays: each "
+            "block more served is a block of prefill not computed again.",
+        ),
+        BLOCKS + "/s",
+        queries,
+        bands.neutral(),
     )

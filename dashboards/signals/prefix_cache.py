@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from kvcache_exporter.dashboards import bands, promql
 from kvcache_exporter.dashboards.panels import Query, describe, stat, timeseries, without_source
-from kvcache_exporter.dashboards.view import PER_TARGET, RATIO, TOKENS_PER_SECOND, View, percent
+from kvcache_exporter.dashboards.view import PER_TARGET, RATIO, TOKENS, TOKENS_PER_SECOND, View, percent
 
 HIT = "kvcache_prefix_cache_hit_tokens_total"
 
 QUERIED = "kvcache_prefix_cache_queried_tokens_total"
+MIN_HIT = "kvcache_prefix_cache_min_hit_tokens"
+STREAM_BLOCK = "kvcache_events_block_size_tokens"
 
 
 def hit_ratio_now(v: View):
@@ -53,6 +55,27 @@ def hit_ratio(v: View):
         v.drill_down,
         min_max=(0, 1),
         worst_low=True,
+    )
+
+
+def min_hit_tokens(v: View):
+    by = v.split
+    return timeseries(
+        f"Shortest prefix that can hit {v.per}",
+        describe(
+            "Tokens a shared prefix needs before it can be a prefix-cache hit: hits land on whole blocks, so a "
+            "prompt sharing fewer tokens with a cached one (plus the one token the engine computes) is a miss "
+            "however hot the prefix. The engine's page where it says it (vLLM's hit alignment or a hybrid model's "
+            "full-attention block, else the block size), else the block size its KV event stream names. Hybrid "
+            "and sliding-window models make vLLM choose blocks of 1,920 to 4,096 tokens (docs/kv-events.md).",
+            "no red band. A value of thousands beside a low hit ratio: the shared prefixes (system prompts, "
+            "few-shot headers) are shorter than one block and can never hit; lengthen them past it, or set a "
+            "finer prefix_match_unit where the model allows.",
+        ),
+        TOKENS,
+        [Query(f"{promql.highest(v.scope, MIN_HIT, by)} or {promql.highest(v.scope, STREAM_BLOCK, by)}", v.line())],
+        bands.neutral(),
+        v.drill_down,
     )
 
 
