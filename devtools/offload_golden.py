@@ -17,8 +17,9 @@ recently used first): an LRU of GPU_BLOCKS blocks, each request touching its blo
 The workload (seeded): REQUESTS requests of a prefix of 2 blocks drawn from PREFIXES, Zipf-like, so the GPU
 pool keeps the hot ones and the CPU tier serves part of the rest. Written for three CPU tiers, HOST_CHUNKS,
 1.5 and 2 times that, the same requests in the same order: `vllm-cpu-<chunks>.msgpack.gz` (a gzipped msgpack
-array of [seq, payload] pairs, the frames the exporter would receive) and `truth.json`, what vLLM's manager did in each run (blocks it served by load, stored,
-evicted; stores of keys it had evicted before), the figures the tests hold the exporter's counts to.
+array of [seq, payload] pairs, the frames the exporter would receive) and `truth.json`, what vLLM's manager did
+in each run (blocks it served by load, stored, evicted; stores of keys it had evicted before), the figures
+tests/unit/test_kv_tiers.py holds the exporter's counts to.
 """
 
 from __future__ import annotations

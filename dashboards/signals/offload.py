@@ -6,7 +6,8 @@ from kvcache_exporter.contract import WHAT_IF_FACTORS
 from kvcache_exporter.dashboards import bands, promql
 from kvcache_exporter.dashboards.panels import Query, describe, timeseries, without_source
 from kvcache_exporter.dashboards.signals.prefix_cache import QUERIED
-from kvcache_exporter.dashboards.view import BLOCKS, BYTES_PER_SECOND, FAILURES_PER_SECOND, RATIO, SECONDS, TOKENS, TOKENS_PER_SECOND, View
+from kvcache_exporter.dashboards.view import (BLOCKS, BYTES_PER_SECOND, FAILURES_PER_SECOND, RATIO, SECONDS, TOKENS,
+                                              TOKENS_PER_SECOND, View)
 
 CACHED = "kvcache_cached_prompt_tokens_total"
 CAPACITY = "kvcache_tier_capacity_tokens"
@@ -173,7 +174,8 @@ def tier_what_if(v: View):
     by = ("tier",)
     served = promql.rate(v.scope, SERVED, by)
     queries = [Query(served, "{{tier}} today")]
-    queries += [Query(f"{served} + {promql.summed(promql.kept_misses(factor, v.selector(TIER_DISTANCE + '_bucket'), promql.RATE_INTERVAL), by)}",
+    buckets = v.selector(TIER_DISTANCE + "_bucket")
+    queries += [Query(f"{served} + {promql.summed(promql.kept_misses(factor, buckets, promql.RATE_INTERVAL), by)}",
                       f"{{{{tier}}}} x{factor:g}") for factor in WHAT_IF_FACTORS]
     return timeseries(
         "What a larger offload tier would buy",

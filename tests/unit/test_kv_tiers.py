@@ -81,7 +81,8 @@ def test_sglang_hicache_host_copies_and_load_backs():
         [wire.stored("sglang-map", [1], medium="CPU_PINNED")],  # computed again and backed up: the tier's miss
     ]
     for seq, events in enumerate(batches):
-        tiers.apply(gpu, 100.0 + seq, decode_payload(seq, wire.batch("sglang-map", 100.0 + seq, events), 1 << 20).events)
+        payload = wire.batch("sglang-map", 100.0 + seq, events)
+        tiers.apply(gpu, 100.0 + seq, decode_payload(seq, payload, 1 << 20).events)
     cpu = tiers.pools["cpu"]
     assert tiers.served == {"cpu": 2}
     assert (cpu.stored, cpu.evicted, cpu.capacity_misses, len(cpu.resident)) == (4, 1, 1, 3)
