@@ -484,28 +484,26 @@ _TABLE = (
     Family("events_last_message_timestamp_seconds", "gauge", "events", "seconds",
            "Unix time the exporter received the pool's last event batch."),
     # Per pool and offload tier, from the same stream's events of the tier's medium (exporter/tiers.py).
-    Family("tier_events_blocks_stored_total", "counter", "events", "blocks",
-           "Blocks an offload tier stored (BlockStored of its medium: vLLM CPU offload, SGLang HiCache). "
-           + _TIERED, ("tier",)),
-    Family("tier_events_blocks_evicted_total", "counter", "events", "blocks",
-           "Blocks an offload tier evicted (BlockRemoved of its medium). " + _TIERED, ("tier",)),
-    Family("tier_blocks_resident", "gauge", "events", "blocks",
-           "Blocks an offload tier holds now, by its stores and evictions since the exporter joined the stream. "
-           + _TIERED, ("tier",)),
-    Family("tier_capacity_miss_blocks_total", "counter", "events", "blocks",
-           "Blocks stored to an offload tier again while on its list of recent evictions: evicted from the tier, "
-           "computed again on the GPU and offloaded again. " + _TIERED, ("tier",)),
-    Family("tier_capacity_miss_distance_ratio", "histogram", "events", "ratio",
-           "Per capacity miss of an offload tier: blocks the tier evicted after it and not stored again before "
-           "its re-store, divided by the tier's capacity in blocks (kvcache_tier_capacity_tokens / "
-           "kvcache_block_size_tokens). Under LRU the misses at or below x are those a tier (1 + x) times as "
-           "large would have served. " + _TIERED, ("tier",)),
-    Family("tier_block_residency_seconds", "histogram", "events", "seconds",
-           "Time from a block's store to an offload tier to its eviction from it, by the batches' timestamps. "
-           + _TIERED, ("tier",)),
-    Family("tier_served_blocks_total", "counter", "events", "blocks",
-           "Blocks the GPU pool stored while an offload tier held them: loaded from that tier, not computed (its "
-           "offload hits, by the tier that served them). " + _TIERED, ("tier",)),
+    *(Family(f"tier_{name}", type, "events", unit, f"{what} " + _TIERED, ("tier",)) for name, type, unit, what in (
+        ("events_blocks_stored_total", "counter", "blocks",
+         "Blocks an offload tier stored (BlockStored of its medium: vLLM CPU offload, SGLang HiCache)."),
+        ("events_blocks_evicted_total", "counter", "blocks", "Blocks an offload tier evicted (BlockRemoved of its "
+                                                             "medium)."),
+        ("blocks_resident", "gauge", "blocks",
+         "Blocks an offload tier holds now, by its stores and evictions since the exporter joined the stream."),
+        ("capacity_miss_blocks_total", "counter", "blocks",
+         "Blocks stored to an offload tier again while on its list of recent evictions: evicted from the tier, "
+         "computed again on the GPU and offloaded again."),
+        ("capacity_miss_distance_ratio", "histogram", "ratio",
+         "Per capacity miss of an offload tier: blocks the tier evicted after it and not stored again before its "
+         "re-store, divided by the tier's capacity in blocks (kvcache_tier_capacity_tokens / "
+         "kvcache_block_size_tokens). Under LRU the misses at or below x are those a tier (1 + x) times as large "
+         "would have served."),
+        ("block_residency_seconds", "histogram", "seconds",
+         "Time from a block's store to an offload tier to its eviction from it, by the batches' timestamps."),
+        ("served_blocks_total", "counter", "blocks",
+         "Blocks the GPU pool stored while an offload tier held them: loaded from that tier, not computed (its "
+         "offload hits, by the tier that served them)."))),
     Family("events_block_size_tokens", "gauge", "events", "tokens",
            "Tokens per block the GPU pool's last store named (BlockStored block_size, KV cache group 0): on a "
            "hybrid model the full-attention block, the shortest shared prefix that can hit. " + _STREAMED),
