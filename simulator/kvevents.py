@@ -14,6 +14,9 @@ its parent and token ids for every block, as both engines send them. The fields 
 every block and the cache salt on a request's first block only (v1/core/kv_cache_utils.py,
 generate_block_hash_extra_keys and to_event_extra_keys), so a later block's tenant is its chain's. SGLang
 names the salt on every store (`cache_salt`).
+
+With an offload tier its stores and evictions ride in the same batches, one block each, tokenless, medium
+`CPU` (SGLang flavors: `CPU_PINNED`), as vLLM's offloading connector announces its chunks by default.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import threading
 
 import msgpack
 
-from .model import STORED, BlockKey
+from .model import STORED, TIER_REMOVED, TIER_STORED, BlockKey
 from .workload import ADAPTERS, holder
 
 SIGNED_HASHES = {"sglang"}  # flavors whose hashes are signed int64; the rest publish vLLM's unsigned form
@@ -49,6 +52,10 @@ def events(journal: list[tuple], block_size: int, signed: bool) -> list[dict]:
     out: list[dict] = []
     chain = None  # (the last stored key, its owner) while a BlockStored is open
     for entry in journal:
+        if entry[0] in (TIER_STORED, TIER_REMOVED):
+            out.append(_tier_event(entry[0], entry[1], signed))
+            chain = None
+            continue
         if entry[0] != STORED:
             out.append({"type": "BlockRemoved", "block_hashes": [_wire_hash(entry[1], signed)], "medium": "GPU"})
             chain = None
@@ -82,6 +89,17 @@ def _stored(parent: BlockKey | None, owner: int, block_size: int, signed: bool) 
         event["extra_keys"] = []
         event["group_idx"] = 0
     return event
+
+
+def _tier_event(kind: str, key: BlockKey, signed: bool) -> dict:
+    """The offload tier's store or eviction of one block, as vLLM's offloading connector announces it by
+    default (one chunk of one block, tokenless, no parent: OffloadingEventsTracker's placeholder payload), or
+    SGLang's HiCache its host copy (CPU_PINNED)."""
+    medium = "CPU_PINNED" if signed else "CPU"
+    if kind == TIER_REMOVED:
+        return {"type": "BlockRemoved", "block_hashes": [_wire_hash(key, signed)], "medium": medium}
+    return {"type": "BlockStored", "block_hashes": [_wire_hash(key, signed)], "parent_block_hash": None,
+            "token_ids": [], "block_size": 0, "lora_id": None, "medium": medium, "lora_name": None}
 
 
 def batch(ts: float, events_: list[dict], dp_rank: int) -> bytes:

@@ -51,6 +51,8 @@ from typing import Hashable
 
 BlockKey = Hashable
 STORED, REMOVED = "stored", "removed"
+# The offload tier's entries in the pool's journal (its KV events, medium CPU).
+TIER_STORED, TIER_REMOVED = "tier stored", "tier removed"
 
 
 @dataclass(frozen=True)
@@ -263,10 +265,11 @@ class OffloadTier:
     def pinned(self, now: float) -> int:
         return sum(1 for done in self.blocks.values() if done > now)
 
-    def store(self, keys: list[BlockKey], now: float) -> tuple[int, int] | None:
+    def store(self, keys: list[BlockKey], now: float, journal: list | None = None) -> tuple[int, int] | None:
         """One allocation for the blocks of `keys` (those already kept become most recently used): room is
         made by evicting unpinned blocks outside `keys`, least recently used first; when that cannot make
-        enough, nothing is stored or evicted and the answer is None. Else (blocks stored, blocks evicted)."""
+        enough, nothing is stored or evicted and the answer is None. Else (blocks stored, blocks evicted).
+        The evictions and stores go to `journal` (the pool's, when it records KV events)."""
         new = [key for key in keys if key not in self.blocks]
         excess = len(self.blocks) + len(new) - self.capacity
         victims: list[BlockKey] = []
@@ -278,6 +281,9 @@ class OffloadTier:
                 return None
         for key in victims:
             del self.blocks[key]
+        if journal is not None:
+            journal.extend((TIER_REMOVED, key) for key in victims)
+            journal.extend((TIER_STORED, key) for key in new)
         for key in keys:
             if key in self.blocks:
                 self.blocks.move_to_end(key)
@@ -628,7 +634,7 @@ class EngineModel:
         if self.tier is None or not spilled:
             return
         counters = self.counters
-        outcome = self.tier.store(spilled, self.now)
+        outcome = self.tier.store(spilled, self.now, self.pool.journal)
         if outcome is None:
             counters.offload_store_failures += 1
             return

@@ -16,6 +16,7 @@ from kvcache_exporter.simulator.model import REMOVED, STORED
 from kvcache_exporter.simulator.scenarios import ScenarioRun, load_scenario, override_engine
 from kvcache_exporter.simulator.workload import TENANTS, holder
 from kvcache_exporter.sources.kvevents import decode_payload, tenant_of
+from kvcache_exporter.tiers import Tiers
 
 BLOCK_SIZE = 4
 # Owner 1: adapter sql-lora, tenant-1. Owner 2: chat-lora, tenant-2 (prefix 2's requests). Owner 3: no adapter,
@@ -137,3 +138,27 @@ def test_a_simulated_run_read_from_its_first_batch_holds_every_block_by_its_requ
 def test_the_wire_is_msgpack_of_the_batch():
     events = sim_events.events(JOURNAL[:3], BLOCK_SIZE, signed=False)
     assert msgpack.unpackb(sim_events.batch(2.5, events, 1)) == [2.5, events, 1]
+
+
+def test_the_simulated_cpu_tier_is_read_as_its_model_counts_it():
+    """The offload-tier scenario's stream (the pool's events and its CPU tier's, as vLLM's connector
+    announces them) through the wire and the exporter's tiers: the tier stored, evicted and served (loaded back
+    into the pool) what the simulator's own counters say."""
+    scenario = override_engine(load_scenario("offload-tier"), {"num_blocks": 64, "offload_blocks": 256})
+    engine = ScenarioRun(scenario, FLAVORS["vllm-v1"].reporting, seed=3, record_kv_events=True)
+    gpu, tiers = PoolState(capacity=64), Tiers()
+    seq = 0
+    for now in range(30, 181, 30):
+        engine.advance_to(now)
+        model = engine.models[0]
+        for ts, journal in model.kv_batches:
+            payload = sim_events.batch(ts, sim_events.events(journal, BLOCK_SIZE, False), 0)
+            batch = decode_payload(seq, payload, 1 << 24)
+            tiers.apply(gpu, batch.ts, batch.events)
+            seq += 1
+        model.kv_batches.clear()
+    counters, cpu = engine.models[0].counters, tiers.pools["cpu"]
+    assert counters.offload_loaded_blocks > 100 and counters.offload_evicted_blocks > 100
+    assert (cpu.stored, cpu.evicted) == (counters.offload_stored_blocks, counters.offload_evicted_blocks)
+    assert tiers.served == {"cpu": counters.offload_loaded_blocks}
+    assert gpu.ignored["other_medium"] == 0
