@@ -5,7 +5,8 @@ The flag is accepted and the engine core builds its offloading connector, but th
 the platform when the pool registers (vllm/v1/kv_offload/cpu/spec.py: only CUDA-alike and XPU GPUs), and the
 server exits before /health ever answers. So the tier families (kvcache_tier_*) cannot be checked against a real
 CPU build; this test keeps that record true: it fails the day vLLM starts such an engine, and the check belongs
-here then.
+here then. Until then the families the KV event stream feeds are checked on golden streams of vLLM's own offload
+manager and event tracker (devtools/offload_golden.py, tests/unit/test_kv_tiers.py).
 """
 
 from __future__ import annotations
