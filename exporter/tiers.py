@@ -60,11 +60,12 @@ class Tiers:
         run: list[BlockEvent] = []  # consecutive events of one pool
         run_tier: str | None = None  # None: the GPU pool's
         for event in events:
-            tier = TIER_OF_MEDIUM.get(event.medium)
-            if tier != run_tier or (tier is None and event.kind == STORED and self._holds_any(event.hashes)):
+            tier = TIER_OF_MEDIUM.get(event.medium)  # None: the GPU pool's, or a medium it counts as ignored
+            gpu_store = event.kind == STORED and event.medium in GPU_MEDIA and not event.group_idx
+            if tier != run_tier or (gpu_store and self._holds_any(event.hashes)):
                 self._flush(gpu, run_tier, ts, run)  # the GPU pool up to date before a store is checked
                 run, run_tier = [], tier
-                if tier is None and event.kind == STORED and not event.group_idx:
+                if gpu_store:
                     self._count_served(gpu, event.hashes)
             run.append(event)
         self._flush(gpu, run_tier, ts, run)

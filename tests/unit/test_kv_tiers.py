@@ -87,3 +87,14 @@ def test_sglang_hicache_host_copies_and_load_backs():
     assert tiers.served == {"cpu": 2}
     assert (cpu.stored, cpu.evicted, cpu.capacity_misses, len(cpu.resident)) == (4, 1, 1, 3)
     assert gpu.stored == 6 and gpu.evicted == 2
+
+
+def test_a_medium_of_no_tier_stays_ignored_and_serves_nothing():
+    """A store of a medium no tier has (here "NVME") is the GPU pool's `other_medium`, even of a block the CPU
+    tier holds; a store of a block the GPU pool's group 1 (a sliding-window group) needs is no offload hit."""
+    gpu, tiers = PoolState(capacity=4), Tiers()
+    events = [wire.stored("vllm-map", [7], medium="CPU"), wire.stored("vllm-map", [7], medium="NVME"),
+              wire.stored("vllm-map", [7], group_idx=1)]
+    tiers.apply(gpu, 1.0, decode_payload(0, wire.batch("vllm-map", 1.0, events), 1 << 20).events)
+    assert tiers.served == {"cpu": 0}
+    assert gpu.ignored == {"other_medium": 1, "other_group": 1} and gpu.stored == 0
