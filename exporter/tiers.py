@@ -54,7 +54,7 @@ class Tiers:
     def apply(self, gpu: PoolState, ts: float, events: list[BlockEvent]) -> None:
         """Fold a batch into the GPU pool and the tiers, in the batch's order."""
         self._note_block_size(events)
-        if not self.pools and all(event.medium in GPU_MEDIA for event in events):
+        if not self.pools and {event.medium for event in events}.issubset(GPU_MEDIA):
             gpu.apply(ts, events)  # no tier yet: the GPU pool's events alone, as without tiers
             return
         run: list[BlockEvent] = []  # consecutive events of one pool
