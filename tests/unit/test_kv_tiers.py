@@ -98,3 +98,36 @@ def test_a_medium_of_no_tier_stays_ignored_and_serves_nothing():
     tiers.apply(gpu, 1.0, decode_payload(0, wire.batch("vllm-map", 1.0, events), 1 << 20).events)
     assert tiers.served == {"cpu": 0}
     assert gpu.ignored == {"other_medium": 1, "other_group": 1} and gpu.stored == 0
+
+
+def test_a_stream_renders_its_tier_with_the_tiers_polled_capacity_in_blocks():
+    """The subscriber's stream: the tier's capacity is the poll's tier_capacity_tokens over the pool's block size
+    (64 tokens / 16 = 4 blocks), so a miss 2 evictions deep has ratio 0.5; the tier's series carry `tier`."""
+    from types import SimpleNamespace
+
+    from kvcache_exporter.config import KVEventsConfig
+    from kvcache_exporter.runtime.subscriber import EventStream
+    from kvcache_exporter.snapshot import RankValues
+
+    rank = RankValues(gauges={"capacity_blocks": 8.0, "block_size_tokens": 16.0},
+                      labelled={"tier_capacity_tokens": {("cpu",): 64.0}})
+    target = SimpleNamespace(name="t", labels={}, outcome=SimpleNamespace(ranks={"0": rank}, engine="vllm",
+                                                                           model="m", role="unified"))
+    stream = EventStream(target, 0, "tcp://127.0.0.1:5557", None, KVEventsConfig(endpoint="tcp://127.0.0.1:5557"))
+    batches = [[wire.stored("vllm-map", [1, 2, 3], medium="CPU")],
+               [wire.removed("vllm-map", [1], medium="CPU"), wire.removed("vllm-map", [2], medium="CPU"),
+                wire.removed("vllm-map", [3], medium="CPU")],
+               [wire.stored("vllm-map", [1], medium="CPU"), wire.stored("vllm-map", [3])]]
+    for seq, events in enumerate(batches):
+        stream._process(seq, wire.batch("vllm-map", 10.0 + seq, events))
+    assert stream.tiers.pools["cpu"].capacity == 4
+    text = b"".join(stream.render(0).status.values()).decode()
+    tier = 'target="t",engine="vllm",model="m",dp_rank="0",role="unified",tier="cpu"'
+    # 1 came back with 2 and 3 evicted after it and still out: 2 / 4 blocks = 0.5
+    assert f'kvcache_tier_capacity_miss_distance_ratio_bucket{{{tier},le="0.5"}} 1.0' in text
+    assert f'kvcache_tier_capacity_miss_distance_ratio_bucket{{{tier},le="0.25"}} 0.0' in text
+    assert f"kvcache_tier_blocks_resident{{{tier}}} 1.0" in text
+    assert f"kvcache_tier_events_blocks_stored_total{{{tier}}} 4.0" in text
+    assert f"kvcache_tier_served_blocks_total{{{tier}}} 0.0" in text  # 3 had left the tier: computed
+    assert 'kvcache_events_block_size_tokens{target="t",engine="vllm",model="m",dp_rank="0",role="unified"} 16.0' \
+        in text
