@@ -54,6 +54,9 @@ def widths(count: int) -> list[int]:
     return [base + 1 if index < extra else base for index in range(count)]
 
 
+ANNOTATION_STEP = "15s"
+
+
 def firing_alerts(labels: tuple[str, ...], name: str = "Firing KV-cache alerts",
                   alertname: str = f'alertname!~"{"|".join(ALERT_PANELS)}", alertname=~"KVCache.*"',
                   panel_ids: list[int] | None = None):
@@ -69,6 +72,9 @@ def firing_alerts(labels: tuple[str, ...], name: str = "Firing KV-cache alerts",
         .text_format("{{target}} {{severity}}")
         .tag_keys("alertname,severity,target")
         .use_value_for_time(False)
+        # The minimum step of its query (Grafana's default is 60s): an alert that fired for less than a minute,
+        # or the last minute of a range, is drawn too.
+        .step(ANNOTATION_STEP)
     )
     if panel_ids is not None:
         query.filter(builders.AnnotationPanelFilter().exclude(False).ids(panel_ids))

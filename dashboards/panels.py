@@ -49,16 +49,26 @@ def describe(shows: str, when_red: str) -> str:
     return f"{shows}\n\n{RED_ADVICE} {when_red}"
 
 
-def without_source(family: str) -> str:
-    """The sentence naming the engines that have no source for a contract family (the adapters'
-    `not_reported`): their targets have no line in the panel, which is not a reading of 0."""
+def _engines_without(family: str) -> str:
+    """The engines that have no source for a contract family (the adapters' `not_reported`), in words."""
     from kvcache_exporter.adapters import ADAPTERS
 
     titles = [adapter.title for adapter in ADAPTERS.values() if family in adapter.not_reported]
-    if not titles:
-        return ""
-    named = ", ".join(titles[:-1]) + " and " + titles[-1] if len(titles) > 1 else titles[0]
-    return f" No line for {named} targets: their engine has no source for it (absent, not 0)."
+    return ", ".join(titles[:-1]) + " and " + titles[-1] if len(titles) > 1 else "".join(titles)
+
+
+def without_source(family: str) -> str:
+    """The sentence naming the engines that have no source for a contract family: their targets have no line in
+    the panel, which is not a reading of 0."""
+    named = _engines_without(family)
+    return f" No line for {named} targets: their engine has no source for it (absent, not 0)." if named else ""
+
+
+def no_value_without_source(family: str) -> str | None:
+    """What a panel of a family some engines have no source for says where it has no value at all (Grafana's
+    noValue, drawn in the panel's own size instead of its big "No data"): once, and why."""
+    named = _engines_without(family)
+    return f"No data: {named} {'export' if ' and ' in named else 'exports'} none" if named else None
 
 
 @dataclass(frozen=True)
@@ -111,31 +121,35 @@ def _with_basics(panel, title: str, description: str, unit: str, queries: list[Q
     return panel
 
 
-def missing_value() -> models.ValueMapping:
-    """A missing value as such: NO_DATA on no colour."""
+def missing_value(text: str = NO_DATA) -> models.ValueMapping:
+    """A missing value as such: `text` on no colour (a mapping comes before Grafana's noValue: a stat with one says
+    its noValue here too)."""
     return models.SpecialValueMap(models.DashboardSpecialValueMapOptions(
-        match=models.SpecialValueMatch.NULL_AND_NAN, result=models.ValueMappingResult(text=NO_DATA, color="transparent")))
+        match=models.SpecialValueMatch.NULL_AND_NAN, result=models.ValueMappingResult(text=text, color="transparent")))
 
 
 def stat(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
          mappings: list[models.ValueMapping] | None = None, min_max: tuple[float, float] | None = None,
-         named: bool = False, links: tuple[Link, ...] = ()):
+         named: bool = False, links: tuple[Link, ...] = (), no_value: str | None = None):
     """A current value (the last one in range), coloured by its band. `named`: the value now, from an instant
-    query, with the name its legend gives it (which pool it is)."""
+    query, with the name its legend gives it (which pool it is). `no_value`: what it says without any value."""
     panel = stat_builders.Panel().height(STAT_HEIGHT)
     panel.reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     panel.color_mode(common.BigValueColorMode.BACKGROUND)
     panel.graph_mode(common.BigValueGraphMode.NONE if named else common.BigValueGraphMode.AREA)
     panel.text_mode(common.BigValueTextMode.VALUE_AND_NAME if len(queries) > 1 or named
                     else common.BigValueTextMode.AUTO)
-    panel.mappings([*(mappings or []), missing_value()])
+    panel.mappings([*(mappings or []), missing_value(no_value or NO_DATA)])
     if min_max:
         panel.min(min_max[0]).max(min_max[1])
+    if no_value:
+        panel.no_value(no_value)
     return _with_basics(panel, title, description, unit, queries, steps, links, instant=named)
 
 
 def timeseries(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
-               links: tuple[Link, ...] = (), min_max: tuple[float, float] | None = None, worst_low: bool = False):
+               links: tuple[Link, ...] = (), min_max: tuple[float, float] | None = None, worst_low: bool = False,
+               no_value: str | None = None):
     """Lines over time; a band with more than one step is drawn as threshold lines. The legend and the tooltip
     list the worst line first by its last value: the highest, or with `worst_low` the lowest (headroom, time
     until full, hit ratio), so the few legend rows the panel's height shows are the worst ones."""
@@ -149,6 +163,8 @@ def timeseries(title: str, description: str, unit: str, queries: list[Query], st
         panel.thresholds_style(common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.LINE))
     if min_max:
         panel.min(min_max[0]).max(min_max[1])
+    if no_value:
+        panel.no_value(no_value)
     return _with_basics(panel, title, description, unit, queries, steps, links)
 
 

@@ -228,6 +228,26 @@ def _accepts_connections(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def polling(targets: list[dict], interval_s: float, timeout_s: float, staleness_s: float, thresholds,
+            labels: dict[str, str]) -> dict:
+    """An exporter configuration polling `targets` every `interval_s` with the pressure `thresholds` (a
+    `thresholds.Thresholds`, e.g. compressed to a simulated fleet's clock) and the static `labels`."""
+    import dataclasses
+
+    return {"poll_interval": f"{interval_s:g}s", "timeout": f"{timeout_s:g}s", "staleness": f"{staleness_s:g}s",
+            "labels": labels, "pressure": dataclasses.asdict(thresholds), "targets": targets}
+
+
+def scraping(exporter: Process, interval: str, rule_files: tuple[Path, ...] = ()) -> dict:
+    """A Prometheus configuration that scrapes the exporter and evaluates `rule_files`, both every `interval`."""
+    return {
+        "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
+        "rule_files": [str(path) for path in rule_files],
+        "scrape_configs": [{"job_name": "kvcache-exporter",
+                            "static_configs": [{"targets": [exporter.url.removeprefix("http://")]}]}],
+    }
+
+
 @contextlib.contextmanager
 def prometheus(work_dir: Path, config: dict, port: int | None = None, extra_args: tuple[str, ...] = ()) -> Iterator[Process]:
     """Debian's Prometheus with `config` (a dict written as YAML); `.url` is its base URL."""

@@ -4,7 +4,7 @@ and P/D backpressure. Every panel reads prefill and decode pools only (View.disa
 from __future__ import annotations
 
 from kvcache_exporter.dashboards import bands, promql
-from kvcache_exporter.dashboards.panels import Query, describe, timeseries, without_source
+from kvcache_exporter.dashboards.panels import Query, describe, no_value_without_source, timeseries, without_source
 from kvcache_exporter.dashboards.view import (BYTES_PER_SECOND, FAILURES_PER_SECOND, RATIO, REQUESTS, SECONDS,
                                               View, legend_of, percent)
 
@@ -60,6 +60,7 @@ def transfer_stages(v: View):
         [Query(promql.total(v.scope, STAGES, by), v.line("{{role}} {{stage}}"))],
         bands.neutral(),
         v.drill_down,
+        no_value=no_value_without_source(STAGES.removeprefix("kvcache_")),
     )
 
 
@@ -98,6 +99,7 @@ def transfer_time(v: View):
         [Query(promql.quantile(0.9, v.scope, SECONDS_HISTOGRAM, by), v.line("{{role}} p90"))],
         bands.neutral(),
         v.drill_down,
+        no_value=no_value_without_source(SECONDS_HISTOGRAM.removeprefix("kvcache_")),
     )
 
 
@@ -148,4 +150,5 @@ def failures_and_expiries(v: View):
          Query(promql.rate(v.scope, ABOVE_LINK, v.split), v.line("reported above the link"))],
         bands.neutral(),
         v.drill_down,
+        no_value=no_value_without_source(FAILURES.removeprefix("kvcache_")),
     )

@@ -72,6 +72,7 @@ def headroom_now(v: View):
         HEADROOM_UNIT,
         [Query(promql.least(v.selector(HEADROOM)), "requests")],
         bands.headroom(),
+        no_value="No data: nothing runs, no typical request to size by",
     )
 
 

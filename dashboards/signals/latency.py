@@ -5,7 +5,8 @@ from __future__ import annotations
 from kvcache_exporter.thresholds import Thresholds
 
 from kvcache_exporter.dashboards import bands, promql
-from kvcache_exporter.dashboards.panels import Query, describe, heatmap, timeseries, without_source
+from kvcache_exporter.dashboards.panels import (Query, describe, heatmap, no_value_without_source, timeseries,
+                                                without_source)
 from kvcache_exporter.dashboards.view import RATIO, SECONDS, View, legend_of, percent
 
 TTFT = "kvcache_time_to_first_token_seconds"
@@ -34,6 +35,7 @@ def _quantiles(v: View, title: str, histogram: str, shows: str, when_red: str, s
                legend_of(PER_TARGET_QUANTILE, f"p{q * 100:g}")) for q in v.latency_quantiles],
         steps,
         v.drill_down,
+        no_value=no_value_without_source(histogram.removeprefix("kvcache_")),
     )
 
 
@@ -95,6 +97,7 @@ def queue_share_of_ttft(v: View):
         bands.queue_share(t),
         v.drill_down,
         min_max=(0, 1),
+        no_value=no_value_without_source(QUEUE_TIME.removeprefix("kvcache_")),
     )
 
 

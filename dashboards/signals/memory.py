@@ -20,6 +20,7 @@ def bytes_per_token(v: View):
         BYTES,
         [Query(promql.highest(v.scope, "kvcache_bytes_per_token"), "bytes per token")],
         bands.neutral(),
+        no_value="No data: no model_architecture configured (docs/kv-math.md)",
     )
 
 

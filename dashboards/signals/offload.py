@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvcache_exporter.contract import WHAT_IF_FACTORS
 from kvcache_exporter.dashboards import bands, promql
-from kvcache_exporter.dashboards.panels import Query, describe, timeseries, without_source
+from kvcache_exporter.dashboards.panels import Query, describe, no_value_without_source, timeseries, without_source
 from kvcache_exporter.dashboards.signals.prefix_cache import QUERIED
 from kvcache_exporter.dashboards.view import (BLOCKS, BYTES_PER_SECOND, FAILURES_PER_SECOND, RATIO, SECONDS, TOKENS,
                                               TOKENS_PER_SECOND, View)
@@ -49,6 +49,7 @@ def hit_ratio_by_source(v: View):
          Query(promql.rate_ratio(v.scope, CACHED, QUERIED), "all sources")],
         bands.neutral(),
         min_max=(0, 1),
+        no_value=no_value_without_source(CACHED.removeprefix("kvcache_")),
     )
 
 
@@ -96,6 +97,7 @@ def _transfers(v: View, counter: str, what: str, unit: str, counts: str):
         unit,
         [Query(promql.rate(v.scope, counter, ("tier", "direction")), "{{tier}} {{direction}}")],
         bands.neutral(),
+        no_value=no_value_without_source(counter.removeprefix("kvcache_")),
     )
 
 
@@ -147,6 +149,7 @@ def store_failures(v: View):
         [Query(promql.rate(v.scope, STORE_FAILURES, by), v.line("{{tier}}"))],
         ((None, "green"), (ANY_FAILURE_PER_SECOND, "red")),
         v.drill_down,
+        no_value=no_value_without_source(STORE_FAILURES.removeprefix("kvcache_")),
     )
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kvcache_exporter.dashboards import bands, promql
-from kvcache_exporter.dashboards.panels import Query, describe, stat, timeseries, without_source
+from kvcache_exporter.dashboards.panels import (Query, describe, no_value_without_source, stat, timeseries,
+                                                without_source)
 from kvcache_exporter.dashboards.view import PER_TARGET, RATIO, TOKENS, TOKENS_PER_SECOND, View, percent
 
 HIT = "kvcache_prefix_cache_hit_tokens_total"
@@ -30,6 +31,7 @@ def hit_ratio_now(v: View):
         [Query(promql.least(busy_hit_ratio(v, PER_TARGET)), "hit ratio")],
         bands.neutral(),
         min_max=(0, 1),
+        no_value=f"No data: under {t.traffic_floor_prefix_tokens_per_second:g} prompt tokens/s looked up",
     )
 
 
@@ -55,6 +57,7 @@ def hit_ratio(v: View):
         v.drill_down,
         min_max=(0, 1),
         worst_low=True,
+        no_value=no_value_without_source(HIT.removeprefix("kvcache_")),
     )
 
 

@@ -7,8 +7,8 @@ from kvcache_exporter.thresholds import Thresholds
 from kvcache_exporter.units import format_duration
 
 from kvcache_exporter.dashboards import bands, promql
-from kvcache_exporter.dashboards.panels import (Query, describe, range_names, stat, state_timeline, timeseries, value_names,
-                                                without_source)
+from kvcache_exporter.dashboards.panels import (Query, describe, no_value_without_source, range_names, stat,
+                                                state_timeline, timeseries, value_names, without_source)
 from kvcache_exporter.dashboards.view import PER_TARGET, PREEMPTIONS_PER_MINUTE, PREEMPTIONS_PER_SECOND, REQUESTS, TARGETS, View, percent
 
 
@@ -83,6 +83,7 @@ def state_now(v: View):
         [Query(reason_rank(v, ()), "state")],
         bands.neutral(),
         mappings=reason_names(v.thresholds),
+        no_value="No data: no pool polled (see Targets up)",
     )
 
 
@@ -188,6 +189,7 @@ def preemptions_per_minute(v: View):
         [Query(promql.worst(promql.scaled(promql.rate(v.scope, "kvcache_preemptions_total", PER_TARGET), 60)),
                "preemptions")],
         bands.preemption_rate(t, per_seconds=60),
+        no_value=no_value_without_source("preemptions_total"),
     )
 
 
@@ -206,4 +208,5 @@ def preemption_rate(v: View):
         [Query(promql.rate(v.scope, "kvcache_preemptions_total", v.split), v.line())],
         bands.preemption_rate(t),
         v.drill_down,
+        no_value=no_value_without_source("preemptions_total"),
     )

@@ -31,6 +31,7 @@ the truth (issue #28: a missed preemption storm, pools counted short that were n
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import itertools
 import json
@@ -44,7 +45,7 @@ import pytest
 import yaml
 
 from kvcache_exporter.alerts import generate
-from kvcache_exporter.dashboards import build, fleet, target
+from kvcache_exporter.dashboards import bands, build, fleet, target
 from kvcache_exporter.dashboards.signals import pressure
 from devtools import grafana_render
 from kvcache_exporter.adapters import ADAPTERS
@@ -93,6 +94,8 @@ FLEET = {
     # Serves as steady, then from 240 simulated seconds (12 s of wall time) admits and generates nothing for good.
     "vllm-wedged": ("vllm-v1", "wedged", 1, 10, {}),
 }
+# Configured at a loopback port nothing listens on: a target the exporter cannot poll.
+DOWN = "vllm-down"
 STEADY = {"vllm-steady", "sglang-steady"}
 QUEUEING = {"vllm-sat", "sglang-sat-dp2", "vllm-cap", "sglang-cap", "trtllm-sat"}
 KV_SATURATION = {"vllm-sat", "sglang-sat-dp2", "trtllm-sat"}
@@ -272,8 +275,8 @@ STATE_ALERTS = {
     ("KVCacheNearlyFull", "warning"): (nearly_full, filling, THRESHOLDS.nearly_full_for),
     ("KVCacheAdmissionStalled", "critical"): (stalled, stalled, THRESHOLDS.admission_stalled_for),
 }
-# Every target answers and the exporter runs the whole time: these never fire.
-NEVER = ("KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent", "KVCacheExporterWorkerFailing")
+# The exporter runs the whole time: these never fire (KVCacheTargetDown fires on DOWN only).
+NEVER = ("KVCacheExporterDown", "KVCacheExporterAbsent", "KVCacheExporterWorkerFailing")
 
 
 # --- the rate alerts, on the polls Prometheus holds ---------------------------------------------
@@ -515,15 +518,12 @@ class Run:
 
 
 def exporter_config(urls: dict[str, str]) -> dict:
-    return {
-        "poll_interval": f"{INTERVAL_S:g}s",
-        "timeout": f"{TIMEOUT_S:g}s",
-        "staleness": f"{STALENESS_S:g}s",
-        "labels": {"cluster": "truth"},
-        "pressure": dataclasses.asdict(THRESHOLDS),
-        "targets": [{"name": name, "url": url, "engine": engine_of(name),
-                     "labels": {"pool": FLEET[name][1]}} for name, url in urls.items()],
-    }
+    """The fleet's engines, and DOWN at a free loopback port."""
+    down = {"name": DOWN, "url": f"http://127.0.0.1:{harness.free_port()}/metrics", "engine": "vllm",
+            "labels": {"pool": "down"}}
+    targets = [{"name": name, "url": url, "engine": engine_of(name), "labels": {"pool": FLEET[name][1]}}
+               for name, url in urls.items()]
+    return harness.polling([*targets, down], INTERVAL_S, TIMEOUT_S, STALENESS_S, THRESHOLDS, {"cluster": "truth"})
 
 
 def sample_until(truth: Truth, engines: dict, stop: threading.Event) -> None:
@@ -545,13 +545,7 @@ def run(tmp_path_factory):
         config = work / "exporter.yml"
         config.write_text(yaml.safe_dump(exporter_config({name: e.url for name, e in engines.items()})))
         with harness.exporter(work, "--config", str(config)) as exporter:
-            interval = f"{INTERVAL_S:g}s"
-            prometheus_config = {
-                "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
-                "rule_files": [str(rules)],
-                "scrape_configs": [{"job_name": "kvcache-exporter",
-                                    "static_configs": [{"targets": [exporter.url.removeprefix("http://")]}]}],
-            }
+            prometheus_config = harness.scraping(exporter, f"{INTERVAL_S:g}s", (rules,))
             with harness.prometheus(work / "prometheus", prometheus_config) as prometheus:
                 harness.wait_until(lambda: len(harness.prom_vector(prometheus.url, "kvcache_target_up == 1"))
                                    == len(FLEET), 30, what="Prometheus to scrape every target")
@@ -889,6 +883,11 @@ def possible_states(read: list[tuple[Rank, ...]]) -> set[str]:
     return possible
 
 
+def waiting_shown(row: dict[str, dict]) -> int:
+    """A triage row's queue: its waiting for KV and waiting with KV room."""
+    return int(row["Waiting for KV"]["text"]) + int(row["Waiting with KV room"]["text"])
+
+
 def table_rows(drawn: Drawn) -> list[dict[str, dict]]:
     """A table's rows in the order Grafana displays them, each cell (text, colorName) by its column's header."""
     return [{cell["column"]: cell for cell in row} for row in drawn.displayed["rows"]]
@@ -918,17 +917,23 @@ def test_grafana_lists_the_pools_worst_first_with_their_state_and_colour(run, fl
     state's word in its severity's colour and one the states its poll read allow; KV usage as the stat's."""
     table = fleet_all["Pools that need help now"]
     t = table.displayed["queries"][0]["time"]
-    rows = table_rows(table)
+    down, *rows = table_rows(table)
+    # The target the exporter cannot poll is the first row, as down, and shows no number (none is fresh).
+    assert (down["target"]["text"], down["State"]["text"], down["State"]["colorName"]) == (
+        DOWN, pressure.DOWN, bands.DOWN_COLOR), down
+    assert {cell["text"] for column, cell in down.items() if column not in ("target", "State")} <= {"", "No data"}, down
     assert sorted(row["target"]["text"] for row in rows) == sorted(FLEET)
     words = {pressure.reason_words(THRESHOLDS, reason): reason for reason in PRESSURE_REASONS}
     reasons = [words[row["State"]["text"]] for row in rows]  # each State says its reason in the contract's words
     codes = [list(PRESSURE_REASONS).index(reason) for reason in reasons]
     assert codes == sorted(codes, reverse=True), [row["State"]["text"] for row in rows]
-    # Ties by usage, fullest first (the cells' percentages, to Grafana's rounding).
+    # Ties by usage, fullest first (the cells' percentages, to Grafana's rounding), then by waiting, longest first.
     for above, below in zip(rows, rows[1:]):
         if above["State"]["text"] == below["State"]["text"]:
             assert percent_interval(above["KV usage"]["text"])[1] >= percent_interval(below["KV usage"]["text"])[0], (
                 above["target"]["text"], below["target"]["text"])
+            if above["KV usage"]["text"] == below["KV usage"]["text"]:
+                assert waiting_shown(above) >= waiting_shown(below), (above["target"]["text"], below["target"]["text"])
     reads = states_shown(run, seen, "kvcache_pressure_state", t)
     usage = usage_bounds(run, seen, t)
     for row, reason in zip(rows, reasons):
@@ -966,9 +971,150 @@ def test_a_value_the_engine_does_not_give_reads_no_data_not_a_band(run, fleet_al
                        | {"green" for ranks in read if not any(map(surely_without_room, ranks))})
             assert shown["colorName"] in colours, (name, shown, rooms)
     for name, row in rows.items():
+        if name == DOWN:  # no number at all: test_grafana_lists_the_pools_worst_first_with_their_state_and_colour
+            continue
         for column, cell in row.items():
             assert cell["text"] not in ("", "NaN"), (name, column, cell)
             assert cell["colorName"] is not None or cell["text"] == "No data" or column == "target", (name, column, cell)
+
+
+# What on-call reads first about a pool, on either dashboard: one target of each kind (KV-short on two data-parallel
+# ranks, capped, wedged, KV-short on an engine without a preemption counter, fine).
+FIRST_SCREEN = ("sglang-sat-dp2", "vllm-cap", "vllm-wedged", "trtllm-sat", "vllm-steady")
+
+
+def page_gives(reason: str, ranks: tuple[Rank, ...], preempted: float) -> bool:
+    """Whether one page the poll read holds the numbers a reason's words state (contract.PRESSURE_REASONS), on the
+    rank it is about: a queue at or above the low-water mark, less free than one live request, a queue beside room,
+    preemptions (`preempted`: the engine's own count over the window before), or none of these. Give or take a
+    block or a rounding of usage (the engines' usage denominators differ by one, SGLang rounds to two decimals)."""
+    slack = max(1.0 / ranks[0].num_blocks, max(USAGE_ROUNDING.values()))
+    queues = [r for r in ranks if r.waiting]
+    if reason == "room":
+        return not queues
+    if reason == "high_water":
+        return not queues and max(r.usage for r in ranks) >= THRESHOLDS.high_water_ratio - slack
+    if reason == "cap":
+        return any(r.waiting_reason not in KV_BOUND or r.shows_room for r in queues)
+    if reason == "low_water":
+        return any(r.usage >= THRESHOLDS.low_water_ratio - slack for r in queues)
+    if reason == "free_below_request":
+        return any(dataclasses.replace(r, used_blocks=r.used_blocks + 1).headroom < 1 for r in queues if r.running)
+    if reason == "preempted":
+        return bool(queues) and preempted > 0
+    return preempted > 0  # "preemptions": thrashing
+
+
+@pytest.mark.usefixtures("artifacts_on_failure")
+def test_each_pool_says_why_with_the_engines_numbers(run, fleet_all, grafana, seen):
+    """Each row of "Pools that need help now" says why in the contract's words, and those words hold on the page the
+    engine served to the poll shown: the queue is at the usage, beside the room, or with the preemptions they say;
+    the queue and the running requests beside them are the engine's own. The target dashboard's "Pressure state"
+    says the same words in the same colour at the same instant, and its "Waiting requests" are the engine's."""
+    table = fleet_all["Pools that need help now"]
+    t = table.displayed["queries"][0]["time"]
+    words = {pressure.reason_words(THRESHOLDS, reason): reason for reason in PRESSURE_REASONS}
+    rows = {row["target"]["text"]: row for row in table_rows(table) if row["target"]["text"] != DOWN}
+    for name, row in rows.items():
+        reason = words[row["State"]["text"]]
+        read = read_at(run, seen, name, t)
+        preempted = run.truth.delta(name, t, 2 * WINDOW_S, lambda r: r.preemptions)
+        assert any(page_gives(reason, ranks, preempted) for ranks in read), (name, reason, read)
+        assert int(row["Running"]["text"]) in {sum(r.running for r in ranks) for ranks in read}, (name, row["Running"])
+        assert waiting_shown(row) in {sum(r.waiting for r in ranks) for ranks in read}, (name, read)
+    for name in FIRST_SCREEN:
+        panels = grafana(target.FILENAME, {"target": name})
+        state, queue = panels["Pressure state"], panels["Waiting requests"]
+        assert [query.get("time", query.get("end")) for query in state.displayed["queries"]] == [t], name
+        [shown] = state.displayed["values"]
+        assert (shown["text"], shown["colorName"]) == (rows[name]["State"]["text"], rows[name]["State"]["colorName"])
+        at = queue.displayed["queries"][0].get("time", queue.displayed["queries"][0].get("end"))
+        waiting = sum(value["numeric"] for value in queue.displayed["values"])
+        assert waiting in {sum(r.waiting for r in ranks) for ranks in read_at(run, seen, name, at)}, (name, waiting)
+
+
+@pytest.mark.usefixtures("artifacts_on_failure")
+def test_the_state_counts_are_the_tables_rows(run, fleet_all):
+    """"Targets per pressure state" counts what the table beside it lists: each target once, by its worst rank (the
+    data-parallel SGLang target is one row and one count), the target that is down as down."""
+    table = fleet_all["Pools that need help now"]
+    t = table.displayed["queries"][0]["time"]
+    stat = fleet_all["Targets per pressure state"]
+    assert {query.get("time", query.get("end")) for query in stat.displayed["queries"]} == {t}  # the same instant
+    state_of = {pressure.reason_words(THRESHOLDS, reason): PRESSURE_REASONS[reason].state
+                for reason in PRESSURE_REASONS} | {pressure.DOWN: "down"}
+    rows = collections.Counter(state_of[row["State"]["text"]] for row in table_rows(table))
+    counts = {value["name"]: int(value["text"]) for value in stat.displayed["values"]}
+    assert counts == {state: rows[state] for state in (*PRESSURE_STATES, "down")}, (counts, rows)
+    assert sum(counts.values()) == len(FLEET) + 1
+    up = {value["name"]: value["numeric"] for value in fleet_all["Targets up"].displayed["values"]}
+    assert up == {"up": len(FLEET), "down": 1}, up
+
+
+@pytest.mark.usefixtures("artifacts_on_failure")
+def test_legends_list_the_worst_first(run, fleet_all):
+    """Every per-target time series lists its legend by the series' last value, worst first (descending where more
+    is worse, ascending for headroom, time until full and hit ratio): the rows the panel's height shows are the
+    pools to look at. The values are Prometheus' answers to the panel's own query."""
+    checked = 0
+    for title, data in fleet_all.items():
+        legend = data.panel.get("options", {}).get("legend", {})
+        if (data.panel["type"] != "timeseries" or [q["legendFormat"] for q in data.panel["targets"]] != ["{{target}}"]
+                or data.displayed.get("shows")):  # no series at all: no legend
+            continue
+        assert legend["sortBy"] == "Last *", title
+        lasts = {name: last(points) for name, points in by_target(data).items() if points}
+        shown = [row["name"] for row in data.displayed["legend"]]
+        assert set(shown) == set(lasts), (title, shown, sorted(lasts))
+        values = [lasts[name] for name in shown]
+        assert values == sorted(values, reverse=legend["sortDesc"]), (title, list(zip(shown, values)))
+        checked += len(shown) >= 3
+    assert checked >= 8, checked
+
+
+@pytest.mark.usefixtures("artifacts_on_failure")
+def test_no_data_only_where_the_engine_has_none_and_saying_why(run, grafana):
+    """On the TensorRT-LLM target (no preemption counter) the preemption panels say once, in the panel's own size,
+    which engines export none (their noValue), not a big "No data"; every other panel of the rows on-call reads
+    first (Overview, KV, Pressure) has a value. The same panels on a vLLM target have their numbers."""
+    trtllm, vllm = grafana(target.FILENAME, {"target": "trtllm-sat"}), grafana(target.FILENAME, {"target": "vllm-steady"})
+    first_rows = {"Overview", "KV", "Pressure"}
+    for title in ("Preemptions per minute", "Preemption rate per rank"):
+        says = trtllm[title].panel["fieldConfig"]["defaults"]["noValue"]
+        assert "TensorRT-LLM" in says and "vLLM" not in says, says
+        shown = trtllm[title].displayed
+        assert (shown.get("shows") or shown["values"][0]["text"]) == says, (title, shown)
+        assert vllm[title].displayed.get("shows") is None and says not in json.dumps(vllm[title].displayed), title
+    for title, data in trtllm.items():
+        if data.displayed["row"] in first_rows and not title.startswith("Preemption"):
+            texts = [value["text"] for value in data.displayed.get("values", [])] + [data.displayed.get("shows")]
+            assert "No data" not in texts, (title, data.displayed)
+
+
+@pytest.mark.usefixtures("artifacts_on_failure")
+def test_firing_alerts_are_drawn_on_the_series_they_concern(run, fleet_all, seen):
+    """Each firing alert is drawn as an annotation (from Prometheus' ALERTS, as Grafana's annotation query reads it)
+    on the time series its annotation names, and only there: the KV shortage of each KV-saturated target on the
+    waiting and headroom panels, not on the prefix cache's; the wedged engine's stall on every panel; the target
+    that is down on "Targets up over time" only (a state timeline: on no time series). Each drawn region is a time
+    at which Prometheus held the alert firing."""
+    def drawn(title: str) -> set[tuple[str, str]]:
+        events = fleet_all[title].displayed.get("annotations", [])
+        return {(event["title"], event["text"].split(" ")[0]) for event in events}
+
+    waiting = drawn("Waiting requests by cause per target")
+    assert {("KVCacheShortageQueueing", name) for name in KV_SATURATION} <= waiting, waiting
+    assert ("KVCacheShortageQueueing", "vllm-sat") in drawn("Headroom per target")
+    assert not {event for event in drawn("Prefix-cache hit ratio per target") if event[0] == "KVCacheShortageQueueing"}
+    for title in ("KV usage per target", "Waiting requests by cause per target", "Prefix-cache hit ratio per target"):
+        assert ("KVCacheAdmissionStalled", "vllm-wedged") in drawn(title), title
+    assert not {event for title in fleet_all for event in drawn(title) if event[0] == "KVCacheTargetDown"}
+    ends = {(event["title"], event["text"].split(" ")[0], at) for data in fleet_all.values()
+            for event in data.displayed.get("annotations", []) for at in (event["time"], event["timeEnd"])}
+    for alertname, name, at in ends:
+        firing = f'ALERTS{{alertstate="firing", alertname="{alertname}", target="{name}"}}'
+        assert harness.prom_query(run.prometheus_url, firing, time=at / 1000)["result"], (alertname, name, at)
+    assert len(ends) >= 8, ends
 
 
 @pytest.mark.usefixtures("artifacts_on_failure")
@@ -1002,9 +1148,12 @@ def test_alerts_fire_where_the_engines_were_in_trouble_and_nowhere_else(run, see
     fired = {(a["metric"]["alertname"], a["metric"]["severity"], a["metric"].get("target", "")) for a in result
              if a["metric"]["alertname"] != "KVCacheRoutingImbalance"}
     must, may = expected_alerts(run.truth, seen)
+    # DOWN answers no poll from the start: its alert's window is all failures once Prometheus has held it `for:`.
+    must, may = must | {("KVCacheTargetDown", "warning", DOWN)}, may | {("KVCacheTargetDown", "warning", DOWN)}
     assert must <= fired, f"missing: {sorted(must - fired)}"
     assert fired <= may, f"unexpected: {sorted(fired - may)}"
     assert not {a for a in fired if a[0] in NEVER}
+    assert {a for a in fired if a[0] == "KVCacheTargetDown" or a[2] == DOWN} == {("KVCacheTargetDown", "warning", DOWN)}
     assert not {a for a in fired if a[2] in STEADY}, "an alert fired on a steady pool"
     # The scenarios' point, which the truth bands above must agree with.
     assert {("KVCacheShortageQueueing", "critical", n) for n in KV_SATURATION} <= fired

@@ -10,6 +10,7 @@ import { ThemeContext, applyFieldOverrides, createTheme, dateTime, standardTrans
   standardTransformersRegistry, transformDataFrame } from '@grafana/data';
 import { ErrorBoundary, GlobalStyles, PanelChrome } from '@grafana/ui';
 
+import { annotationEvents, drawAnnotations } from './annotations';
 import { effectiveFieldConfig, fieldConfigRegistry, SUPPORTED_PANELS } from './fieldConfig';
 import { VISUALISATIONS } from './panels';
 import { Prometheus, labelValues, panelIntervals, runPanelQueries } from './prometheus';
@@ -247,10 +248,15 @@ async function main() {
         </div>
       </ThemeContext.Provider>
     );
+    const events = annotationEvents(dashboard, prometheus, variables, timeRange).catch((err) => {
+      displayed.error = `annotations: ${err.message}`;
+      return [];
+    });
     await new Promise((resolve) => {
       const check = () => (Object.values(records).every((r) => r.drawn || r.error) ? resolve() : setTimeout(check, 100));
       check();
     });
+    drawAnnotations(displayed, await events, timeRange, theme);
     readBack(displayed, theme);
   } catch (err) {
     displayed.error = err.message;

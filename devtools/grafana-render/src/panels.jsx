@@ -19,13 +19,14 @@ const STAT_DEFAULTS = {
   reduceOptions: { calcs: ['lastNotNull'], values: false, fields: '' },
 };
 
-export function NoData({ width, height }) {
-  // @grafana/runtime's PanelDataErrorView with no error: the centred "No data" message.
+export function NoData({ width, height, fieldConfig }) {
+  // @grafana/runtime's PanelDataErrorView with no error: the centred message, the panel's noValue where it has one
+  // (getMessageFor), else "No data".
   const theme = useTheme2();
   return (
     <div data-no-data="" style={{ width, height, display: 'flex', alignItems: 'center', justifyContent: 'center',
       color: theme.colors.text.primary }}>
-      {NO_DATA}
+      {fieldConfig?.defaults?.noValue || NO_DATA}
     </div>
   );
 }
@@ -72,7 +73,7 @@ export function TableViz({ panel, series, fieldConfig, width, height, timeRange,
   const main = series[options.frameIndex > 0 && options.frameIndex < series.length ? options.frameIndex : 0];
   if (!main || !series.some((frame) => frame.fields.length > 0)) {
     record.noData = true;
-    return <NoData width={width} height={height} />;
+    return <NoData width={width} height={height} fieldConfig={fieldConfig} />;
   }
   return (
     <TableNG height={height} width={width} data={main} noHeader={!options.showHeader} showTypeIcons={options.showTypeIcons}
@@ -123,11 +124,11 @@ export function prepareGraphableFields(series, theme, timeRange) {
   return frames;
 }
 
-export function TimeSeriesViz({ panel, series, width, height, theme, timeRange, record }) {
+export function TimeSeriesViz({ panel, series, fieldConfig, width, height, theme, timeRange, record }) {
   const frames = prepareGraphableFields(series, theme, timeRange);
   if (!frames) {
     record.noData = true;
-    return <NoData width={width} height={height} />;
+    return <NoData width={width} height={height} fieldConfig={fieldConfig} />;
   }
   const legend = { showLegend: true, displayMode: 'list', placement: 'bottom', calcs: [], ...panel.options?.legend };
   return (
@@ -166,12 +167,12 @@ function timelineLanes(frames, mergeValues) {
   return lanes;
 }
 
-export function StateTimelineViz({ panel, series, width, height, theme, timeRange, record }) {
+export function StateTimelineViz({ panel, series, fieldConfig, width, height, theme, timeRange, record }) {
   const frames = prepareGraphableFields(series, theme, timeRange);
   const lanes = frames ? timelineLanes(frames, panel.options?.mergeValues ?? true).filter((l) => l.segments.length) : [];
   if (!lanes.length) {
     record.noData = true;
-    return <NoData width={width} height={height} />;
+    return <NoData width={width} height={height} fieldConfig={fieldConfig} />;
   }
   record.drawnBy = 'renderer lanes: colours and texts from @grafana/data display processor (no @grafana/ui state timeline)';
   const from = timeRange.from.valueOf();
@@ -214,7 +215,7 @@ function heatmapPalette(options, theme) {
   return theme.isDark !== Boolean(options?.reverse) ? palette.reverse() : palette;
 }
 
-export function HeatmapViz({ panel, series, width, height, theme, timeRange, record }) {
+export function HeatmapViz({ panel, series, fieldConfig, width, height, theme, timeRange, record }) {
   // transformV2 turned format=heatmap into one HeatmapRows frame: time, then one count field per bucket.
   const frame = series.find((f) => f.fields.length > 1 && f.fields.some((fl) => fl.type === FieldType.time));
   const buckets = frame ? frame.fields.filter((f) => f.type === FieldType.number) : [];
@@ -222,7 +223,7 @@ export function HeatmapViz({ panel, series, width, height, theme, timeRange, rec
   const max = Math.max(0, ...buckets.flatMap((b) => b.values.filter(Number.isFinite)));
   if (!buckets.length || max === 0) {
     record.noData = true;
-    return <NoData width={width} height={height} />;
+    return <NoData width={width} height={height} fieldConfig={fieldConfig} />;
   }
   record.drawnBy = 'renderer cells: buckets from @grafana/prometheus transformV2, colours as the heatmap panel quantizes its scheme (no @grafana/ui heatmap)';
   const palette = heatmapPalette(panel.options?.color, theme);

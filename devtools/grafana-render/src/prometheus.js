@@ -8,7 +8,7 @@ import { FieldType, rangeUtil } from '@grafana/data';
 import { interpolateQueryExpr, parseSampleValue, transformV2 } from '@grafana/prometheus';
 
 // pkg/promlib/models/query.go: the step is never finer than range / 11000 ("safe resolution").
-const SAFE_RESOLUTION = 11000;
+export const SAFE_RESOLUTION = 11000;
 
 export class QueryError extends Error {}
 
@@ -110,7 +110,7 @@ export function goDuration(ms) {
 }
 
 /** pkg/promlib/models/query.go AlignTimeRange: start and end rounded down to a multiple of the step. */
-function alignToStep(ms, stepMs) {
+export function alignToStep(ms, stepMs) {
   return Math.floor(ms / stepMs) * stepMs;
 }
 

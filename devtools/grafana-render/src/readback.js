@@ -72,8 +72,9 @@ export function readBack(displayed, theme) {
     if (!element) {
       continue;
     }
-    if (element.querySelector('[data-no-data]')) {
-      record.shows = 'No data';
+    const noData = element.querySelector('[data-no-data]');
+    if (noData) {
+      record.shows = text(noData); // "No data", or the panel's noValue
       continue;
     }
     for (const value of record.values ?? []) {
