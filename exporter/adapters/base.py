@@ -175,7 +175,10 @@ class Adapter:
             totals[out_key] = totals.get(out_key, 0.0) + value
         return totals
 
-    def adapt(self, samples: Samples, kept: KeptBounds = DEFAULT_KEPT) -> Snapshot:
+    def adapt(self, samples: Samples, kept: KeptBounds = DEFAULT_KEPT, memo: dict | None = None) -> Snapshot:
+        """The page's samples as a Snapshot. `memo`, one target's (empty at first, kept between its polls and
+        replaced when `kept` changes): a histogram whose samples equal the last poll's is not read again; its
+        Histogram objects are reused, and the renderer reuses their lines (exposition.Prefixes)."""
         ranks: dict[str, RankValues] = {}
 
         def rank(name: str) -> RankValues:
@@ -183,7 +186,7 @@ class Adapter:
 
         for series in self.series:
             if series.kind == "histogram":
-                self._adapt_histogram(series, samples, rank, kept.get(series.concept))
+                self._adapt_histogram(series, samples, rank, kept.get(series.concept), memo)
                 continue
             name = self.first_present(series.names, samples)
             if series.labels or series.label_from:
@@ -231,7 +234,8 @@ class Adapter:
             found.update(self.rank_of(s.labels) for s in samples.get(name, ()))
         return found
 
-    def _adapt_histogram(self, series: Series, samples: Samples, rank, kept: frozenset[float] | None) -> None:
+    def _adapt_histogram(self, series: Series, samples: Samples, rank, kept: frozenset[float] | None,
+                         memo: dict | None) -> None:
         """Each rank's histogram: per breakdown slice one copy whole (buckets, sum and count of the same TP or PP
         rank's series, the first by its labels: tp_rank 0, SGLang's stats rank, where it is there), then the sum
         over the slices. Never a bucket from one copy and the sum from another: the result would be no copy's
@@ -239,6 +243,14 @@ class Adapter:
         name = self.first_present(series.names, samples, suffix="_bucket")
         if name is None:
             return
+        if memo is not None:
+            # An engine's histogram changes only when requests finish: compared as parsed, name, labels and values.
+            read = tuple(samples.get(name + suffix) for suffix in HISTOGRAM_SUFFIXES)
+            last = memo.get(id(series))
+            if last is not None and last[0] == read:
+                for rank_name, histogram in last[1].items():
+                    rank(rank_name).histograms[series.concept] = histogram
+                return
         # (rank, slice) -> copy -> [buckets {bound: cumulative}, sum, count]
         copies: dict[tuple, dict[tuple, list]] = {}
         for suffix, part in (("_bucket", 0), ("_sum", 1), ("_count", 2)):
@@ -269,9 +281,13 @@ class Adapter:
                 into[0][bound] = into[0].get(bound, 0.0) + cumulative
             into[1] += total
             into[2] += buckets[math.inf] if count is None else count
+        made = {}
         for rank_name, (buckets, total, count) in totals.items():
             pairs = [(_scaled(bound, series.scale), cumulative) for bound, cumulative in sorted(buckets.items())]
-            rank(rank_name).histograms[series.concept] = Histogram(pairs, _scaled(total, series.scale), count)
+            made[rank_name] = rank(rank_name).histograms[series.concept] = Histogram(
+                pairs, _scaled(total, series.scale), count)
+        if memo is not None:
+            memo[id(series)] = read, made
 
     def _copy_of(self, label_text: str, series: Series, bucket: bool, kept: frozenset[float] | None) -> tuple | None:
         """((rank, breakdown slice), copy, bucket bound) of a histogram sample, or None when the series' filters

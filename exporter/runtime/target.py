@@ -66,6 +66,7 @@ class Target:
         self.config = config
         self.thresholds = thresholds
         self.kept = kept  # the latency histograms' bucket bounds re-exported
+        self._adapted: dict = {}  # the adapter's memo of this target's unchanged histograms (Adapter.adapt)
         if self.outcome.last_success is None:  # what it is a replica of, until its page says
             self.outcome = replace(self.outcome, model=config.model or "", role=config.role or "unified")
         self.labels = {**static_labels, **config.labels}
@@ -86,7 +87,7 @@ class Target:
         try:
             adapter, samples = await self._fetch_and_read(timeout)
             try:
-                snapshot = adapter.adapt(samples, self.kept)
+                snapshot = adapter.adapt(samples, self.kept, self._adapted)
             except parser.ParseError as err:  # a bad label set, found when the adapter reads it
                 raise PollFailed("parse", str(err)) from None
             if not snapshot.ranks:
