@@ -12,6 +12,8 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .thresholds import SHARD_LEAD_RATIO
+
 PREFIX = "kvcache_"
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Units a family's name spells out (docs/metrics.md's conventions: base units in the name).
@@ -237,6 +239,12 @@ _TABLE = (
            "Interval between the scrapes of /metrics by the scraper the polls lock onto (or would, were it a whole "
            "multiple of poll_interval), measured from their arrivals; 0 while no client scrapes regularly.",
            stable=False),
+    Family("exporter_poll_lead_ratio", "gauge", "exporter", "ratio",
+           "How early the fleet's earliest poll starts before a scrape, over the poll interval: the longest "
+           "expected poll (p90 of a target's recent ones), the window the polls are spread over (1.25 times the "
+           "poll loop's CPU per interval) and a margin. The data a scrape reads is up to this much of an interval "
+           "old; above " + f"{SHARD_LEAD_RATIO:g}" + " it is more than a second older than a direct scrape's at 5 s "
+           "(docs/scaling.md): add a replica (`--shard`) or a worker.", stable=False),
     Family("exporter_workers", "gauge", "exporter", "",
            "Processes that poll the targets between them (`workers`, 1 by default: this process alone).",
            stable=False),

@@ -42,7 +42,7 @@ class ExporterState:
         self.reload_ok = False
 
     def lines(self, probed_targets: int, probe_evictions: int, scrape_interval: float = 0.0,
-              phase_locked: bool = False, workers: Workers | None = None) -> dict[str, str]:
+              phase_locked: bool = False, lead_ratio: float = 0.0, workers: Workers | None = None) -> dict[str, str]:
         """Its series by family: one line each, for every family of the contract's `exporter` group."""
         values = {
             "exporter_build_info": (exposition.label_text({"version": __version__, "reader": parser.READER}), 1.0),
@@ -52,6 +52,7 @@ class ExporterState:
             "exporter_probe_evictions_total": ("", float(probe_evictions)),
             "exporter_poll_phase_locked": ("", float(phase_locked)),
             "exporter_scrape_interval_seconds": ("", scrape_interval),
+            "exporter_poll_lead_ratio": ("", lead_ratio),
             "exporter_workers": ("", float(workers.count if workers else 1)),
             "exporter_worker_restarts_total": ("", float(workers.restarts if workers else 0)),
             "exporter_worker_missed_replies_total": ("", float(workers.missed if workers else 0)),
