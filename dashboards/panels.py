@@ -6,6 +6,7 @@ a query may carry its own bands (a stat showing several values, each with its ow
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import common as common_builders
@@ -21,6 +22,7 @@ from grafana_foundation_sdk.models import dashboard as models
 from grafana_foundation_sdk.models import heatmap as heatmap_models
 from grafana_foundation_sdk.models import prometheus as prometheus_models
 
+from kvcache_exporter import contract
 from kvcache_exporter.dashboards import bands
 
 DATASOURCE_VARIABLE = "datasource"
@@ -88,12 +90,30 @@ class Link:
     url: str
 
 
+_FAMILY = re.compile(r"\bkvcache_[a-z0-9_]+")
+
+
+def no_data_text(queries: list[Query]) -> str | None:
+    """What a panel shows without data when its queries read families of groups a configuration can turn off
+    (`families:`): that the group may be off, and the series that says so."""
+    groups = sorted({family.group for query in queries for name in _FAMILY.findall(query.expr)
+                     if (family := contract.family_of(name)) and family.group in contract.OPTIONAL_GROUPS})
+    if not groups:
+        return None
+    named = " or ".join(groups)
+    return (f"{NO_DATA}, or the {named} group is off in the exporter's configuration (families:; "
+            f"kvcache_exporter_group_enabled says which)")
+
+
 def _with_basics(panel, title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
                  links: tuple[Link, ...], query_format: prometheus_models.PromQueryFormat | None = None,
                  instant: bool = False):
     if len(queries) > len(REF_IDS):
         raise ValueError(f"{title}: at most {len(REF_IDS)} queries per panel")
     panel.title(title).description(description).unit(unit).datasource(DATASOURCE)
+    off = no_data_text(queries)
+    if off is not None:
+        panel.no_value(off)
     panel.thresholds(bands.config(steps))
     for ref_id, query in zip(REF_IDS, queries):
         target = (prometheus.Dataquery().datasource(DATASOURCE).ref_id(ref_id)

@@ -22,7 +22,7 @@ import yaml
 
 from . import units
 from .adapters import ADAPTERS, DEFAULT_KEPT, KeptBounds, kept_bounds
-from .contract import DEFAULT_LATENCY_BUCKETS, ROLES, label_names
+from .contract import DEFAULT_LATENCY_BUCKETS, FAMILIES, OPTIONAL_GROUPS, ROLES, label_names
 from .kvmath import ArchitectureError, KVLayout, layout_from_mapping
 from .sources.fetch import read_certificates, read_credential
 from .thresholds import Thresholds
@@ -194,6 +194,18 @@ class Config:
     shard: ShardPosition = ShardPosition(0, 1)  # replicas of one configuration poll a share each
     # The latency histograms' bucket bounds re-exported (`latency_buckets:`); a histogram not named keeps all.
     latency_buckets: KeptBounds = field(default_factory=lambda: DEFAULT_KEPT)
+    groups_off: frozenset[str] = frozenset()  # contract groups turned off (`families:`)
+
+    @functools.cached_property
+    def hidden_families(self) -> frozenset[str]:
+        """The families of the groups turned off: never exposed."""
+        return frozenset(name for name, family in FAMILIES.items() if family.group in self.groups_off)
+
+    @functools.cached_property
+    def adapted_buckets(self) -> KeptBounds:
+        """`latency_buckets` as the adapters take it, with no bound at all for a hidden histogram: not read."""
+        return {**self.latency_buckets, **{name: frozenset() for name in self.hidden_families
+                                           if FAMILIES[name].type == "histogram"}}
 
 
 def parse_duration(text: Any) -> float:
@@ -386,7 +398,7 @@ _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_a
                 "tls_insecure_skip_verify", "model_architecture", "kv_events", "role", "model"}
 
 _TOP_KEYS = {"poll_interval", "timeout", "staleness", "max_response_bytes", "labels", "pressure", "targets", "listen",
-             "log_level", "log_format", "probe", "pd_group_label", "workers", "shard", "latency_buckets"}
+             "log_level", "log_format", "probe", "pd_group_label", "workers", "shard", "latency_buckets", "families"}
 _HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?.\-\[\]]+$")
 
 
@@ -503,6 +515,13 @@ def _allow_list(value: Any) -> list[str]:
         if not isinstance(item, str) or not (_is_network(item) or _HOST_PATTERN.match(item)):
             raise ValueError(f"not a host pattern (e.g. *.svc.cluster.local) or a CIDR (e.g. 10.0.0.0/8): {item!r}")
     return value
+
+
+def _groups_off(source: str, section: Any) -> frozenset[str]:
+    """`families: {latency: false, ...}`: the contract's groups turned off (true, or a group not named: on)."""
+    reader = _Reader(source, section, "families")
+    reader.reject_unknown(set(OPTIONAL_GROUPS))
+    return frozenset(group for group in reader.mapping if not reader.get(group, _boolean, True))
 
 
 ALL_BUCKETS = "all"
@@ -653,6 +672,8 @@ def load_file(path: str, read_files: bool = True) -> dict[str, Any]:
         settings["pd_group_label"] = _pd_group_label(path, reader.mapping["pd_group_label"], settings)
     if reader.mapping.get("latency_buckets") is not None:
         settings["latency_buckets"] = _latency_buckets(path, reader.mapping["latency_buckets"])
+    if reader.mapping.get("families") is not None:
+        settings["groups_off"] = _groups_off(path, reader.mapping["families"])
     return settings
 
 
@@ -699,6 +720,7 @@ def build(source: str, settings: dict[str, Any]) -> Config:
         workers=settings.get("workers", 1),
         shard=settings.get("shard", ShardPosition(0, 1)),
         latency_buckets=settings.get("latency_buckets", DEFAULT_KEPT),
+        groups_off=settings.get("groups_off", frozenset()),
     )
 
 

@@ -47,6 +47,9 @@ GROUPS = {
     "transfer": Group(_POOL, "poll"),  # KV moved between the pools of disaggregated prefill and decode
     "events": Group(_POOL, "events"),
 }
+# The groups a configuration can turn off (`families: {latency: false}`), as node_exporter's collectors: what the
+# engines report and the exporter derives. The exporter's own, its targets' and the process' series always show.
+OPTIONAL_GROUPS = ("pool", "pressure", "latency", "offload", "transfer", "events")
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,10 @@ _TABLE = (
            "poll loop's CPU per interval) and a margin. The data a scrape reads is up to this much of an interval "
            "old; above " + f"{SHARD_LEAD_RATIO:g}" + " it is more than a second older than a direct scrape's at 5 s "
            "(docs/scaling.md): add a replica (`--shard`) or a worker.", stable=False),
+    Family("exporter_group_enabled", "gauge", "exporter", "",
+           "1 for each group of families the exporter exposes, 0 for one its configuration turned off (`families:`): "
+           "a dashboard panel over a group that is off says so instead of showing no data.", ("group",),
+           stable=False),
     Family("exporter_workers", "gauge", "exporter", "",
            "Processes that poll the targets between them (`workers`, 1 by default: this process alone).",
            stable=False),

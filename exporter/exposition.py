@@ -186,13 +186,15 @@ def _le(bound: float) -> str:
 
 
 def render(targets: Iterable[TargetText], now: float, staleness: float,
-           exporter_lines: dict[str, str] | None = None) -> list[bytes]:
+           exporter_lines: dict[str, str] | None = None, hidden: frozenset[str] = frozenset()) -> list[bytes]:
     """The exposition of these targets, as the parts to send one after the other (joined, a scrape of
     2,000 targets would copy 30 to 40 MB once more); values older than `staleness` seconds are left
-    out, never frozen."""
+    out, never frozen; the `hidden` families (of groups the configuration turned off) never shown."""
     shown = _shown(targets, now, staleness)
     parts: list[bytes] = []
     for key, header in HEADERS.items():
+        if key in hidden:
+            continue
         chunks = [exporter_lines[key].encode()] if exporter_lines and key in exporter_lines else []
         chunks += _chunks(key, shown)
         if chunks:

@@ -33,7 +33,7 @@ NO_KV_TRANSFER = frozenset(contract.names(group="transfer"))
 NO_RUNNING_CAP = frozenset({"requests_running_max"})
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # The bucket bounds (in the contract's unit, +Inf included) re-exported per histogram; a histogram not named keeps
-# every bound. A bucket left out is passed over where its label set is first read, so it costs a lookup a poll.
+# every bound, one given no bound at all is not read. A bucket left out is passed over where its label set is first read, so it costs a lookup a poll.
 KeptBounds = Mapping[str, frozenset[float]]
 
 
@@ -186,7 +186,9 @@ class Adapter:
 
         for series in self.series:
             if series.kind == "histogram":
-                self._adapt_histogram(series, samples, rank, kept.get(series.concept), memo)
+                bounds = kept.get(series.concept)
+                if bounds is None or bounds:  # no bound at all: a histogram whose group is turned off
+                    self._adapt_histogram(series, samples, rank, bounds, memo)
                 continue
             name = self.first_present(series.names, samples)
             if series.labels or series.label_from:

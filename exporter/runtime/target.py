@@ -209,4 +209,4 @@ def fetch_settings(config: Config, target: TargetConfig) -> FetchSettings:
 def new_target(target: TargetConfig, config: Config) -> Target:
     """A configured engine as a Target, fetched, judged and labelled as `config` says: the one way the
     exporter, /probe, `top` and `kv-math` make one."""
-    return Target(target, fetch_settings(config, target), config.thresholds, config.labels, config.latency_buckets)
+    return Target(target, fetch_settings(config, target), config.thresholds, config.labels, config.adapted_buckets)
