@@ -6,6 +6,7 @@ a query may carry its own bands (a stat showing several values, each with its ow
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import common as common_builders
@@ -21,6 +22,7 @@ from grafana_foundation_sdk.models import dashboard as models
 from grafana_foundation_sdk.models import heatmap as heatmap_models
 from grafana_foundation_sdk.models import prometheus as prometheus_models
 
+from kvcache_exporter import contract
 from kvcache_exporter.dashboards import bands
 
 DATASOURCE_VARIABLE = "datasource"
@@ -98,12 +100,30 @@ class Link:
     url: str
 
 
+_FAMILY = re.compile(r"\bkvcache_[a-z0-9_]+")
+
+
+def no_data_text(queries: list[Query], says: str | None) -> str | None:
+    """What a panel shows without data: what it says already (`says`: which engines export none), and, when its
+    queries read families of groups a configuration can turn off (`families:`), that the group may be off and
+    the series that says so."""
+    groups = sorted({family.group for query in queries for name in _FAMILY.findall(query.expr)
+                     if (family := contract.family_of(name)) and family.group in contract.OPTIONAL_GROUPS})
+    if not groups:
+        return says
+    named = " or ".join(groups)
+    return f"{says or NO_DATA} (or the {named} group is off: see kvcache_exporter_group_enabled)"
+
+
 def _with_basics(panel, title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
                  links: tuple[Link, ...], query_format: prometheus_models.PromQueryFormat | None = None,
-                 instant: bool = False):
+                 instant: bool = False, no_value: str | None = None):
     if len(queries) > len(REF_IDS):
         raise ValueError(f"{title}: at most {len(REF_IDS)} queries per panel")
     panel.title(title).description(description).unit(unit).datasource(DATASOURCE)
+    says = no_data_text(queries, no_value)
+    if says is not None:
+        panel.no_value(says)
     panel.thresholds(bands.config(steps))
     for ref_id, query in zip(REF_IDS, queries):
         target = (prometheus.Dataquery().datasource(DATASOURCE).ref_id(ref_id)
@@ -142,9 +162,7 @@ def stat(title: str, description: str, unit: str, queries: list[Query], steps: b
     panel.mappings([*(mappings or []), missing_value(no_value or NO_DATA)])
     if min_max:
         panel.min(min_max[0]).max(min_max[1])
-    if no_value:
-        panel.no_value(no_value)
-    return _with_basics(panel, title, description, unit, queries, steps, links, instant=named)
+    return _with_basics(panel, title, description, unit, queries, steps, links, instant=named, no_value=no_value)
 
 
 def timeseries(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
@@ -163,9 +181,7 @@ def timeseries(title: str, description: str, unit: str, queries: list[Query], st
         panel.thresholds_style(common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.LINE))
     if min_max:
         panel.min(min_max[0]).max(min_max[1])
-    if no_value:
-        panel.no_value(no_value)
-    return _with_basics(panel, title, description, unit, queries, steps, links)
+    return _with_basics(panel, title, description, unit, queries, steps, links, no_value=no_value)
 
 
 def state_timeline(title: str, description: str, query: Query, mappings: list[models.ValueMapping],

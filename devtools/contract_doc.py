@@ -594,8 +594,40 @@ KVCacheTransferNotificationsAfterExpiry and KVCacheTransferBandwidthLow are in t
 """
 
 
+def _latency_buckets_section() -> str:
+    rows = "\n".join(f"| `{name}` | {', '.join(f'{bound:g}' for bound in bounds)}, +Inf |"
+                     for name, bounds in contract.DEFAULT_LATENCY_BUCKETS.items())
+    return f"""
+## Latency buckets
+
+The latency histograms (group `latency`) are re-exported at a subset of the engine's bucket bounds: by default
+these, where the engine's grid has them (a bound it lacks is simply not there; +Inf always is):
+
+| `latency_buckets` key (the family without `{contract.PREFIX}`) | bounds kept by default, seconds |
+|---|---|
+{rows}
+
+Why these: they are the round targets latency objectives are written in (1-2-5 steps: a TTFT under 0.5 s, an
+inter-token latency under 50 ms), plus the nearest bounds of the engines whose grids miss them (SGLang's 0.2, 0.4,
+4, 40 and 100, vLLM's 0.04, 0.075, 120 and 240), so that on each engine's grid two kept bounds are at most 2.5
+times apart, and a tail of minutes, where a KV shortage puts queueing and TTFT (a quantile above the top bound
+kept reads as that bound). Dropping bounds of a cumulative histogram is exact at the bounds kept: the share of
+requests under a kept bound, an SLO ratio at it, and `_sum` and `_count` are what all of the engine's bounds give.
+A quantile between two kept bounds is interpolated over a wider bucket: how far that moves p50, p90 and p99 on the
+real vLLM tier's page and on the simulator's is measured in [performance.md](performance.md#latency-buckets-what-the-default-set-loses)
+(`python -m bench.bucket_loss`). Of its bounds (+Inf included) vLLM keeps 14 of 23 for TTFT, 12 of 20 inter-token,
+14 of 22 for queue time and end-to-end latency; SGLang 14 of 19, 10 of 24, 14 of 37 and 13 of 23. The dashboards and rules use no particular
+bound of these histograms (quantiles over whatever bounds are there, heatmaps, `_sum` and `_count`).
+
+`latency_buckets:` in the configuration changes it: `latency_buckets: all` keeps every bound of every histogram;
+a mapping names, per key of the table above, `all` or the bounds to keep, e.g.
+`latency_buckets: {{time_to_first_token_seconds: [0.2, 0.5, 1, 2]}}`; a family not named keeps the set above.
+"""
+
+
 def markdown() -> str:
-    return "\n".join((INTRO, _labels_section(), _families_section(), _engine_notes_section(), _pressure_section(),
+    return "\n".join((INTRO, _labels_section(), _families_section(), _latency_buckets_section(),
+                      _engine_notes_section(), _pressure_section(),
                       _offload_section(), _disaggregation_section(), _failure_reasons_section(),
                       _event_streams_section()))
 

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from . import units
-from .adapters import ADAPTERS
-from .contract import ROLES, label_names
+from .adapters import ADAPTERS, DEFAULT_KEPT, KeptBounds, kept_bounds
+from .contract import DEFAULT_LATENCY_BUCKETS, FAMILIES, OPTIONAL_GROUPS, ROLES, label_names
 from .kvmath import ArchitectureError, KVLayout, layout_from_mapping
 from .sources.fetch import read_certificates, read_credential
 from .thresholds import Thresholds
@@ -192,6 +192,20 @@ class Config:
     pd_group_label: str = DEFAULT_PD_GROUP_LABEL
     workers: int = 1  # processes that poll the targets between them (exporter/runtime/workers.py)
     shard: ShardPosition = ShardPosition(0, 1)  # replicas of one configuration poll a share each
+    # The latency histograms' bucket bounds re-exported (`latency_buckets:`); a histogram not named keeps all.
+    latency_buckets: KeptBounds = field(default_factory=lambda: DEFAULT_KEPT)
+    groups_off: frozenset[str] = frozenset()  # contract groups turned off (`families:`)
+
+    @functools.cached_property
+    def hidden_families(self) -> frozenset[str]:
+        """The families of the groups turned off: never exposed."""
+        return frozenset(name for name, family in FAMILIES.items() if family.group in self.groups_off)
+
+    @functools.cached_property
+    def adapted_buckets(self) -> KeptBounds:
+        """`latency_buckets` as the adapters take it, with no bound at all for a hidden histogram: not read."""
+        return {**self.latency_buckets, **{name: frozenset() for name in self.hidden_families
+                                           if FAMILIES[name].type == "histogram"}}
 
 
 def parse_duration(text: Any) -> float:
@@ -384,7 +398,7 @@ _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_a
                 "tls_insecure_skip_verify", "model_architecture", "kv_events", "role", "model"}
 
 _TOP_KEYS = {"poll_interval", "timeout", "staleness", "max_response_bytes", "labels", "pressure", "targets", "listen",
-             "log_level", "log_format", "probe", "pd_group_label", "workers", "shard"}
+             "log_level", "log_format", "probe", "pd_group_label", "workers", "shard", "latency_buckets", "families"}
 _HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?.\-\[\]]+$")
 
 
@@ -503,6 +517,44 @@ def _allow_list(value: Any) -> list[str]:
     return value
 
 
+def _groups_off(source: str, section: Any) -> frozenset[str]:
+    """`families: {latency: false, ...}`: the contract's groups turned off (true, or a group not named: on)."""
+    reader = _Reader(source, section, "families")
+    reader.reject_unknown(set(OPTIONAL_GROUPS))
+    return frozenset(group for group in reader.mapping if not reader.get(group, _boolean, True))
+
+
+ALL_BUCKETS = "all"
+
+
+def _latency_buckets(source: str, section: Any) -> KeptBounds:
+    """`latency_buckets: all` keeps every bound of every latency histogram; a mapping names, per histogram, `all`
+    or the bounds to keep (seconds; +Inf always kept; a bound the engine lacks is simply not there). Histograms
+    not named keep the default set (contract.DEFAULT_LATENCY_BUCKETS)."""
+    if section == ALL_BUCKETS:
+        return {}
+    reader = _Reader(source, section, "latency_buckets")
+    reader.reject_unknown(set(DEFAULT_LATENCY_BUCKETS))
+    chosen: dict[str, tuple[float, ...] | None] = dict(DEFAULT_LATENCY_BUCKETS)
+    for name in reader.mapping:
+        chosen[name] = reader.get(name, _bounds)
+    return kept_bounds(chosen)
+
+
+def _bounds(value: Any) -> tuple[float, ...] | None:
+    """`all` (None), or a non-empty list of finite bounds of at least 0 seconds."""
+    if value == ALL_BUCKETS:
+        return None
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"must be {ALL_BUCKETS!r} or a list of bucket bounds in seconds, e.g. [0.1, 0.5, 1], "
+                         f"got {value!r}")
+    for bound in value:
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 <= bound < math.inf:
+            raise ValueError(f"a bucket bound must be a finite number of seconds, at least 0 (+Inf is always kept), "
+                             f"got {bound!r}")
+    return tuple(float(bound) for bound in value)
+
+
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"must be a positive whole number, got {value!r}")
@@ -618,6 +670,10 @@ def load_file(path: str, read_files: bool = True) -> dict[str, Any]:
         settings["probe"] = _probe(path, reader.mapping["probe"])
     if reader.mapping.get("pd_group_label") is not None:
         settings["pd_group_label"] = _pd_group_label(path, reader.mapping["pd_group_label"], settings)
+    if reader.mapping.get("latency_buckets") is not None:
+        settings["latency_buckets"] = _latency_buckets(path, reader.mapping["latency_buckets"])
+    if reader.mapping.get("families") is not None:
+        settings["groups_off"] = _groups_off(path, reader.mapping["families"])
     return settings
 
 
@@ -663,6 +719,8 @@ def build(source: str, settings: dict[str, Any]) -> Config:
         pd_group_label=settings.get("pd_group_label", DEFAULT_PD_GROUP_LABEL),
         workers=settings.get("workers", 1),
         shard=settings.get("shard", ShardPosition(0, 1)),
+        latency_buckets=settings.get("latency_buckets", DEFAULT_KEPT),
+        groups_off=settings.get("groups_off", frozenset()),
     )
 
 

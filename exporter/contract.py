@@ -12,6 +12,8 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .thresholds import SHARD_LEAD_RATIO
+
 PREFIX = "kvcache_"
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Units a family's name spells out (docs/metrics.md's conventions: base units in the name).
@@ -38,12 +40,16 @@ GROUPS = {
     "exporter": Group((), "exporter"),  # the process: no static labels either
     "process": Group((), "process", prefix=""),  # process_* and python_info, as every Python exporter has them
     "target": Group(("target", "engine"), "exporter"),  # the outcome of the target's polls
-    "pool": Group(_POOL, "poll"),  # one data-parallel replica's KV pool, queue and latencies
+    "pool": Group(_POOL, "poll"),  # one data-parallel replica's KV pool and queue
+    "latency": Group(_POOL, "poll"),  # its requests' latency histograms
     "pressure": Group(_POOL, "poll"),
     "offload": Group(_POOL, "poll"),  # KV beyond the GPU pool
     "transfer": Group(_POOL, "poll"),  # KV moved between the pools of disaggregated prefill and decode
     "events": Group(_POOL, "events"),
 }
+# The groups a configuration can turn off (`families: {latency: false}`), as node_exporter's collectors: what the
+# engines report and the exporter derives. The exporter's own, its targets' and the process' series always show.
+OPTIONAL_GROUPS = ("pool", "pressure", "latency", "offload", "transfer", "events")
 
 
 @dataclass(frozen=True)
@@ -238,6 +244,16 @@ _TABLE = (
            "Interval between the scrapes of /metrics by the scraper the polls lock onto (or would, were it a whole "
            "multiple of poll_interval), measured from their arrivals; 0 while no client scrapes regularly.",
            stable=False),
+    Family("exporter_poll_lead_ratio", "gauge", "exporter", "ratio",
+           "How early the fleet's earliest poll starts before a scrape, over the poll interval: the longest "
+           "expected poll (p90 of a target's recent ones), the window the polls are spread over (1.25 times the "
+           "poll loop's CPU per interval) and a margin. The data a scrape reads is up to this much of an interval "
+           "old; above " + f"{SHARD_LEAD_RATIO:g}" + " it is more than a second older than a direct scrape's at 5 s "
+           "(docs/scaling.md): add a replica (`--shard`) or a worker.", stable=False),
+    Family("exporter_group_enabled", "gauge", "exporter", "",
+           "1 for each group of families the exporter exposes, 0 for one its configuration turned off (`families:`): "
+           "a dashboard panel over a group that is off says so instead of showing no data.", ("group",),
+           stable=False),
     Family("exporter_workers", "gauge", "exporter", "",
            "Processes that poll the targets between them (`workers`, 1 by default: this process alone).",
            stable=False),
@@ -357,14 +373,15 @@ _TABLE = (
            "connector); mirrors the engine's counter. " + _POLLED),
     Family("external_cache_hit_tokens_total", "counter", "pool", "tokens",
            "Prompt tokens the external KV cache had; mirrors the engine's counter. " + _POLLED),
-    Family("time_to_first_token_seconds", "histogram", "pool", "seconds",
-           "Time to first token, queueing included, in the engine's own buckets. " + _POLLED),
-    Family("inter_token_latency_seconds", "histogram", "pool", "seconds",
-           "Time between output tokens, in the engine's own buckets. " + _POLLED),
-    Family("queue_time_seconds", "histogram", "pool", "seconds",
-           "Time requests waited before first being scheduled, in the engine's own buckets. " + _POLLED),
-    Family("e2e_request_latency_seconds", "histogram", "pool", "seconds",
-           "Request latency from arrival to finish, in the engine's own buckets. " + _POLLED),
+    Family("time_to_first_token_seconds", "histogram", "latency", "seconds",
+           "Time to first token, queueing included, at the engine's bucket bounds kept (`latency_buckets`). " + _POLLED),
+    Family("inter_token_latency_seconds", "histogram", "latency", "seconds",
+           "Time between output tokens, at the engine's bucket bounds kept (`latency_buckets`). " + _POLLED),
+    Family("queue_time_seconds", "histogram", "latency", "seconds",
+           "Time requests waited before first being scheduled, at the engine's bucket bounds kept "
+           "(`latency_buckets`). " + _POLLED),
+    Family("e2e_request_latency_seconds", "histogram", "latency", "seconds",
+           "Request latency from arrival to finish, at the engine's bucket bounds kept (`latency_buckets`). " + _POLLED),
     Family("pressure_state", "gauge", "pressure", "",
            "KV pressure derived by the exporter, 1 for the current state: "
            + ", ".join(f"{state} ({PRESSURE_STATE_MEANINGS[state]})" for state in PRESSURE_STATES) + ".", ("state",)),
@@ -526,6 +543,22 @@ _TABLE = (
            ("holder",), stable=False),
 )
 FAMILIES: dict[str, Family] = {family.name: family for family in _TABLE}
+
+# The bucket bounds (seconds) re-exported of each latency histogram by default, where the engine has them (a bound
+# it lacks is not there; +Inf always is): the round SLO targets people set (1-2-5 steps), the nearest bounds of the
+# engines whose grids miss them (SGLang's 0.2, 0.4, 4, 40, 100, vLLM's 0.04, 0.075, 120, 240), so that on each
+# engine's grid two kept bounds are at most 2.5 times apart up to minutes, where a shortage puts queueing and TTFT
+# (a quantile above the top bound kept would read as that bound). Dropping bounds of a
+# cumulative histogram is exact at the bounds kept: an SLO ratio or a quantile at a kept bound is what all of them
+# give. `latency_buckets:` in the configuration keeps all, or names others.
+DEFAULT_LATENCY_BUCKETS: dict[str, tuple[float, ...]] = {
+    "time_to_first_token_seconds": (0.04, 0.1, 0.2, 0.25, 0.4, 0.5, 1, 2, 2.5, 4, 5, 10, 20, 40, 80, 100, 160, 200,
+                                    400, 640),
+    "inter_token_latency_seconds": (0.01, 0.02, 0.025, 0.04, 0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.4, 0.5, 1, 2.5),
+    "queue_time_seconds": (0.1, 0.3, 0.5, 1, 2, 2.5, 5, 10, 20, 30, 60, 100, 120, 200, 240, 480, 500, 1000),
+    "e2e_request_latency_seconds": (0.5, 1, 2, 2.5, 4, 5, 10, 20, 30, 40, 60, 100, 120, 200, 240, 400, 480, 600,
+                                    1200),
+}
 
 
 def names(group: str | None = None, type: str | None = None, fed_by: str | None = None) -> tuple[str, ...]:

@@ -62,7 +62,13 @@ def line(name: str, labels: str, value: float) -> str:
 
 
 class Prefixes(dict):
-    """`name{labels} ` strings of one target, built once and reused at every poll: only values change."""
+    """`name{labels} ` strings of one target, built once and reused at every poll: only values change. Also the
+    lines of its histograms by (family, labels), with the Histogram object they were rendered from: the adapter
+    hands the same object again while the engine's histogram has not changed (Adapter.adapt's memo)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.histogram_lines: dict[tuple[str, str], tuple[object, str]] = {}
 
     def __missing__(self, key: tuple) -> str:
         name, labels, extra = key
@@ -148,13 +154,19 @@ def _pool_lines(series: dict[str, list[str]], prefixes: Prefixes, labels: str, g
     for counter, value in values.counters.items():
         series.setdefault(counter, []).append(prefixes[P + counter, labels, ""] + number(value) + "\n")
     for histogram_name, histogram in values.histograms.items():
+        last = prefixes.histogram_lines.get((histogram_name, labels))
+        if last is not None and last[0] is histogram:
+            series.setdefault(histogram_name, []).append(last[1])
+            continue
         bounds, counts = zip(*histogram.buckets)
         numbers = (*counts, histogram.count, histogram.sum)
         template = prefixes.histogram(histogram_name, labels, bounds)
         if math.isfinite(sum(numbers)):  # %r writes a finite float as number() does
-            series.setdefault(histogram_name, []).append(template % numbers)
+            text = template % numbers
         else:
-            series.setdefault(histogram_name, []).append(template % tuple(_Spelled(v) for v in numbers))
+            text = template % tuple(_Spelled(v) for v in numbers)
+        prefixes.histogram_lines[histogram_name, labels] = histogram, text
+        series.setdefault(histogram_name, []).append(text)
     for family, by_labels in labelled.items():
         names = contract.FAMILIES[family].labels
         for label_values, value in by_labels.items():
@@ -174,13 +186,15 @@ def _le(bound: float) -> str:
 
 
 def render(targets: Iterable[TargetText], now: float, staleness: float,
-           exporter_lines: dict[str, str] | None = None) -> list[bytes]:
+           exporter_lines: dict[str, str] | None = None, hidden: frozenset[str] = frozenset()) -> list[bytes]:
     """The exposition of these targets, as the parts to send one after the other (joined, a scrape of
     2,000 targets would copy 30 to 40 MB once more); values older than `staleness` seconds are left
-    out, never frozen."""
+    out, never frozen; the `hidden` families (of groups the configuration turned off) never shown."""
     shown = _shown(targets, now, staleness)
     parts: list[bytes] = []
     for key, header in HEADERS.items():
+        if key in hidden:
+            continue
         chunks = [exporter_lines[key].encode()] if exporter_lines and key in exporter_lines else []
         chunks += _chunks(key, shown)
         if chunks:

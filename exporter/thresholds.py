@@ -114,3 +114,8 @@ class Thresholds:
 
 
 DEFAULT = Thresholds()
+
+# The poll lead (kvcache_exporter_poll_lead_ratio: how early the earliest poll starts before a scrape, over the poll
+# interval) above which one exporter process reads its fleet too slowly to keep its data within a second of a direct
+# scrape's at a 5 s interval, ingestion included (docs/performance.md): the point to add a replica (`--shard`).
+SHARD_LEAD_RATIO = 0.2

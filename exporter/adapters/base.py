@@ -9,6 +9,7 @@ same value and is collapsed with max, never summed; a histogram is taken whole f
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -31,6 +32,17 @@ NO_KV_TRANSFER = frozenset(contract.names(group="transfer"))
 # max_running_requests are no series).
 NO_RUNNING_CAP = frozenset({"requests_running_max"})
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+# The bucket bounds (in the contract's unit, +Inf included) re-exported per histogram; a histogram not named keeps
+# every bound, one given no bound at all is not read. A bucket left out is passed over where its label set is first read, so it costs a lookup a poll.
+KeptBounds = Mapping[str, frozenset[float]]
+
+
+def kept_bounds(bounds: Mapping[str, tuple[float, ...] | None]) -> KeptBounds:
+    """Bounds by histogram (None: all of them) as the adapters take them."""
+    return {name: frozenset((*chosen, math.inf)) for name, chosen in bounds.items() if chosen is not None}
+
+
+DEFAULT_KEPT = kept_bounds(contract.DEFAULT_LATENCY_BUCKETS)
 
 
 @dataclass(frozen=True)
@@ -163,7 +175,10 @@ class Adapter:
             totals[out_key] = totals.get(out_key, 0.0) + value
         return totals
 
-    def adapt(self, samples: Samples) -> Snapshot:
+    def adapt(self, samples: Samples, kept: KeptBounds = DEFAULT_KEPT, memo: dict | None = None) -> Snapshot:
+        """The page's samples as a Snapshot. `memo`, one target's (empty at first, kept between its polls and
+        replaced when `kept` changes): a histogram whose samples equal the last poll's is not read again; its
+        Histogram objects are reused, and the renderer reuses their lines (exposition.Prefixes)."""
         ranks: dict[str, RankValues] = {}
 
         def rank(name: str) -> RankValues:
@@ -171,7 +186,9 @@ class Adapter:
 
         for series in self.series:
             if series.kind == "histogram":
-                self._adapt_histogram(series, samples, rank)
+                bounds = kept.get(series.concept)
+                if bounds is None or bounds:  # no bound at all: a histogram whose group is turned off
+                    self._adapt_histogram(series, samples, rank, bounds, memo)
                 continue
             name = self.first_present(series.names, samples)
             if series.labels or series.label_from:
@@ -219,24 +236,34 @@ class Adapter:
             found.update(self.rank_of(s.labels) for s in samples.get(name, ()))
         return found
 
-    def _adapt_histogram(self, series: Series, samples: Samples, rank) -> None:
+    def _adapt_histogram(self, series: Series, samples: Samples, rank, kept: frozenset[float] | None,
+                         memo: dict | None) -> None:
         """Each rank's histogram: per breakdown slice one copy whole (buckets, sum and count of the same TP or PP
         rank's series, the first by its labels: tp_rank 0, SGLang's stats rank, where it is there), then the sum
         over the slices. Never a bucket from one copy and the sum from another: the result would be no copy's
-        histogram, its buckets possibly at odds with its count."""
+        histogram, its buckets possibly at odds with its count. Only the buckets at `kept` bounds (None: all)."""
         name = self.first_present(series.names, samples, suffix="_bucket")
         if name is None:
             return
+        if memo is not None:
+            # An engine's histogram changes only when requests finish: compared as parsed, name, labels and values.
+            read = tuple(samples.get(name + suffix) for suffix in HISTOGRAM_SUFFIXES)
+            last = memo.get(id(series))
+            if last is not None and last[0] == read:
+                for rank_name, histogram in last[1].items():
+                    rank(rank_name).histograms[series.concept] = histogram
+                return
         # (rank, slice) -> copy -> [buckets {bound: cumulative}, sum, count]
         copies: dict[tuple, dict[tuple, list]] = {}
         for suffix, part in (("_bucket", 0), ("_sum", 1), ("_count", 2)):
-            cache = self._slices.get((id(series), suffix))
+            cache_key = (id(series), suffix, kept if part == 0 else None)
+            cache = self._slices.get(cache_key)
             if cache is None or len(cache) >= _SLICE_CACHE_LIMIT:
-                cache = self._slices[id(series), suffix] = {}
+                cache = self._slices[cache_key] = {}
             for _, label_text, value in samples.get(name + suffix, ()):
                 key = cache.get(label_text, _UNSEEN)
                 if key is _UNSEEN:
-                    key = cache[label_text] = self._copy_of(label_text, series, part == 0)
+                    key = cache[label_text] = self._copy_of(label_text, series, part == 0, kept)
                 if key is None:
                     continue
                 slice_key, copy, bound = key
@@ -256,13 +283,18 @@ class Adapter:
                 into[0][bound] = into[0].get(bound, 0.0) + cumulative
             into[1] += total
             into[2] += buckets[math.inf] if count is None else count
+        made = {}
         for rank_name, (buckets, total, count) in totals.items():
             pairs = [(_scaled(bound, series.scale), cumulative) for bound, cumulative in sorted(buckets.items())]
-            rank(rank_name).histograms[series.concept] = Histogram(pairs, _scaled(total, series.scale), count)
+            made[rank_name] = rank(rank_name).histograms[series.concept] = Histogram(
+                pairs, _scaled(total, series.scale), count)
+        if memo is not None:
+            memo[id(series)] = read, made
 
-    def _copy_of(self, label_text: str, series: Series, bucket: bool) -> tuple | None:
+    def _copy_of(self, label_text: str, series: Series, bucket: bool, kept: frozenset[float] | None) -> tuple | None:
         """((rank, breakdown slice), copy, bucket bound) of a histogram sample, or None when the series' filters
-        reject it. The copy is every other label (TP and PP ranks, pid), ordered so that rank 0 sorts first."""
+        reject it or it is a bucket whose bound is not `kept`. The copy is every other label (TP and PP ranks, pid),
+        ordered so that rank 0 sorts first."""
         labels = parse_labels(label_text) if label_text else {}
         if not all(_matches(labels.get(k, ""), v) for wanted in (self.base_match, series.match)
                    for k, v in wanted.items()):
@@ -274,6 +306,8 @@ class Adapter:
                 bound = float(text)
             except ValueError:
                 raise ParseError(f"{series.concept}: bucket bound le={text!r} is not a number") from None
+            if kept is not None and _scaled(bound, series.scale) not in kept:
+                return None
         own = {self.rank_label, "le", *series.sum_over}
         copy = tuple(sorted((k, (0, int(v), "") if v.isdigit() else (1, 0, v)) for k, v in labels.items()
                             if k not in own))

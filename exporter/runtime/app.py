@@ -42,7 +42,8 @@ class ExporterState:
         self.reload_ok = False
 
     def lines(self, probed_targets: int, probe_evictions: int, scrape_interval: float = 0.0,
-              phase_locked: bool = False, workers: Workers | None = None) -> dict[str, str]:
+              phase_locked: bool = False, lead_ratio: float = 0.0, workers: Workers | None = None,
+              groups_off: frozenset[str] = frozenset()) -> dict[str, str]:
         """Its series by family: one line each, for every family of the contract's `exporter` group."""
         values = {
             "exporter_build_info": (exposition.label_text({"version": __version__, "reader": parser.READER}), 1.0),
@@ -52,12 +53,18 @@ class ExporterState:
             "exporter_probe_evictions_total": ("", float(probe_evictions)),
             "exporter_poll_phase_locked": ("", float(phase_locked)),
             "exporter_scrape_interval_seconds": ("", scrape_interval),
+            "exporter_poll_lead_ratio": ("", lead_ratio),
             "exporter_workers": ("", float(workers.count if workers else 1)),
             "exporter_worker_restarts_total": ("", float(workers.restarts if workers else 0)),
             "exporter_worker_missed_replies_total": ("", float(workers.missed if workers else 0)),
         }
-        return {name: exposition.line(contract.FAMILIES[name].metric, labels, value)
-                for name, (labels, value) in values.items()}
+        lines = {name: exposition.line(contract.FAMILIES[name].metric, labels, value)
+                 for name, (labels, value) in values.items()}
+        enabled = contract.FAMILIES["exporter_group_enabled"].metric
+        lines["exporter_group_enabled"] = "".join(
+            exposition.line(enabled, f'group="{group}"', float(group not in groups_off))
+            for group in contract.OPTIONAL_GROUPS)
+        return lines
 
 
 class Exporter:
@@ -138,18 +145,21 @@ class Exporter:
             seen = (request.client, request.arrived, SCRAPE_TIMEOUT_HEADER in request.headers)
             texts += await self.workers.scrape(seen if request.method == "GET" else None, self.config.timeout)
             phase_state = self.workers.phase_state()
-        own = self.state.lines(self.prober.probed(), self.prober.evictions, *phase_state, self.workers)
+        own = self.state.lines(self.prober.probed(), self.prober.evictions, *phase_state, self.workers,
+                               self.config.groups_off)
         # Joining every target's text takes milliseconds at a large fleet, and the process series read /proc: in a
         # worker thread, not the poll loop.
         body = await asyncio.to_thread(
-            lambda: exposition.render(texts, time.time(), self.config.staleness, own | process_series.lines()))
+            lambda: exposition.render(texts, time.time(), self.config.staleness, own | process_series.lines(),
+                                      self.config.hidden_families))
         return Response(200, body, CONTENT_TYPE)
 
     async def _probe(self, request: Request) -> Response:
         status, probed = await self.prober.probe(request.query, request.headers)
         if status != 200:
             return Response(status, probed.encode() + b"\n")
-        return Response(200, exposition.render([probed.text], time.time(), self.config.staleness), CONTENT_TYPE)
+        return Response(200, exposition.render([probed.text], time.time(), self.config.staleness,
+                                               hidden=self.config.hidden_families), CONTENT_TYPE)
 
     async def _reload_route(self, _: Request) -> Response:
         ok, message = await asyncio.to_thread(self.reload)  # reads files: not in the poll loop

@@ -215,6 +215,7 @@ class Timetable:
         self._listed: Sequence | None = None  # the target list the tables hold
         self._by_name: dict[str, object] = {}
         self._durations: dict[str, deque[float]] = {}  # target name -> its recent poll durations
+        self._expected: dict[str, float] = {}  # target name -> p90 of its recent poll durations
         self._places: dict[str, float] = {}  # target name -> phase_of(name)
 
     def due(self, targets: Sequence[T], now: float, horizon: float, interval: float) -> list[T]:
@@ -245,11 +246,20 @@ class Timetable:
         if durations is None:
             durations = self._durations[name] = deque(maxlen=DURATIONS)
         durations.append(duration)
+        self._expected[name] = p90(durations)
+
+    def largest_lead(self, interval: float) -> float:
+        """How long before a scrape the fleet's earliest poll starts, locked: the longest expected poll (kept per
+        target as its polls end, so that a scrape reads a maximum, not every target's durations), the whole spread
+        window and the margin; 0 with no target polled yet."""
+        if not self._expected:
+            return 0.0
+        return max(self._expected.values()) + self.spread + margin(interval)
 
     def _replace(self, targets: Sequence[T], now: float) -> None:
         self._listed = targets
         self._by_name = {target.name: target for target in targets}
-        for table in (self._next, self._durations, self._places):
+        for table in (self._next, self._durations, self._expected, self._places):
             for name in [name for name in table if name not in self._by_name]:
                 del table[name]
         for name in self._by_name:

@@ -84,9 +84,11 @@ class Scheduler:
         """Run `work` in the loop and wait for it, from another thread."""
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
 
-    def phase_state(self) -> tuple[float, bool]:
-        """(the measured interval of the scraper locked to, or of the one it would be, 0 if none; locked?)"""
-        return self.scrapes.seen_interval, self.scrapes.locked is not None
+    def phase_state(self) -> tuple[float, bool, float]:
+        """(the measured interval of the scraper locked to, or of the one it would be, 0 if none; locked?; the
+        polls' largest lead over the poll interval)"""
+        return (self.scrapes.seen_interval, self.scrapes.locked is not None,
+                self.timetable.largest_lead(self.interval) / self.interval)
 
     def _main(self) -> None:
         try:

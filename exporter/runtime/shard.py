@@ -80,7 +80,7 @@ class Shard:
         targets = [new_target(target_config, config) if target is None else target for target_config, target in plan]
         for target_config, target in plan:
             if target is not None:
-                target.update(target_config, config.thresholds, config.labels)
+                target.update(target_config, config.thresholds, config.labels, config.adapted_buckets)
         self.config = config
         self.targets = targets
         self.scheduler.interval = config.poll_interval

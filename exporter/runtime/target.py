@@ -47,7 +47,8 @@ class PollFailed(Exception):
 
 
 class Target:
-    def __init__(self, config: TargetConfig, settings: FetchSettings, thresholds: Thresholds, static_labels: dict):
+    def __init__(self, config: TargetConfig, settings: FetchSettings, thresholds: Thresholds, static_labels: dict,
+                 kept: adapters.KeptBounds = adapters.DEFAULT_KEPT):
         self.fetcher = Fetcher(config.url, settings)
         self.failures = dict.fromkeys(contract.FAILURE_REASONS, 0)
         self.outcome = PollOutcome(engine="" if config.engine == "auto" else config.engine,
@@ -57,12 +58,15 @@ class Target:
         self.name_filter = UNTRIED
         # The adapter and the wanted names the last whole page held; None: read a whole page next.
         self._whole: tuple[adapters.Adapter, frozenset[str]] | None = None
-        self.update(config, thresholds, static_labels)
+        self.update(config, thresholds, static_labels, kept)
 
-    def update(self, config: TargetConfig, thresholds: Thresholds, static_labels: dict) -> None:
-        """A reload that keeps the target: new labels, thresholds or architecture, same state."""
+    def update(self, config: TargetConfig, thresholds: Thresholds, static_labels: dict,
+               kept: adapters.KeptBounds = adapters.DEFAULT_KEPT) -> None:
+        """A reload that keeps the target: new labels, thresholds, bucket bounds or architecture, same state."""
         self.config = config
         self.thresholds = thresholds
+        self.kept = kept  # the latency histograms' bucket bounds re-exported
+        self._adapted: dict = {}  # the adapter's memo of this target's unchanged histograms (Adapter.adapt)
         if self.outcome.last_success is None:  # what it is a replica of, until its page says
             self.outcome = replace(self.outcome, model=config.model or "", role=config.role or "unified")
         self.labels = {**static_labels, **config.labels}
@@ -83,7 +87,7 @@ class Target:
         try:
             adapter, samples = await self._fetch_and_read(timeout)
             try:
-                snapshot = adapter.adapt(samples)
+                snapshot = adapter.adapt(samples, self.kept, self._adapted)
             except parser.ParseError as err:  # a bad label set, found when the adapter reads it
                 raise PollFailed("parse", str(err)) from None
             if not snapshot.ranks:
@@ -205,4 +209,4 @@ def fetch_settings(config: Config, target: TargetConfig) -> FetchSettings:
 def new_target(target: TargetConfig, config: Config) -> Target:
     """A configured engine as a Target, fetched, judged and labelled as `config` says: the one way the
     exporter, /probe, `top` and `kv-math` make one."""
-    return Target(target, fetch_settings(config, target), config.thresholds, config.labels)
+    return Target(target, fetch_settings(config, target), config.thresholds, config.labels, config.adapted_buckets)

@@ -184,12 +184,14 @@ class Workers:
         self._phases = [answer[1] for answer in answers if answer is not None]
         return [exposition.TargetText(answer[0]) for answer in answers if answer is not None]
 
-    def phase_state(self) -> tuple[float, bool]:
-        """(scrape interval seen, every worker locked) as of the last scrape's answers."""
+    def phase_state(self) -> tuple[float, bool, float]:
+        """(scrape interval seen, every worker locked, the largest of their leads over the poll interval) as of
+        the last scrape's answers."""
         phases = self._phases
         if not phases:
-            return 0.0, False
-        return phases[0][0], len(phases) == self.count and all(locked for _, locked in phases)
+            return 0.0, False, 0.0
+        return (phases[0][0], len(phases) == self.count and all(locked for _, locked, _ in phases),
+                max(lead for _, _, lead in phases))
 
     async def readiness(self, timeout: float) -> list[Readiness | None]:
         return await self._ask("ready", None, timeout)

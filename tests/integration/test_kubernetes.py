@@ -94,7 +94,7 @@ def test_check_fails_on_drift_from_the_sources_or_a_hand_edit(tmp_path):
     rules = copy.deepcopy(sources.rules)
     rules["groups"][0]["rules"][0]["expr"] = "vector(1)"
     changed = generate.render(Deployment(), generate.Sources(sources.exporter_config, rules, sources.dashboards))
-    assert generate.drifted(changed, tmp_path) == ["base/prometheusrule.yaml"]
+    assert generate.drifted(changed, tmp_path) == ["base/prometheusrule.yaml", "sharded/prometheusrule.yaml"]
 
     # Hand edits, a deleted file and a stray one.
     statefulset = tmp_path / "base" / "statefulset.yaml"
@@ -217,6 +217,38 @@ def test_engines_are_sharded_over_exactly_the_replicas(tmp_path, replicas, names
     [self_job] = [job for job in plain["scrape_configs"] if job["job_name"] == probe.SELF_JOB]
     assert self_job["static_configs"] == [{"targets": addresses}]
     assert {o["metadata"]["namespace"] for o in objects.values()} == {namespace}
+
+
+@pytest.mark.parametrize("replicas", [2, 5])
+def test_the_sharded_base_polls_its_file_split_over_the_replicas(tmp_path, replicas):
+    """sharded/: poll mode, replica INDEX of COUNT = the StatefulSet's replicas polling the file's targets whose name
+    hashes to INDEX; valid core objects and CRDs; every replica scraped, target series without the replica."""
+    assert generate.main(["--out", str(tmp_path), "--replicas", str(replicas)]) == 0
+    objects = kustomize_build(tmp_path / "sharded")
+    statefulset = find(objects, "StatefulSet")
+    assert statefulset["spec"]["replicas"] == replicas
+    [container] = statefulset["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert env["KVCACHE_EXPORTER_SHARD"]["value"] == f"$(POD_INDEX)/{replicas}"
+    for index in range(replicas):  # what each pod's environment makes of it
+        shard = exporter_config.parse_shard(env["KVCACHE_EXPORTER_SHARD"]["value"].replace("$(POD_INDEX)", str(index)))
+        assert shard == (index, replicas)
+    config_path = str(tmp_path / "sharded" / "exporter.yml")
+    settings = exporter_config.build(config_path, exporter_config.load_file(config_path))
+    assert len(settings.targets) == 3 and settings.poll_interval == 5.0
+    [config_volume] = [v for v in statefulset["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
+    config_map = find(objects, "ConfigMap", config_volume["configMap"]["name"])
+    assert config_map["data"]["exporter.yml"] == (tmp_path / "sharded" / "exporter.yml").read_text()
+    monitor = find(objects, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["metricRelabelings"] == [
+        {"sourceLabels": ["target"], "regex": ".+", "targetLabel": "instance", "replacement": ""}]
+    assert sorted(o["kind"] for o in objects) == [
+        "ConfigMap", "ConfigMap", "ConfigMap", "PrometheusRule", "Service", "ServiceMonitor", "StatefulSet"]
+    assert [error for o in objects if o["apiVersion"] in ("v1", "apps/v1")
+            if (error := kubernetes_errors(o, "1.30.0"))] == []
+    assert [error for o in objects if o["apiVersion"].startswith("monitoring.coreos.com/")
+            for error in operator_errors(o)] == []
 
 
 def test_operator_and_plain_prometheus_configs_say_the_same(tmp_path):

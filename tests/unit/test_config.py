@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 
 import pytest
 
 from devtools import harness
 from kvcache_exporter import config as cfg
+from kvcache_exporter import contract
 from kvcache_exporter.commands import serve
 
 
@@ -215,6 +217,18 @@ def test_listen_origin_names_where_the_address_came_from(tmp_path):
     ("targets: [{url: 'http://a:1/m', model_architecture: {0: 32}}]", "targets[0].model_architecture.0",
      "unknown key"),
     ("'': 1", "''", "unknown key"),
+    ("latency_buckets: some", "latency_buckets", "must be a mapping"),
+    ("families: {exporter: false}", "families.exporter",
+     "unknown key (known: events, latency, offload, pool, pressure, transfer)"),
+    ("families: {latency: 'no'}", "families.latency", "must be true or false, got 'no'"),
+    ("families: [latency]", "families", "must be a mapping"),
+    ("latency_buckets: {ttft: all}", "latency_buckets.ttft", "unknown key (known: e2e_request_latency_seconds,"),
+    ("latency_buckets: {queue_time_seconds: []}", "latency_buckets.queue_time_seconds",
+     "must be 'all' or a list of bucket bounds in seconds"),
+    ("latency_buckets: {queue_time_seconds: [1, 2s]}", "latency_buckets.queue_time_seconds",
+     "a bucket bound must be a finite number of seconds, at least 0 (+Inf is always kept), got '2s'"),
+    ("latency_buckets: {queue_time_seconds: [-1]}", "latency_buckets.queue_time_seconds", "got -1"),
+    ("latency_buckets: {queue_time_seconds: [.inf]}", "latency_buckets.queue_time_seconds", "got inf"),
     ('"a\\nb": 1', "'a\\nb'", "unknown key"),  # a key with a line break, shown on one line
 ])
 def test_bad_files_name_file_key_and_problem(tmp_path, text, key, problem):
@@ -235,6 +249,21 @@ def test_a_targets_role_and_the_pd_group_label(tmp_path):
     assert config.pd_group_label == "pair"
     assert cfg.generator_settings(str(path)).pd_group_label == "pair"
     assert cfg.generator_settings(str(write(tmp_path, "targets: []"))).pd_group_label == "model"
+
+
+def test_latency_buckets_keep_all_or_name_others(tmp_path):
+    """Not given: the contract's default set. `all`: every bound of every histogram (none named). A histogram named
+    keeps the bounds listed and +Inf; the others keep their defaults."""
+    inf = math.inf
+    assert load(["--config", str(write(tmp_path, "targets: []"))]).latency_buckets == {
+        name: frozenset((*bounds, inf)) for name, bounds in contract.DEFAULT_LATENCY_BUCKETS.items()}
+    assert load(["--config", str(write(tmp_path, "latency_buckets: all"))]).latency_buckets == {}
+    chosen = load(["--config", str(write(tmp_path, "latency_buckets: {time_to_first_token_seconds: [0.5, 2],\n"
+                                                   "                  queue_time_seconds: all}"))]).latency_buckets
+    assert chosen["time_to_first_token_seconds"] == {0.5, 2, inf}
+    assert "queue_time_seconds" not in chosen
+    assert chosen["e2e_request_latency_seconds"] == {*contract.DEFAULT_LATENCY_BUCKETS["e2e_request_latency_seconds"],
+                                                     inf}
 
 
 def test_a_pressure_key_without_a_value_keeps_its_default(tmp_path):

@@ -229,6 +229,25 @@ def test_a_locked_poll_is_due_its_lead_before_the_scrape():
     assert scrape - start == pytest.approx(lead)
 
 
+def test_the_largest_lead_is_the_longest_expected_poll_the_spread_and_the_margin():
+    """kvcache_exporter_poll_lead_ratio's numerator: the target whose p90 poll is longest, at the far end of the
+    spread window; a removed target no longer counts."""
+    timetable = phase.Timetable(ScrapeClock())
+    assert timetable.largest_lead(POLL) == 0.0  # nothing polled yet
+    timetable.spread = 0.6
+    for duration in [0.02] * 9 + [3.0]:
+        timetable.finished("a", duration)  # p90 of 10: the outlier ignored, 0.02
+    for duration in (0.1, 0.3, 0.2):
+        timetable.finished("b", duration)  # p90 of 3: the largest, 0.3
+    assert timetable.largest_lead(POLL) == pytest.approx(0.3 + 0.6 + phase.margin(POLL))
+
+    class Named:
+        name = "a"
+
+    timetable.due([Named()], 0.0, 0.0, POLL)  # "b" is no longer a target
+    assert timetable.largest_lead(POLL) == pytest.approx(0.02 + 0.6 + phase.margin(POLL))
+
+
 def test_the_spread_follows_the_loops_cpu_and_is_capped():
     assert phase.spread_window(0.4, POLL) == pytest.approx(0.5)
     assert phase.spread_window(4.0, POLL) == pytest.approx(phase.MAX_SPREAD * POLL)

@@ -71,6 +71,36 @@ def test_queue_usage_and_counters_are_the_pages():
     assert histograms["inter_token_latency_seconds"].count == 7306 - 36
 
 
+def test_latency_histograms_keep_the_default_bounds_vllm_has():
+    """By default each latency histogram keeps the bounds of the contract's set that vLLM's grid has, at the page's
+    cumulative counts (exact: dropping bounds of a cumulative histogram changes none of the others)."""
+    histograms = snapshot()[1].ranks["0"].histograms
+    # time_to_first_token_seconds_bucket le= 0.04 0.0, 0.1 0.0, 0.25 16.0, 0.5 16.0, 1.0 16.0, 2.5 16.0, 5.0 16.0,
+    # 10.0 28.0, 20.0 36.0, 40.0, 80.0, 160.0, 640.0 and +Inf 36.0; the set's 0.2, 0.4, 2, 4, 100, 200 and 400 are
+    # SGLang's bounds, not on vLLM's grid.
+    assert histograms["time_to_first_token_seconds"].buckets == [
+        (0.04, 0), (0.1, 0), (0.25, 16), (0.5, 16), (1, 16), (2.5, 16), (5, 16), (10, 28), (20, 36), (40, 36),
+        (80, 36), (160, 36), (640, 36), (math.inf, 36)]
+    # request_queue_time_seconds_bucket le= 0.3 .. 5.0 16.0, 10.0 .. +Inf 21.0; 0.1, 100, 200, 500 and 1000 are not
+    # on vLLM's grid.
+    assert histograms["queue_time_seconds"].buckets == [
+        (0.3, 16), (0.5, 16), (1, 16), (2, 16), (2.5, 16), (5, 16), (10, 21), (20, 21), (30, 21), (60, 21),
+        (120, 21), (240, 21), (480, 21), (math.inf, 21)]
+    # Of vLLM's 20 ITL and 22 end-to-end bounds (+Inf included), the set keeps 12 and 14.
+    assert [bound for bound, _ in histograms["inter_token_latency_seconds"].buckets] == [
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.4, 0.5, 1, 2.5, math.inf]
+    assert [bound for bound, _ in histograms["e2e_request_latency_seconds"].buckets] == [
+        0.5, 1, 2, 2.5, 5, 10, 20, 30, 40, 60, 120, 240, 480, math.inf]
+
+
+def test_latency_buckets_all_keeps_the_engines_grid():
+    adapter = adapters.detect(PAGE)
+    histograms = adapter.adapt(parser.parse(PAGE, adapter.wanted), {}).ranks["0"].histograms
+    # 22 TTFT bounds and +Inf on the page, 21 and +Inf for queue time.
+    assert len(histograms["time_to_first_token_seconds"].buckets) == 23
+    assert len(histograms["queue_time_seconds"].buckets) == 22
+
+
 def test_derived_pool_and_pressure_state():
     _, snap = snapshot()
     gauges = derive.kv_gauges(snap.ranks["0"])
