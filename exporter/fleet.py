@@ -74,7 +74,7 @@ class Replica:
     keys: dict[int, int] = field(default_factory=dict)  # engine hash -> content key, of its tracked blocks
     copies: dict[int, int] = field(default_factory=dict)  # engine hash -> copies beyond the first
     stored: int = 0  # tracked blocks it stored
-    met: int = 0  # of those, held by a sibling at that moment
+    met: int = 0  # blocks it stored that a sibling held, or held when a sibling stored them
 
 
 @dataclass
@@ -82,6 +82,7 @@ class ModelFleet:
     """One model's replicas and the index of their blocks; the counts are estimates scaled by the sampling rate."""
 
     replicas: dict[object, Replica] = field(default_factory=dict)
+    by_bit: dict[int, Replica] = field(default_factory=dict)
     holders: dict[int, int] = field(default_factory=dict)  # content key -> bit mask of the replicas holding it
     stored_tokens: float = 0.0  # tokens in the blocks the replicas stored (exact)
     recomputed_tokens: float = 0.0  # of those, held by a sibling at the time
@@ -93,7 +94,7 @@ class ModelFleet:
         if replica is None:
             taken = {r.bit for r in self.replicas.values()}
             bit = next(1 << i for i in range(len(taken) + 1) if 1 << i not in taken)
-            replica = self.replicas[name] = Replica(bit)
+            replica = self.replicas[name] = self.by_bit[bit] = Replica(bit)
         return replica
 
     def drop_blocks(self, replica: Replica) -> int:
@@ -159,6 +160,10 @@ class FleetIndex:
         if self.tracked > self.max_blocks:
             self._lower_threshold()
 
+    def join(self, name: object, model: str) -> None:
+        """Replica `name` serves `model`: its fleet's series show from then on, before any block is stored."""
+        self._fleet(name, model).replica(name)
+
     def forget(self, name: object, drop: bool = False) -> None:
         """Replica `name` restarted (its blocks are gone) or, with `drop`, left the fleet."""
         model = self._model_of.get(name)
@@ -167,7 +172,7 @@ class FleetIndex:
         fleet = self.models[model]
         self.tracked -= fleet.drop_blocks(fleet.replica(name))
         if drop:
-            del fleet.replicas[name], self._model_of[name]
+            del fleet.by_bit[fleet.replicas.pop(name).bit], self._model_of[name]
 
     def _fleet(self, name: object, model: str) -> ModelFleet:
         if self._model_of.get(name, model) != model:  # its engine now names another model
@@ -206,18 +211,14 @@ class FleetIndex:
             replica.stored += 1
             mask = holders.get(key, 0)
             holders[key] = mask | bit
-            if mask & ~bit:
+            siblings = mask & ~bit
+            if siblings:
+                sibling = fleet.by_bit[siblings & -siblings]  # one of them: the lowest bit's
                 replica.met += 1
+                sibling.met += 1
                 fleet.recomputed_tokens += size * scale
-                if by_content and not self._same_hash(fleet, mask & ~bit, engine_hash, key):
+                if by_content and sibling.keys.get(engine_hash) != key:  # it knows the block by another hash
                     fleet.hash_mismatch_blocks += scale
-
-    @staticmethod
-    def _same_hash(fleet: ModelFleet, mask: int, engine_hash: int, key: int) -> bool:
-        """Whether a sibling holding `key` knows it by the same engine hash."""
-        lowest = mask & -mask
-        sibling = next(r for r in fleet.replicas.values() if r.bit == lowest)
-        return sibling.keys.get(engine_hash) == key
 
     def _remove(self, fleet: ModelFleet, replica: Replica, hashes: list[int]) -> None:
         own, copies, clear = replica.keys, replica.copies, ~replica.bit

@@ -79,6 +79,11 @@ class EventStream:
         self.fleet: FleetIndex | None = None  # the fleet index it feeds, when on (Subscribers sets it)
 
     @property
+    def model(self) -> str | None:
+        """The model its engine serves: as the page names it, else as configured."""
+        return self.target.outcome.model or self.target.config.model
+
+    @property
     def replica(self) -> tuple[str, int]:
         """Its pool's name in the fleet index."""
         return self.target.name, self.rank
@@ -215,7 +220,7 @@ class EventStream:
         # The pool's size as the target's last poll saw it, taken here where the pool changes (a scrape only reads).
         self.pool.set_capacity(self._capacity())
         self.pool.apply(batch.ts, batch.events)
-        model = self.target.outcome.model or self.target.config.model
+        model = self.model
         if self.fleet is not None and model:  # a replica of no known model yet joins once its page names one
             self.fleet.apply(self.replica, model, batch.events)
 
@@ -326,15 +331,18 @@ class Subscribers:
         self.fleet: FleetIndex | None = None
         self._fleet_config: FleetIndexConfig | None = None
         self._fleet_prefixes = exposition.Prefixes()
+        self._labels: dict[str, str] = {}
         self._context: zmq.asyncio.Context | None = None
         # The streams' text, rendered at most once a poll interval (as a target's is after each poll): ranking
         # thousands of tenants per scrape would cost every client of /metrics, and a scrape only joins text.
         self._texts: list[exposition.TargetText] = []
         self._rendered_at = -math.inf
 
-    async def replace(self, targets, fleet_index: FleetIndexConfig = FleetIndexConfig()) -> None:
+    async def replace(self, targets, fleet_index: FleetIndexConfig = FleetIndexConfig(),
+                      labels: dict[str, str] | None = None) -> None:
         """Subscribe to these targets' streams; a stream whose target and settings stay keeps its state (and the
-        fleet index, with its settings unchanged)."""
+        fleet index, with its settings unchanged). `labels`: the configuration's static labels, the fleet's."""
+        self._labels = labels or {}
         if self._context is None:
             self._context = zmq.asyncio.Context()
         wanted = {}
@@ -386,12 +394,15 @@ class Subscribers:
                 ranks = [stream.rank for stream in streams]
             texts.extend(stream.render(rank) for stream, rank in zip(streams, ranks))
         if self.fleet is not None:
-            texts.extend(_fleet_texts(self.fleet, self._fleet_prefixes))
+            for stream in self.streams.values():
+                if stream.model:
+                    self.fleet.join(stream.replica, stream.model)
+            texts.extend(fleet_texts(self.fleet, self._fleet_prefixes, self._labels))
         return texts
 
 
-def _fleet_texts(fleet: FleetIndex, prefixes: exposition.Prefixes) -> list[exposition.TargetText]:
-    """Each model's fleet series (exporter.fleet)."""
+def fleet_texts(fleet: FleetIndex, prefixes: exposition.Prefixes, labels: dict[str, str]) -> list[exposition.TargetText]:
+    """Each model's fleet series (exporter.fleet), with the configuration's static `labels`."""
     texts = []
     for model, replicas in fleet.models.items():
         gauges = {"fleet_replicas": len(replicas.replicas), "fleet_isolated_replicas": replicas.isolated(),
@@ -402,5 +413,5 @@ def _fleet_texts(fleet: FleetIndex, prefixes: exposition.Prefixes) -> list[expos
                     "fleet_hash_only_blocks_total": replicas.hash_only_blocks,
                     "fleet_hash_mismatch_blocks_total": replicas.hash_mismatch_blocks}
         values = RankValues({name: float(value) for name, value in gauges.items()}, counters)
-        texts.append(exposition.render_pool({"model": model}, values, prefixes))
+        texts.append(exposition.render_pool({"model": model, **labels}, values, prefixes))
     return texts
