@@ -9,7 +9,10 @@ import pytest
 
 from kvcache_exporter import config as cfg
 from kvcache_exporter.fleet import FleetIndex
-from kvcache_exporter.sources.kvevents import CLEARED, REMOVED, STORED, BlockEvent, decode_message
+from kvcache_exporter.simulator import kvevents as sim_events
+from kvcache_exporter.simulator.exposition import FLAVORS
+from kvcache_exporter.simulator.scenarios import ScenarioRun, load_scenario, override_engine
+from kvcache_exporter.sources.kvevents import CLEARED, REMOVED, STORED, BlockEvent, decode_message, decode_payload
 from devtools import kvevents_wire as wire
 
 BLOCK = 16
@@ -130,3 +133,41 @@ def test_fleet_index_config_and_its_errors(tmp_path):
         cfg.load_file(str(path))
     with pytest.raises(cfg.ConfigError, match=r"fleet_index.enabled: needs every replica's stream in one process"):
         cfg.build("exporter.yml", {"fleet_index": cfg.FleetIndexConfig(True), "workers": 2})
+
+
+SIMULATED = """
+name: shared-prefixes
+then: hold
+phases:
+  - {name: prefixes, duration_s: 600, arrival_rate: 2, prefix_share: 0.8, num_prefixes: 6, prefix_len: 128,
+     prompt_len: {dist: lognormal, median: 64, sigma: 0.5, min: 16, max: 300},
+     output_len: {dist: lognormal, median: 20, sigma: 0.5, min: 8, max: 100}}
+"""
+
+
+def simulated_loss(tmp_path, router: str) -> tuple[float, float]:
+    """Two DP ranks of a simulated vLLM under `router`, their streams through the wire into one fleet index: the
+    tokens recomputed while the other rank held them, and the tokens stored."""
+    path = tmp_path / "prefixes.yml"
+    path.write_text(SIMULATED)
+    scenario = override_engine(load_scenario(str(path)), {"num_blocks": 512, "block_size": BLOCK})
+    run = ScenarioRun(scenario, FLAVORS["vllm-v1"].reporting, seed=5, dp=2, record_kv_events=True, router=router)
+    index = FleetIndex(10**6)
+    for now in range(30, 601, 30):
+        run.advance_to(now)
+        for rank, model in enumerate(run.models):
+            for ts, journal in model.kv_batches:
+                payload = sim_events.batch(ts, sim_events.events(journal, BLOCK, False), rank)
+                index.apply(rank, "m", decode_payload(0, payload, 1 << 24, token_ids=True).events)
+            model.kv_batches.clear()
+    fleet = index.models["m"]
+    return fleet.recomputed_tokens, fleet.stored_tokens
+
+
+def test_the_simulators_routers_lose_and_keep_the_prefixes(tmp_path):
+    # Round-robin: every prefix is computed on both ranks, at least once each (6 prefixes x 128 tokens = 8 blocks
+    # each); prefix affinity: each prefix lives on one rank, and nothing else repeats (the tails are the requests'
+    # own), so no rank ever computes what the other holds.
+    lost, stored = simulated_loss(tmp_path, "round-robin")
+    assert lost >= 6 * 128 and lost < stored
+    assert simulated_loss(tmp_path, "prefix-affinity")[0] == 0
