@@ -12,7 +12,7 @@ from kvcache_exporter.dashboards.layout import Row, assemble
 from kvcache_exporter.dashboards.promql import Scope
 from kvcache_exporter.dashboards.rows import cache_rows
 from kvcache_exporter.dashboards.signals import (disaggregated, exporter_health, kv, latency, prefix_cache, pressure,
-                                                 triage)
+                                                 routing, triage)
 from kvcache_exporter.dashboards.view import View
 
 UID = "kvcache-fleet"
@@ -38,6 +38,7 @@ def build(thresholds: Thresholds, static_labels: tuple[str, ...],
         Row("Pressure", ((pressure.states_over_time(v), pressure.waiting(v)),
                          (pressure.running(v), pressure.preemption_rate(v)))),
         *cache_rows(v),
+        Row("Routing across replicas", ((routing.loss_share(v), routing.hit_ratio_with_affinity(v)),)),
         Row("Latency", ((latency.ttft(v), latency.itl(v), latency.queue_time(v)), (latency.queue_share_of_ttft(v),))),
         Row("Disaggregated prefill/decode", ((disaggregated.usage_by_role(v), disaggregated.transfer_stages(v),
                                               disaggregated.backpressure(v)),

@@ -118,7 +118,7 @@ def write_exporter_config(path: Path, target: str, engine: Engine, poll_interval
 def serve(log_dir: Path, *, blocks: int, max_num_seqs: int, block_size: int = 32, kv_events: bool = True,
           prefix_caching: bool = True, max_model_len: int = tiny_model.MAX_MODEL_LEN, extra_args: Sequence[str] = (),
           model_dir: Path = MODEL_DIR, start_timeout: float = START_TIMEOUT, dp_size: int = 1,
-          same_ports_as: Engine | None = None) -> Iterator[Engine]:
+          same_ports_as: Engine | None = None, env: dict[str, str] | None = None) -> Iterator[Engine]:
     """vLLM's OpenAI server on a free loopback port with a pool of `blocks` KV blocks of `block_size` tokens.
 
     `blocks` is --num-gpu-blocks-override: vLLM's num_gpu_blocks, its null block included. CPU attention
@@ -127,6 +127,7 @@ def serve(log_dir: Path, *, blocks: int, max_num_seqs: int, block_size: int = 32
     process it started. `dp_size` > 1 runs that many data-parallel engine cores behind the one server, each
     with a pool of `blocks`; rank r publishes its KV events on the event and replay ports plus r.
     `same_ports_as`: an engine (since killed) whose HTTP, event and replay ports this one takes over.
+    `env`: variables beside ENGINE_ENV (a hash seed, VLLM_SERVER_DEV_MODE for /reset_prefix_cache).
     """
     make_model(model_dir)
     port = _port_of(same_ports_as.url) if same_ports_as else harness.free_port()
@@ -152,7 +153,8 @@ def serve(log_dir: Path, *, blocks: int, max_num_seqs: int, block_size: int = 32
     argv += list(extra_args)
     log_dir.mkdir(parents=True, exist_ok=True)
     # cwd: the log directory, so that the repository's folders are not importable by the engine.
-    process = harness.Process("vllm", argv, log_dir, f"http://127.0.0.1:{port}/health", env=ENGINE_ENV, cwd=log_dir)
+    process = harness.Process("vllm", argv, log_dir, f"http://127.0.0.1:{port}/health", env={**ENGINE_ENV, **(env or {})},
+                              cwd=log_dir)
     try:
         process.wait_ready(start_timeout)
         yield Engine(process, f"http://127.0.0.1:{port}", events, replay)

@@ -78,6 +78,17 @@ class ConfigError(Exception):
 
 DEFAULT_MAX_EVENT_MESSAGE_BYTES = 16 * 1024 * 1024
 DEFAULT_TOP_HOLDERS = 10  # adapters and tenants shown per pool; the rest summed as `other`
+# Replica-blocks the fleet index tracks exactly before it samples (about 200 bytes each: bench/fleet_index.py).
+DEFAULT_FLEET_MAX_BLOCKS = 1_000_000
+
+
+@dataclass(frozen=True)
+class FleetIndexConfig:
+    """The cross-replica block index (`fleet_index:`, exporter/fleet.py): off unless turned on, as it decodes every
+    store's token ids."""
+
+    enabled: bool = False
+    max_blocks: int = DEFAULT_FLEET_MAX_BLOCKS
 
 
 @dataclass(frozen=True)
@@ -206,6 +217,7 @@ class Config:
         """`latency_buckets` as the adapters take it, with no bound at all for a hidden histogram: not read."""
         return {**self.latency_buckets, **{name: frozenset() for name in self.hidden_families
                                            if FAMILIES[name].type == "histogram"}}
+    fleet_index: FleetIndexConfig = field(default_factory=FleetIndexConfig)
 
 
 def parse_duration(text: Any) -> float:
@@ -398,7 +410,8 @@ _TARGET_KEYS = {"name", "url", "engine", "labels", "bearer_token_file", "basic_a
                 "tls_insecure_skip_verify", "model_architecture", "kv_events", "role", "model"}
 
 _TOP_KEYS = {"poll_interval", "timeout", "staleness", "max_response_bytes", "labels", "pressure", "targets", "listen",
-             "log_level", "log_format", "probe", "pd_group_label", "workers", "shard", "latency_buckets", "families"}
+             "log_level", "log_format", "probe", "pd_group_label", "workers", "shard", "latency_buckets", "families",
+             "fleet_index"}
 _HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?.\-\[\]]+$")
 
 
@@ -506,6 +519,13 @@ def _probe(source: str, section: Any) -> ProbeConfig:
         raise ConfigError(source, "probe.allow", "is required with probe.enabled: list the host patterns and CIDRs "
                                                  "that /probe may poll (e.g. 10.0.0.0/8, *.svc.cluster.local; '*' is any)")
     return probe
+
+
+def _fleet_index(source: str, section: Any) -> FleetIndexConfig:
+    reader = _Reader(source, section, "fleet_index")
+    reader.reject_unknown({"enabled", "max_blocks"})
+    return FleetIndexConfig(enabled=reader.get("enabled", _boolean, False),
+                            max_blocks=reader.get("max_blocks", _positive_int, DEFAULT_FLEET_MAX_BLOCKS))
 
 
 def _allow_list(value: Any) -> list[str]:
@@ -668,6 +688,8 @@ def load_file(path: str, read_files: bool = True) -> dict[str, Any]:
         settings["thresholds"] = _thresholds(path, reader.mapping["pressure"])
     if reader.mapping.get("probe") is not None:
         settings["probe"] = _probe(path, reader.mapping["probe"])
+    if reader.mapping.get("fleet_index") is not None:
+        settings["fleet_index"] = _fleet_index(path, reader.mapping["fleet_index"])
     if reader.mapping.get("pd_group_label") is not None:
         settings["pd_group_label"] = _pd_group_label(path, reader.mapping["pd_group_label"], settings)
     if reader.mapping.get("latency_buckets") is not None:
@@ -704,6 +726,10 @@ def build(source: str, settings: dict[str, Any]) -> Config:
     staleness = settings.get("staleness", 3 * interval)
     if staleness < interval:
         raise ConfigError(source, "staleness", f"must be at least poll_interval ({interval:g}s), got {staleness:g}s")
+    fleet_index = settings.get("fleet_index", FleetIndexConfig())
+    if fleet_index.enabled and (settings.get("workers", 1) > 1 or settings.get("shard", ShardPosition(0, 1)).count > 1):
+        raise ConfigError(source, "fleet_index.enabled", "needs every replica's stream in one process: workers 1 "
+                                                         "and no shard")
     return Config(
         targets=targets,
         poll_interval=interval,
@@ -721,6 +747,7 @@ def build(source: str, settings: dict[str, Any]) -> Config:
         shard=settings.get("shard", ShardPosition(0, 1)),
         latency_buckets=settings.get("latency_buckets", DEFAULT_KEPT),
         groups_off=settings.get("groups_off", frozenset()),
+        fleet_index=fleet_index,
     )
 
 

@@ -46,6 +46,8 @@ GROUPS = {
     "offload": Group(_POOL, "poll"),  # KV beyond the GPU pool
     "transfer": Group(_POOL, "poll"),  # KV moved between the pools of disaggregated prefill and decode
     "events": Group(_POOL, "events"),
+    # One model's replicas together, from every stream of the exporter process (`fleet_index:`, exporter/fleet.py).
+    "fleet": Group(("model",), "events"),
 }
 # The groups a configuration can turn off (`families: {latency: false}`), as node_exporter's collectors: what the
 # engines report and the exporter derives. The exporter's own, its targets' and the process' series always show.
@@ -202,6 +204,10 @@ EVENT_IGNORED_REASONS = {
 # workload, and between two bounds the error has no bound of its own (all the misses on one side).
 DISTANCE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0)
 RESIDENCY_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)  # seconds
+# The fleet index's isolated-replica heuristic (exporter/fleet.py): a replica that stored this many tracked blocks
+# without meeting a sibling's while its siblings met each other's on at least this share of their stores.
+ISOLATED_MIN_BLOCKS = 256
+ISOLATED_SIBLING_SHARE = 0.01
 # Pools 1.25x to 4x as large, the sizes the rules and panels answer for (fp8 KV: x2 tokens per byte); each
 # factor - 1 is a bound of DISTANCE_BUCKETS.
 WHAT_IF_FACTORS = (1.25, 1.5, 2.0, 4.0)
@@ -210,6 +216,8 @@ _POLLED = "Polled from the engine's /metrics and cached until the next poll."
 _STREAMED = "Folded from the engine's KV event stream (ZMQ), GPU pool only."
 _TIERED = ("`tier` is " + ", ".join(TIERS) + " (the event's medium: CPU and CPU_PINNED are cpu, DISK and STORAGE "
            "disk, EXTERNAL remote). Folded from the engine's KV event stream (ZMQ).")
+_FLEET = ("Folded from the KV event streams of the model's replicas that this exporter process subscribes to; an "
+          "estimate scaled by 1 / kvcache_fleet_index_sampling_ratio once sampled.")
 _HOLDERS = ("The top kv_events.top_holders by resident blocks, the rest summed as `other` (whose members change "
             "as the ranking does). " + _STREAMED)
 _TIER = "`tier` is " + ", ".join(TIERS) + ". "
@@ -541,6 +549,34 @@ _TABLE = (
            "Holders (adapters or tenants, by `holder`) with blocks resident beyond the top kv_events.top_holders, "
            "summed into the `other` series (which also keeps the counts of holders that left the pool).",
            ("holder",), stable=False),
+    # Per model, from every replica's stream together (`fleet_index: {enabled: true}`): the routing loss.
+    Family("routing_recomputed_tokens_total", "counter", "fleet", "tokens",
+           "Prompt tokens a replica computed and stored (whole blocks it did not hold) while another replica of the "
+           "same model held the same blocks, matched by content (token ids chained to their parent): what a "
+           "prefix-affinity router would have served from the sibling's cache. " + _FLEET),
+    Family("fleet_stored_tokens_total", "counter", "fleet", "tokens",
+           "Prompt tokens in the whole blocks the model's replicas computed and stored (BlockStored, GPU pool): "
+           "the prefill the routing loss is a share of. " + _FLEET),
+    Family("fleet_hash_only_blocks_total", "counter", "fleet", "blocks",
+           "Blocks stored without token ids, matched by their engine hash: they meet a sibling's only where the "
+           "fleet shares the hash seed (vLLM: the same PYTHONHASHSEED and prefix_caching_hash_algo). " + _FLEET),
+    Family("fleet_hash_mismatch_blocks_total", "counter", "fleet", "blocks",
+           "Blocks matched by content whose engine hash differs from the sibling's: the fleet does not share a "
+           "hash seed, so routers and indexes that match engine hashes (KV-event-driven prefix scorers) miss "
+           "them. " + _FLEET),
+    Family("fleet_replicas", "gauge", "fleet", "",
+           "Replicas (pools: a target's DP rank) of the model whose streams feed the index.", stable=False),
+    Family("fleet_isolated_replicas", "gauge", "fleet", "",
+           f"Replicas that stored at least {ISOLATED_MIN_BLOCKS} tracked blocks and never met a sibling's while "
+           f"their siblings met each other's on at least {ISOLATED_SIBLING_SHARE:.0%} of their stores (three "
+           "replicas or more): a different hash "
+           "seed on hash-only streams, another model revision or tokenizer.", stable=False),
+    Family("fleet_index_blocks", "gauge", "fleet", "blocks",
+           "Replica-blocks the index tracks for the model (bounded by fleet_index.max_blocks over every model).",
+           stable=False),
+    Family("fleet_index_sampling_ratio", "gauge", "fleet", "ratio",
+           "Share of the content-key space the index tracks: 1 while exact, halved each time the index fills "
+           "(spatial sampling); the fleet counters are scaled by its inverse.", stable=False),
 )
 FAMILIES: dict[str, Family] = {family.name: family for family in _TABLE}
 

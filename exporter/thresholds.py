@@ -38,6 +38,9 @@ class Thresholds:
     # KVCacheCapacityMisses (info): prompt tokens recomputed after their blocks were evicted for room
     # (the KV event streams' capacity misses), as a share of the prompt tokens looked up.
     capacity_miss_share: float = 0.1
+    # KVCacheRoutingLoss (info): prompt tokens a replica computed while a sibling of the same model held them (the
+    # fleet index's routing loss), as a share of the prefill the model's replicas stored.
+    routing_loss_share: float = 0.1
     # KVCacheQueueDominatesTTFT: share of TTFT spent in the queue (queue-time seconds per TTFT second).
     queue_share_of_ttft: float = 0.5
     # KVCacheNearlyFull by trend: predict_linear says the pool is full within this many seconds.
@@ -79,6 +82,7 @@ class Thresholds:
     target_down_for: str = "2m"
     exporter_absent_for: str = "5m"
     capacity_miss_for: str = "30m"
+    routing_loss_for: str = "30m"
     offload_full_for: str = "5m"
     offload_slow_for: str = "15m"
     transfer_failures_for: str = "5m"

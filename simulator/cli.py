@@ -1,8 +1,8 @@
 """kvcache-sim: serve a simulated vLLM, SGLang or TensorRT-LLM metrics endpoint.
 
     kvcache-sim --flavor vllm-v1|vllm-v0|sglang|trtllm --scenario NAME|FILE.yml [--listen HOST:PORT]
-                [--speed X] [--seed N] [--model NAME] [--tp N] [--dp N] [--kv-events-endpoint tcp://HOST:PORT]
-                [--log-level LEVEL]
+                [--speed X] [--seed N] [--model NAME] [--tp N] [--dp N] [--router round-robin|prefix-affinity]
+                [--kv-events-endpoint tcp://HOST:PORT] [--log-level LEVEL]
     kvcache-sim --pd --flavor vllm-v1|sglang --scenario pd-NAME|FILE.yml [--listen HOST:PORT] [--speed X]
                 [--seed N] [--model NAME] [--log-level LEVEL]
 
@@ -24,7 +24,7 @@ from typing import Any, Callable, NoReturn
 
 from .exposition import FLAVORS
 from .pd import BUILTIN_PD_SCENARIOS, FLAVOR_OF, start_pd_pair
-from .scenarios import BUILTIN_SCENARIOS, ScenarioError
+from .scenarios import BUILTIN_SCENARIOS, ROUTERS, ScenarioError
 from .server import start_engine
 
 PROG = "kvcache-sim"
@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tp", type=_positive_int, default=1,
                         help="tensor-parallel ranks (SGLang repeats its scheduler gauges per rank)")
     parser.add_argument("--dp", type=_positive_int, default=1, help="data-parallel ranks, each with its own KV pool")
+    parser.add_argument("--router", choices=list(ROUTERS), default=ROUTERS[0],
+                        help="how requests are dispatched over the DP ranks: round-robin (default) or to the rank "
+                             "their shared prefix picks (prefix-affinity)")
     parser.add_argument("--kv-events-endpoint", type=_kv_events_endpoint, metavar="tcp://HOST:PORT",
                         help="publish the prefix cache's KV events (vLLM's and SGLang's ZMQ stream) there; "
                              "DP rank r on PORT + r")
@@ -99,13 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         return _serve_pair(args, host, port)
     return _serve(lambda: start_engine(args.flavor, args.scenario, host=host, port=port, speed=args.speed,
                                        seed=args.seed, model=args.model, tp=args.tp, dp=args.dp,
-                                       kv_events_endpoint=args.kv_events_endpoint),
+                                       kv_events_endpoint=args.kv_events_endpoint, router=args.router),
                   f"{host}:{port}", lambda engine: [f"{PROG} {args.flavor} serving {engine.url}"])
 
 
 def _serve_pair(args: argparse.Namespace, host: str, port: int) -> int:
     engine = {flavor: engine for engine, flavor in FLAVOR_OF.items()}.get(args.flavor)
     refused = [flag for flag, given in (("--tp", args.tp != 1), ("--dp", args.dp != 1),
+                                        ("--router", args.router != ROUTERS[0]),
                                         ("--kv-events-endpoint", args.kv_events_endpoint)) if given]
     if engine is None or refused:
         problem = (f"--pd serves {' or '.join(FLAVOR_OF.values())}, got {args.flavor}" if engine is None

@@ -383,17 +383,26 @@ def _phase_segments(phase: Phase, start: float) -> Iterator[Segment]:
                       replace(phase.workload, arrival_rate=rate), phase.restart and i == 0)
 
 
+# How arrivals are dispatched over the ranks: `round-robin`, as SGLang's DP controller does by default, or
+# `prefix-affinity`, a request of a shared prefix to the rank its prefix picks (the others round-robin), as a
+# prefix-aware router would: the fleet index's routing loss (docs/kv-events.md) tells the two apart.
+ROUTERS = ("round-robin", "prefix-affinity")
+
+
 class ScenarioRun:
     """Drives `dp` engine models (one per data-parallel rank) through a scenario's phases.
 
-    Arrivals are dispatched round-robin over the ranks, as SGLang's DP controller does by
-    default. The result does not depend on how `advance_to` calls cut up time.
+    Arrivals are dispatched over the ranks by `router` (ROUTERS). The result does not depend on how
+    `advance_to` calls cut up time.
     """
 
     def __init__(self, scenario: Scenario, reporting: Reporting, seed: int = 0, dp: int = 1,
-                 record_kv_events: bool = False):
+                 record_kv_events: bool = False, router: str = ROUTERS[0]):
         if dp < 1:
             raise ValueError("dp must be >= 1")
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+        self.router = router
         self.scenario = scenario
         self.reporting = reporting
         self.dp = dp
@@ -420,6 +429,9 @@ class ScenarioRun:
         while self.now < t:
             target = min(t, self.segment.end)
             for request in self.arrivals.until(target):
+                if self.router == "prefix-affinity" and request.prefix_id is not None:
+                    self.models[request.prefix_id % self.dp].submit(request)
+                    continue
                 self.models[self._next_rank].submit(request)
                 self._next_rank = (self._next_rank + 1) % self.dp
             for model in self.models:

@@ -33,7 +33,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from . import kvevents
 from .exposition import FLAVORS, EngineState, Flavor
-from .scenarios import Scenario, ScenarioRun, load_scenario, override_engine
+from .scenarios import ROUTERS, Scenario, ScenarioRun, load_scenario, override_engine
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class SimulatedEngine:
 
     def __init__(self, flavor: Flavor, scenario: Scenario, *, host: str, port: int, speed: float,
                  seed: int, model_name: str, tp: int, dp: int, kv_events_endpoint: str | None = None,
-                 served_history: int = 0, name_filter: str = "ignore"):
+                 served_history: int = 0, name_filter: str = "ignore", router: str = ROUTERS[0]):
         self.flavor = flavor.name
         self.scenario = scenario
         self.speed = speed
@@ -57,7 +57,7 @@ class SimulatedEngine:
         self.tp = tp
         self.kv_events_endpoint = kv_events_endpoint
         self._run = ScenarioRun(scenario, flavor.reporting, seed=seed, dp=dp,
-                                record_kv_events=kv_events_endpoint is not None)
+                                record_kv_events=kv_events_endpoint is not None, router=router)
         # The prefix cache's stores and evictions on a ZMQ PUB per DP rank, as the engine's --kv-events-config
         self._events = kvevents.Publisher(kv_events_endpoint, dp) if kv_events_endpoint else None
         self._published_generation = 0
@@ -223,12 +223,13 @@ def _handler_for(registry: CollectorRegistry, metrics_path: str,
 def start_engine(flavor: str, scenario: str | Scenario = "steady", host: str = "127.0.0.1", port: int = 0,
                  speed: float = 1.0, seed: int = 0, model: str | None = None, tp: int = 1, dp: int = 1,
                  kv_events_endpoint: str | None = None, served_history: int = 0, name_filter: str | None = None,
-                 **overrides) -> SimulatedEngine:
+                 router: str = ROUTERS[0], **overrides) -> SimulatedEngine:
     """Start a simulated engine serving GET /metrics and /health; returns once it is listening.
 
     `scenario` is a built-in name, a YAML file path or a `Scenario`; `overrides` replace fields
     of the scenario's engine sizing (`num_blocks=2048`, `max_num_seqs=8`, ...). `kv_events_endpoint`
-    (tcp://HOST:PORT) publishes the prefix cache's KV events there, rank r on PORT + r. `served_history`
+    (tcp://HOST:PORT) publishes the prefix cache's KV events there, rank r on PORT + r. `router` (ROUTERS)
+    dispatches the requests over the DP ranks. `served_history`
     keeps the states the last that many scrapes rendered (`SimulatedEngine.served`). `name_filter` (one of
     NAME_FILTERS) says how a request for some series only is answered; None: as the flavor's engine does. Raises
     ValueError (ScenarioError for scenario and override problems) on bad arguments.
@@ -251,5 +252,5 @@ def start_engine(flavor: str, scenario: str | Scenario = "steady", host: str = "
         scenario = override_engine(scenario, overrides)
     return SimulatedEngine(spec, scenario, host=host, port=port, speed=speed, seed=seed,
                            model_name=model or spec.default_model, tp=tp, dp=dp, kv_events_endpoint=kv_events_endpoint,
-                           served_history=served_history, name_filter=name_filter)
+                           served_history=served_history, name_filter=name_filter, router=router)
 

@@ -15,6 +15,7 @@ from kvcache_exporter.alerts.rules import (
     offload,
     prefix_cache,
     pressure,
+    routing,
     what_if,
 )
 from kvcache_exporter.thresholds import DEFAULT, Thresholds
@@ -34,7 +35,8 @@ def recording_rules(t: Thresholds, group: str) -> list[dict]:
     # In the order the rule file has always had: a rule reads only those above it.
     return (pressure.recording_rules(t) + [latency.finished_rule(t)] + prefix_cache.recording_rules(t)
             + [latency.queue_share_rule(t)] + offload.recording_rules(t) + latency.mean_rules(t)
-            + what_if.recording_rules(t) + disaggregated.recording_rules(t, group) + fleet.recording_rules(t, group))
+            + what_if.recording_rules(t) + disaggregated.recording_rules(t, group) + fleet.recording_rules(t, group)
+            + routing.recording_rules(t))
 
 
 def alerting_rules(t: Thresholds, runbook_base: str, group: str) -> list[dict]:
@@ -42,4 +44,5 @@ def alerting_rules(t: Thresholds, runbook_base: str, group: str) -> list[dict]:
             + [prefix_cache.hit_rate_drop_alert(t, runbook_base), what_if.capacity_misses_alert(t, runbook_base),
                latency.queue_dominates_alert(t, runbook_base)]
             + offload.alerting_rules(t, runbook_base) + exporter_health.alerting_rules(t, runbook_base)
-            + disaggregated.alerting_rules(t, group, runbook_base) + fleet.alerting_rules(t, group, runbook_base))
+            + disaggregated.alerting_rules(t, group, runbook_base) + fleet.alerting_rules(t, group, runbook_base)
+            + [routing.routing_loss_alert(t, runbook_base)])

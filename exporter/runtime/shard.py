@@ -53,7 +53,7 @@ class Shard:
 
     def start(self) -> None:
         self.scheduler.start()
-        self.scheduler.run(self.subscribers.replace(self.targets))
+        self.scheduler.run(self.subscribers.replace(self.targets, self.config.fleet_index, self.config.labels))
 
     async def close(self) -> None:
         """In the loop, before `stop`."""
@@ -87,7 +87,7 @@ class Shard:
         self.scheduler.replace_targets(targets)
         self.scheduler.discard(kept.values())
         if self.scheduler.running:
-            self.scheduler.run(self.subscribers.replace(targets))
+            self.scheduler.run(self.subscribers.replace(targets, config.fleet_index, config.labels))
 
 
 def _identity(config: Config, target: TargetConfig) -> tuple:

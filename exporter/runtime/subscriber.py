@@ -29,7 +29,8 @@ import zmq.asyncio
 
 from .. import contract, exposition
 from ..blocks import Histogram, PoolState
-from ..config import KVEventsConfig
+from ..config import FleetIndexConfig, KVEventsConfig
+from ..fleet import FleetIndex
 from ..snapshot import Histogram as Buckets, RankValues
 from ..tiers import Tiers
 from ..sources.kvevents import END_SEQ, DecodeError, decode_payload, parse_seq
@@ -77,6 +78,17 @@ class EventStream:
         self._socket: zmq.asyncio.Socket | None = None
         self._context: zmq.asyncio.Context | None = None
         self._prefixes = exposition.Prefixes()
+        self.fleet: FleetIndex | None = None  # the fleet index it feeds, when on (Subscribers sets it)
+
+    @property
+    def model(self) -> str | None:
+        """The model its engine serves: as the page names it, else as configured."""
+        return self.target.outcome.model or self.target.config.model
+
+    @property
+    def replica(self) -> tuple[str, int]:
+        """Its pool's name in the fleet index."""
+        return self.target.name, self.rank
 
     def start(self, context: zmq.asyncio.Context) -> None:
         self._context = context
@@ -183,6 +195,8 @@ class EventStream:
                 self.restarts += 1
                 self.pool.reset()
                 self.tiers.reset()
+                if self.fleet is not None:
+                    self.fleet.forget(self.replica)
             elif seq > last + 1:
                 await self._fill_gap(last + 1, seq)
         self.last_seq = seq
@@ -190,7 +204,7 @@ class EventStream:
 
     def _process(self, seq: int, payload: bytes) -> None:
         try:
-            batch = decode_payload(seq, payload, self.config.max_message_bytes)
+            batch = decode_payload(seq, payload, self.config.max_message_bytes, token_ids=self.fleet is not None)
         except DecodeError as err:
             self.dropped["decode"] += 1
             log.debug("kv events of %s rank %d: message %d refused: %s", self.target.name, self.rank, seq, err)
@@ -211,6 +225,9 @@ class EventStream:
         for tier in self.tiers.pools:
             self.tiers.set_capacity(tier, self._tier_capacity(tier))
         self.tiers.apply(self.pool, batch.ts, batch.events)
+        model = self.model
+        if self.fleet is not None and model:  # a replica of no known model yet joins once its page names one
+            self.fleet.apply(self.replica, model, batch.events)
 
     async def _fill_gap(self, first: int, stop: int) -> None:
         """Messages first..stop-1 never arrived: ask the replay endpoint for them, count the rest."""
@@ -341,14 +358,21 @@ class Subscribers:
 
     def __init__(self) -> None:
         self.streams: dict[tuple, EventStream] = {}
+        self.fleet: FleetIndex | None = None
+        self._fleet_config: FleetIndexConfig | None = None
+        self._fleet_prefixes = exposition.Prefixes()
+        self._labels: dict[str, str] = {}
         self._context: zmq.asyncio.Context | None = None
         # The streams' text, rendered at most once a poll interval (as a target's is after each poll): ranking
         # thousands of tenants per scrape would cost every client of /metrics, and a scrape only joins text.
         self._texts: list[exposition.TargetText] = []
         self._rendered_at = -math.inf
 
-    async def replace(self, targets) -> None:
-        """Subscribe to these targets' streams; a stream whose target and settings stay keeps its state."""
+    async def replace(self, targets, fleet_index: FleetIndexConfig = FleetIndexConfig(),
+                      labels: dict[str, str] | None = None) -> None:
+        """Subscribe to these targets' streams; a stream whose target and settings stay keeps its state (and the
+        fleet index, with its settings unchanged). `labels`: the configuration's static labels, the fleet's."""
+        self._labels = labels or {}
         if self._context is None:
             self._context = zmq.asyncio.Context()
         wanted = {}
@@ -357,13 +381,20 @@ class Subscribers:
             for rank, endpoint, replay in (events.endpoints() if events else ()):
                 wanted[(target.name, rank, endpoint, replay, events)] = (target, rank, endpoint, replay, events)
         for key in [key for key in self.streams if key not in wanted]:
-            await self.streams.pop(key).close()
+            stream = self.streams.pop(key)
+            await stream.close()
+            if self.fleet is not None:
+                self.fleet.forget(stream.replica, drop=True)
+        if fleet_index != self._fleet_config:
+            self._fleet_config = fleet_index
+            self.fleet = FleetIndex(fleet_index.max_blocks) if fleet_index.enabled else None
         for key, (target, rank, endpoint, replay, events) in wanted.items():
             stream = self.streams.get(key)
             if stream is None:
                 stream = self.streams[key] = EventStream(target, rank, endpoint, replay, events)
                 stream.start(self._context)
             stream.target = target
+            stream.fleet = self.fleet
         self._rendered_at = -math.inf
 
     async def close(self) -> None:
@@ -392,4 +423,25 @@ class Subscribers:
             if len(set(ranks)) < len(ranks):
                 ranks = [stream.rank for stream in streams]
             texts.extend(stream.render(rank) for stream, rank in zip(streams, ranks))
+        if self.fleet is not None:
+            for stream in self.streams.values():
+                if stream.model:
+                    self.fleet.join(stream.replica, stream.model)
+            texts.extend(fleet_texts(self.fleet, self._fleet_prefixes, self._labels))
         return texts
+
+
+def fleet_texts(fleet: FleetIndex, prefixes: exposition.Prefixes, labels: dict[str, str]) -> list[exposition.TargetText]:
+    """Each model's fleet series (exporter.fleet), with the configuration's static `labels`."""
+    texts = []
+    for model, replicas in fleet.models.items():
+        gauges = {"fleet_replicas": len(replicas.replicas), "fleet_isolated_replicas": replicas.isolated(),
+                  "fleet_index_blocks": sum(len(r.keys) for r in replicas.replicas.values()),
+                  "fleet_index_sampling_ratio": fleet.rate}
+        counters = {"routing_recomputed_tokens_total": replicas.recomputed_tokens,
+                    "fleet_stored_tokens_total": replicas.stored_tokens,
+                    "fleet_hash_only_blocks_total": replicas.hash_only_blocks,
+                    "fleet_hash_mismatch_blocks_total": replicas.hash_mismatch_blocks}
+        values = RankValues({name: float(value) for name, value in gauges.items()}, counters)
+        texts.append(exposition.render_pool({"model": model, **labels}, values, prefixes))
+    return texts

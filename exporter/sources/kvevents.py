@@ -81,7 +81,10 @@ class BlockEvent:
     parent: int | None = None  # a store's parent block (its chain's previous block), as a key
     adapter: str | None = None  # a store's LoRA adapter; None for the base model
     tenant: str | None = None  # a store's tenant (tenant_of its cache salt); None where no salt is sent
-    block_size: int | None = None  # a store's tokens per block; None where not sent (0 in tokenless offload stores)
+    # A store's token ids (every block's, in order) and tokens per block: decoded only when asked for (the fleet
+    # index, exporter.fleet, matches blocks by content); None where not asked for or not sent.
+    token_ids: list[int] | None = None
+    block_size: int | None = None
 
 
 @dataclass(slots=True)
@@ -100,19 +103,20 @@ def parse_seq(frame: bytes) -> int:
     return int.from_bytes(frame, "big")
 
 
-def decode_message(frames: list[bytes], max_bytes: int) -> Batch:
+def decode_message(frames: list[bytes], max_bytes: int, token_ids: bool = False) -> Batch:
     """A PUB message `[topic, seq, payload]` as a Batch; raises DecodeError."""
     if len(frames) != 3:
         raise DecodeError(f"{len(frames)} frames, expected 3 (topic, sequence, payload)")
     _, seq_frame, payload = frames
-    return decode_payload(parse_seq(seq_frame), payload, max_bytes)
+    return decode_payload(parse_seq(seq_frame), payload, max_bytes, token_ids)
 
 
-def decode_payload(seq: int, payload: bytes, max_bytes: int) -> Batch:
+def decode_payload(seq: int, payload: bytes, max_bytes: int, token_ids: bool = False) -> Batch:
+    """`token_ids`: keep the stores' token ids (the fleet index's), else they are skipped unread where that pays."""
     if len(payload) > max_bytes:
         raise DecodeError(f"payload of {len(payload)} bytes, above the limit of {max_bytes}")
     try:
-        batch = _unpack_batch(payload)
+        batch = msgpack.unpackb(payload, raw=False, strict_map_key=False) if token_ids else _unpack_batch(payload)
     except Exception as err:  # msgpack raises several types (ExtraData, FormatError, ValueError, ...)
         raise DecodeError(f"not msgpack: {err}") from None
     if isinstance(batch, list) and len(batch) >= 2:
@@ -129,7 +133,7 @@ def decode_payload(seq: int, payload: bytes, max_bytes: int) -> Batch:
         raise DecodeError(f"dp_rank {dp_rank!r} is not an integer")
     out = Batch(seq, float(ts), dp_rank, [])
     try:
-        _decode_events(raw_events, out)
+        _decode_events(raw_events, out, token_ids)
     except (TypeError, AttributeError):  # an unhashable tag, a map where a list belongs, ...
         raise DecodeError("an event of the wrong shape") from None
     return out
@@ -137,7 +141,8 @@ def decode_payload(seq: int, payload: bytes, max_bytes: int) -> Batch:
 
 def _unpack_batch(payload: bytes):
     """The payload as msgpack.unpackb reads it; in a batch whose stores carry long token lists (vLLM sends every
-    block's token ids) those are skipped unread, None in their place: nothing here uses them."""
+    block's token ids) those are skipped unread, None in their place: only the fleet index uses them, and with it
+    on, decode_payload reads the batch whole instead."""
     size = len(payload)
     # Events counted by their tags (BlockStored, BlockRemoved, AllBlocksCleared; a token id's bytes may match too:
     # an estimate), in large batches only.
@@ -204,7 +209,7 @@ def _kind(payload: bytes, at: int) -> type | None:
     return None
 
 
-def _decode_events(raw_events: list, out: Batch) -> None:
+def _decode_events(raw_events: list, out: Batch, with_tokens: bool) -> None:
     append = out.events.append
     for raw in raw_events:
         if isinstance(raw, list) and raw:
@@ -230,7 +235,7 @@ def _decode_events(raw_events: list, out: Batch) -> None:
                 salt = raw[_ARRAY_LORA_NAME].get("cache_salt") if salted else None
                 lora_name = None if salted else _at(raw, _ARRAY_LORA_NAME)
                 lora_id, extra, parent = _at(raw, _ARRAY_LORA_ID), _at(raw, _ARRAY_EXTRA_KEYS), _at(raw, _ARRAY_PARENT)
-                block_size = _at(raw, _ARRAY_BLOCK_SIZE)
+                tokens, block_size = _at(raw, _ARRAY_TOKEN_IDS), _at(raw, _ARRAY_BLOCK_SIZE)
         elif isinstance(raw, dict):
             kind = raw.get("type")
             known = _KNOWN_KEYS.get(kind)
@@ -248,7 +253,7 @@ def _decode_events(raw_events: list, out: Batch) -> None:
                 metadata = raw.get("metadata")
                 salt = raw.get("cache_salt") or (metadata.get("cache_salt") if isinstance(metadata, dict) else None)
                 parent = raw.get("parent_block_hash")
-                block_size = raw.get("block_size")
+                tokens, block_size = raw.get("token_ids"), raw.get("block_size")
         else:
             raise DecodeError(f"event is neither a tagged array nor a tagged map: {type(raw).__name__}")
         if medium is not None and not isinstance(medium, str):
@@ -263,10 +268,11 @@ def _decode_events(raw_events: list, out: Batch) -> None:
         if salt is None:
             salt = _salt_of(extra, adapter is not None)
         parent_key = normalise_hashes([parent])[0] if parent is not None else None
-        if not isinstance(block_size, int) or isinstance(block_size, bool):  # nothing here needs it: not a refusal
-            block_size = None
-        append(BlockEvent(kind, normalise_hashes(hashes), medium, group, parent_key, adapter, tenant_of(salt),
-                          block_size))
+        event = BlockEvent(kind, normalise_hashes(hashes), medium, group, parent_key, adapter, tenant_of(salt),
+                           block_size if block_size.__class__ is int and block_size >= 0 else None)
+        if with_tokens:
+            event.token_ids = tokens if isinstance(tokens, list) else None
+        append(event)
 
 
 def _at(raw: list, index: int):

@@ -61,6 +61,7 @@ def exporter_config(vllm_url: str, sglang_url: str, trtllm_url: str, dead_url: s
     return {
         "poll_interval": "0.5s",
         "labels": {"cluster": "test"},
+        "fleet_index": {"enabled": True},  # the routing panels' series (one model's two streams)
         "targets": [
             {"name": "vllm-0", "url": vllm_url, "engine": "vllm", "labels": {"pool": "chat"},
              "model_architecture": architecture, "kv_events": {"endpoint": events[0]}},

@@ -132,3 +132,41 @@ def check_holders(samples: dict, labels: dict, body: str) -> None:
     hashed = tenants - {"none"}
     assert len(hashed) == 4 and all(len(t) == 12 and int(t, 16) >= 0 for t in hashed)
     assert "tenant-" not in body
+
+
+@pytest.mark.parametrize("router", ["round-robin", "prefix-affinity"])
+def test_the_fleet_index_tells_the_simulators_routers_apart(tmp_path, router):
+    """Two DP ranks of a simulated vLLM (the steady workload: 60 % of the requests start with one of 4 shared
+    prefixes of 512 tokens; after 40 idle seconds, 1 wall second at 40x, in which the exporter's SUB sockets reach
+    the engine's PUB), the exporter's fleet index on: round-robin sends every prefix to both ranks, so one rank computes
+    what the other holds (at least once per prefix, 4 x 512 tokens); prefix affinity keeps each prefix on one rank
+    and nothing else repeats, so the routing loss stays 0 however much is stored."""
+    # The exporter subscribes before the engine serves: the first stores of each prefix are the ones that count.
+    endpoint, port, model = f"tcp://127.0.0.1:{harness.free_port()}", harness.free_port(), "sim-model"
+    config = tmp_path / "exporter.yml"
+    config.write_text(yaml.safe_dump({"poll_interval": "0.5s", "fleet_index": {"enabled": True}, "targets": [
+        {"name": "sim", "url": f"http://127.0.0.1:{port}/metrics", "model": model,
+         "kv_events": {"endpoint": endpoint, "dp_ranks": 2}}]}))
+    with harness.exporter(tmp_path, "--config", str(config)) as exporter:
+        scenario = tmp_path / "idle-then-steady.yml"
+        scenario.write_text(yaml.safe_dump({"name": "idle-then-steady", "then": "hold", "phases": [
+            {"name": "idle", "duration_s": 40, "arrival_rate": 0}, {"name": "steady", "duration_s": 600,
+                                                                   "arrival_rate": 3}]}))
+        engine = start_engine("vllm-v1", str(scenario), port=port, speed=SPEED, seed=2, model=model, dp=2,
+                              kv_events_endpoint=endpoint, router=router)
+        try:
+            def stored_enough():
+                samples = scrape(exporter.url)
+                stored = value(samples, "kvcache_fleet_stored_tokens_total", model=model)
+                return samples if stored >= 20 * 4 * 512 else None
+
+            samples = harness.wait_until(stored_enough, 60, interval=0.5, what="the fleet index to see prefill")
+            assert value(samples, "kvcache_fleet_replicas", model=model) == 2
+            recomputed = value(samples, "kvcache_routing_recomputed_tokens_total", model=model)
+            if router == "round-robin":
+                assert recomputed >= 4 * 512
+            else:
+                assert recomputed == 0
+            assert value(samples, "kvcache_fleet_isolated_replicas", model=model) == 0
+        finally:
+            engine.stop()

@@ -24,12 +24,14 @@ EXPECTED_ALERTS = {
     "KVCacheCapacityMisses", "KVCacheOffloadTierFull", "KVCacheOffloadLoadSlow",
     "KVCacheTransfersFailing", "KVCacheTransferLeaseExpiries", "KVCacheTransferNotificationsAfterExpiry",
     "KVCachePDBackpressure", "KVCacheTransferBandwidthLow", "KVCacheRoutingImbalance", "KVCacheAdmissionStalled",
+    "KVCacheRoutingLoss",
 }
 # Alerts about one engine's KV (their descriptions name target and model); four are about polling, where a
-# target without answers has no model, and P/D backpressure and routing imbalance are about a group of pools (the
-# P/D group label).
+# target without answers has no model, P/D backpressure and routing imbalance are about a group of pools (the
+# P/D group label), and the routing loss about a model's replicas together.
 PER_MODEL_ALERTS = EXPECTED_ALERTS - {"KVCacheTargetDown", "KVCacheExporterDown", "KVCacheExporterAbsent",
-                                      "KVCacheExporterWorkerFailing", "KVCachePDBackpressure", "KVCacheRoutingImbalance"}
+                                      "KVCacheExporterWorkerFailing", "KVCachePDBackpressure", "KVCacheRoutingImbalance",
+                                      "KVCacheRoutingLoss"}
 
 
 def shipped_alerts() -> list[dict]:
@@ -165,7 +167,7 @@ def test_compress_knows_every_threshold():
     assert unchanged == {"high_water_ratio", "low_water_ratio", "prefix_hit_drop_fraction", "queue_share_of_ttft",
                          "capacity_miss_share", "offload_load_max_seconds_per_token", "kv_transfer_failure_ratio",
                          "kv_transfer_link_bytes_per_second", "kv_transfer_bandwidth_low_fraction",
-                         "routing_imbalance_share"}
+                         "routing_imbalance_share", "routing_loss_share"}
     assert compressed.shortage_for == "30s" and compressed.window_seconds == 15
     assert compressed.thrashing_preemptions_per_second == pytest.approx(0.08)
     with pytest.raises(ValueError):

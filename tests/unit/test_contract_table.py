@@ -18,7 +18,8 @@ from devtools import lint_dashboards
 from kvcache_exporter import adapters, config, contract, exposition
 from kvcache_exporter.runtime import process_series
 from kvcache_exporter.runtime.app import ExporterState
-from kvcache_exporter.runtime.subscriber import EventStream
+from kvcache_exporter.fleet import FleetIndex
+from kvcache_exporter.runtime.subscriber import EventStream, fleet_texts
 from kvcache_exporter.runtime.target import new_target
 from kvcache_exporter.top import source as top_source
 from kvcache_exporter.top.rows import build_rows
@@ -67,6 +68,7 @@ def exposed(tmp_path_factory) -> str:
     assert all(target.outcome.up for target in polled)
     with_events = polled[-1]
     stream = EventStream(with_events, 0, "tcp://127.0.0.1:5557", None, with_events.config.kv_events)
+    stream.fleet = FleetIndex(1000)  # `fleet_index: {enabled: true}`: the model's fleet series too
     # The GPU pool's blocks, and a CPU tier's (vLLM's offload: a capacity miss of the tier, a block it served).
     events = [[wire.stored("vllm-map", [1, 2, 3])], [wire.removed("vllm-map", [1, 2])],
               [wire.stored("vllm-map", [1])],
@@ -75,6 +77,7 @@ def exposed(tmp_path_factory) -> str:
     for seq, batch in enumerate(events):
         stream._process(seq, wire.batch("vllm-map", 1000.0 + seq, batch))
     texts = [target.text for target in polled] + [stream.render(stream.pool_rank)]
+    texts += fleet_texts(stream.fleet, exposition.Prefixes(), settings.labels)
     rendered = {family for text in texts for family in (*text.status, *text.series)}
     # What the renderers produce but the table lacks would be left out of the page without a word.
     assert sorted(rendered - set(contract.FAMILIES)) == []

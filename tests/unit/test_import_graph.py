@@ -28,7 +28,7 @@ LAYERS = (
     # One engine's page as a snapshot, each engine in the one registry.
     ("adapters", ("adapters",)),
     # What snapshots and events mean: rates, pressure state, what more KV would buy.
-    ("derive", ("derive", "blocks", "tiers")),
+    ("derive", ("derive", "blocks", "tiers", "fleet")),
     # The kvcache_* text.
     ("exposition", ("exposition",)),
     # Settings validated against the registry's engines and the arithmetic: what the process runs.
