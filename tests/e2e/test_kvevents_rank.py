@@ -86,7 +86,7 @@ def test_the_envelopes_rank_labels_the_streams_pool(tmp_path):
             publisher, encode = sends["rank1"]
             publisher.send(encode([wire.stored(ENC, [1, 2, 3, 4, 5])]))
             publisher.send(encode([wire.removed(ENC, [1, 2, 3, 4, 5])]))
-            publisher.send(encode([wire.stored(ENC, [1])]))
+            publisher.send(encode([wire.stored(ENC, [1, 6])]))  # 6: the request's last block, never a miss
 
             def missed():
                 got = streamed(scrape(exporter.url), "rank1")

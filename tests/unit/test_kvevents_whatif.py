@@ -115,8 +115,11 @@ def test_capacity_misses_and_the_distance_buckets_equal_an_exact_replay_of_the_d
     capacity = 64
     trace = lru_trace(capacity, 200_000, seed)
     pool = PoolState(capacity=capacity)
+    # Each store ends with the block of its request's last token, never a capacity miss (blocks.never_a_hit):
+    # one that stays cached here, outside this trace's LRU, so that the trace's blocks are what is counted.
+    last_token_block = -1
     for kind, key in trace:
-        pool.apply(0.0, [BlockEvent(kind, [key])])
+        pool.apply(0.0, [BlockEvent(kind, [key, last_token_block] if kind == STORED else [key])])
     ratios = replay_definition(trace, capacity)
     cumulative = dict(pool.distance.cumulative())
     expected = {bound: sum(ratio <= bound for ratio in ratios) for bound in DISTANCE_BUCKETS}
