@@ -215,6 +215,9 @@ class PoolState:
         self._stale: set[int] = set()
         self._ghost_limit = GHOST_FACTOR * (self.capacity or DEFAULT_CAPACITY)
         self._ghost_end = 0
+        # The evictions since the last store: the storing request's own, to make room for what its lookup did
+        # not find, so made after that lookup. They lie above none of the blocks it brings back at that time.
+        self._evicted_since_store = 0
         self._compact_ghost(())
 
     def set_capacity(self, capacity: int | None) -> None:
@@ -251,7 +254,8 @@ class PoolState:
             parent = holders.get(event.parent) if event.parent is not None else None
             tenant = parent[1] if parent is not None else NO_TENANT
         holder = (adapter, tenant)
-        new = misses = 0
+        new = 0
+        back: list[int] = []  # the positions of the capacity misses, marked once every depth is taken
         last = len(hashes) - 1
         for index, key in enumerate(hashes):
             if key in resident:
@@ -263,24 +267,33 @@ class PoolState:
             position = ghost.pop(key, None)
             if position is not None:
                 self._ghost_holders.pop(key, None)
-                if never_a_hit(index, last):
+                if never_a_hit(index, last) or self._evicted_since_lookup(position):
                     self.recomputed += 1
                     self._stale.add(position)
                     continue
-                misses += 1
-                if self.capacity:
+                back.append(position)
+                if self.capacity:  # as deep as at the request's lookup, before any block of it came back
                     self.distance.observe(self._depth(position) / self.capacity)
-                self._restored.set(position, True)
+        for position in back:
+            self._restored.set(position, True)
+        misses = len(back)
         self.capacity_misses += misses
+        self._evicted_since_store = 0
         for counts, name in ((self.adapters, adapter), (self.tenants, tenant)):
             counts.add(name, STORED_BLOCKS, len(hashes))
             counts.add(name, RESIDENT, new)
             counts.add(name, MISSES, misses)
 
+    def _evicted_since_lookup(self, position: int) -> bool:
+        """Whether the block at `position` was evicted by the storing request itself: cached at its lookup but
+        not a hit (after a block that was not), so computed again at any pool size."""
+        return position >= self._ghost_end - self._evicted_since_store
+
     def _depth(self, position: int) -> int:
-        """How far below the pool's last block a ghost lies under LRU: the evictions after its own whose
-        blocks have not come back since (a block that came back was stored above it, not below)."""
-        first, last = position + 1, self._ghost_end - 1
+        """How far below the pool's last block a ghost lay at the lookup of the request storing it again, under
+        LRU: the evictions after its own, but the request's own, whose blocks have not come back since (a block
+        that came back was stored above it, not below)."""
+        first, last = position + 1, self._ghost_end - 1 - self._evicted_since_store
         if first > last:
             return 0
         return last - first + 1 - self._restored.count(first, last)
@@ -322,6 +335,7 @@ class PoolState:
         """The next position in the order of evictions, for `key`."""
         position = self._ghost_end
         self._ghost_end = position + 1
+        self._evicted_since_store += 1
         self._restored.set(position, False)  # the slot of the entry the trim drops
         self._ghost_keys.append(key)
         return position

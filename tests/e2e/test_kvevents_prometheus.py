@@ -3,7 +3,8 @@ exporter -> Prometheus with the shipped rules (on a clock 20 times faster, as te
 the what-if recording rules, and the dashboards' queries, answer with the stream's arithmetic.
 
 The stream cycles through M = 851 distinct blocks with 100 resident: each step stores block i (then the
-block of its request's last token, one that stays cached: never a capacity miss) and evicts block i - 100. From the second lap on, every store is a capacity miss whose block lies
+block of its request's last token, one that stays cached: never a capacity miss) after evicting block
+i - 100 (an eviction the storing request makes after its lookup, so not above its own blocks). From the second lap on, every store is a capacity miss whose block lies
 M - 100 - 1 = 750 evictions below the pool (none of the blocks evicted after it came back before it):
 distance ratio 750 / 1,000 (the polled capacity). So a pool 1.25x or 1.5x as large keeps none of them,
 2x and 4x keep all. 5 steps every 0.1 s: 50 misses/s of 16 tokens = 800 tokens/s, against 4,000 prompt
@@ -54,10 +55,10 @@ def publish(publisher: Publisher, stop: threading.Event) -> None:
     while not stop.wait(BATCH_EVERY):
         events = []
         for _ in range(STEPS_PER_BATCH):
+            if step >= RESIDENT:  # the room for the block, as an engine makes it: before the store
+                events.append(wire.removed("vllm-map", [1000 + (step - RESIDENT) % CYCLE]))
             # Each request's store ends with its last block, never a capacity miss: one that stays cached.
             events.append(wire.stored("vllm-map", [1000 + step % CYCLE, LAST_BLOCK]))
-            if step >= RESIDENT:
-                events.append(wire.removed("vllm-map", [1000 + (step - RESIDENT) % CYCLE]))
             step += 1
         publisher.send(wire.batch("vllm-map", time.time(), events))
 

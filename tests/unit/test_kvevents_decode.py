@@ -135,10 +135,11 @@ def test_capacity_miss_distance_counts_the_evictions_in_between():
     pool.apply(0.0, [stored(*range(1, 11))])
     pool.apply(5.0, [removed(1)])  # ordinal 0
     pool.apply(6.0, [removed(*range(2, 6))])  # ordinals 1..4
+    pool.apply(6.5, [stored(*range(11, 16))])  # the request those evictions made room for
     pool.apply(7.0, [prompt(1)])  # 4 evictions since 1's: distance 0.4
     pool.apply(8.0, [prompt(2)])  # 3 since 2's: 0.3
     pool.apply(9.0, [prompt(99)])  # never seen: not a capacity miss
-    assert (pool.stored, pool.evicted, pool.capacity_misses) == (16, 5, 2)
+    assert (pool.stored, pool.evicted, pool.capacity_misses) == (21, 5, 2)
     assert pool.distance.cumulative() == [(b, 0 if b < 0.5 else 2) for b in DISTANCE_BUCKETS] + [
         (float("inf"), 2)]
     assert pool.distance.sum == pytest.approx(0.7)
@@ -151,7 +152,8 @@ def test_a_block_that_came_back_no_longer_lies_between():
     # LRU stack: a, b, c leave the pool in that order; b comes back (it goes on top of the pool), so a lies
     # below c only: a pool 2 blocks larger would have kept a (depth 1 < 2).
     pool = PoolState(capacity=2)
-    pool.apply(0.0, [stored(10, 11, 12), removed(10), removed(11), removed(12), prompt(11), prompt(10)])
+    pool.apply(0.0, [stored(10, 11, 12), removed(10), removed(11), removed(12), stored(20, 21, 22),
+                     prompt(11), prompt(10)])
     assert pool.capacity_misses == 2
     assert pool.distance.sum == pytest.approx((1 + 1) / 2)  # b: c after it; a: b and c after it, b came back
 
@@ -159,10 +161,11 @@ def test_a_block_that_came_back_no_longer_lies_between():
 def test_the_ring_of_marks_survives_a_capacity_change_and_wraps():
     pool = PoolState(capacity=2)
     pool.apply(0.0, [stored(*range(100, 120)), removed(*range(100, 120))])  # positions 0..19, window 8
+    pool.apply(0.5, [stored(*range(400, 420))])
     pool.apply(1.0, [prompt(118)])  # depth 1 (119)
     pool.set_capacity(3)  # a list of 12 now; the list of 8 had dropped 100..111 already
     assert set(pool.ghost) == set(range(112, 118)) | {119}
-    pool.apply(2.0, [stored(200), removed(200), prompt(113)])  # 114..117, 119, 200 after it: depth 6
+    pool.apply(2.0, [stored(200), removed(200), stored(201), prompt(113)])  # 114..117, 119, 200 after it: depth 6
     assert pool.distance.sum == pytest.approx(1 / 2 + 6 / 3)
 
 
@@ -171,7 +174,7 @@ def test_duplicate_copies_are_reference_counted():
     pool.apply(0.0, [stored(7, 8), stored(7, 8)])  # vLLM can cache the same content twice (two requests at once)
     pool.apply(1.0, [removed(7)])  # one physical copy reallocated: the content is still resident
     assert 7 in pool.resident and 7 not in pool.ghost and pool.evicted == 1
-    pool.apply(2.0, [removed(7)])
+    pool.apply(2.0, [removed(7), stored(9)])
     # the last copy after the first, which keeps its place below the pool: a larger pool would still hold it
     assert 7 not in pool.resident and pool.ghost[7] == 1 and pool.evicted == 2
     pool.apply(3.0, [prompt(7)])
@@ -186,13 +189,14 @@ def test_the_last_block_of_a_store_is_not_a_capacity_miss():
     block its prompt went on after: one a larger pool would have served."""
     pool = PoolState(capacity=4)
     pool.apply(0.0, [stored(1, 2, 3)])  # a prompt of 3 whole blocks
-    pool.apply(1.0, [removed(3), stored(3)])  # its last block freed first, evicted; the prompt again: 1, 2 hit
-    pool.apply(2.0, [stored(3)])  # and again, 3 still cached: computed again, a second copy
+    pool.apply(1.0, [removed(3), stored(50)])  # its last block, freed first, evicted for another request's
+    pool.apply(2.0, [stored(3)])  # the prompt again: 1, 2 hit, 3 computed again
+    pool.apply(3.0, [stored(3)])  # and again, 3 still cached: computed again, a second copy
     assert (pool.capacity_misses, pool.recomputed) == (0, 1)
-    pool.apply(3.0, [removed(3), removed(3), removed(2), removed(1)])
-    pool.apply(4.0, [stored(1, 2, 3)])  # again after all of it was evicted
+    pool.apply(4.0, [removed(3), removed(3), removed(2), removed(1), stored(51, 52, 53, 54)])
+    pool.apply(5.0, [stored(1, 2, 3)])  # again after all of it was evicted
     assert (pool.capacity_misses, pool.recomputed, pool.distance.count) == (2, 2, 2)
-    pool.apply(5.0, [removed(3), stored(3, 4)])  # the next turn: its prompt goes on after 3
+    pool.apply(6.0, [removed(3), stored(55), stored(3, 4)])  # the next turn: its prompt goes on after 3
     assert (pool.capacity_misses, pool.recomputed, pool.distance.count) == (3, 2, 3)
 
 
@@ -201,7 +205,8 @@ def test_a_copy_no_lookup_touches_again_keeps_its_place_below_the_pool():
     cached, where they were (no lookup moves them up): the blocks evicted before them lie that much deeper."""
     pool = PoolState(capacity=10)
     pool.apply(0.0, [stored(1, 2, 3), stored(3), stored(7, 8)])  # 3 twice: its prompt came back whole
-    pool.apply(1.0, [removed(1), removed(3), removed(8), removed(3)])  # 1, a copy of 3, 8, the last 3
+    pool.apply(1.0, [removed(1), removed(3), removed(8), removed(3), stored(60, 61, 62, 63)])  # 1, a copy of 3,
+    # 8, the last 3, for another request's blocks
     pool.apply(2.0, [stored(8)])  # 8, a last block again: its old copy stays below the pool
     pool.apply(3.0, [prompt(1)])  # after 1: the first copy of 3, 8's old copy and 3: depth 3
     assert (pool.capacity_misses, pool.recomputed) == (1, 1)

@@ -99,14 +99,18 @@ def replay_definition(trace: list[tuple[str, int]], capacity: int) -> list[float
     ratio of every capacity miss."""
     out: list[int] = []  # blocks evicted and still out, in the order they left
     ratios = []
+    own = 0  # evictions since the last store: the storing request's own, after its lookup
     for kind, key in trace:
         if kind == REMOVED:
             out.append(key)
             del out[:-4 * capacity]
-        elif key in out:
+            own += 1
+            continue
+        if key in out:
             at = out.index(key)
-            ratios.append((len(out) - 1 - at) / capacity)
+            ratios.append((len(out) - 1 - at - own) / capacity)
             del out[at]
+        own = 0
     return ratios
 
 
