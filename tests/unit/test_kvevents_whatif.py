@@ -12,7 +12,7 @@ from collections import OrderedDict
 import pytest
 
 from kvcache_exporter.blocks import PoolState
-from kvcache_exporter.contract import DISTANCE_BUCKETS
+from kvcache_exporter.contract import DISTANCE_BUCKETS, WHAT_IF_FACTORS
 from kvcache_exporter.sources.kvevents import REMOVED, STORED, BlockEvent, decode_payload
 from kvcache_exporter.simulator import kvevents as sim_events
 from kvcache_exporter.simulator.exposition import FLAVORS
@@ -133,3 +133,9 @@ def test_capacity_misses_and_the_distance_buckets_equal_an_exact_replay_of_the_d
     assert pool.capacity_misses == len(ratios)
     assert {bound: cumulative[bound] for bound in DISTANCE_BUCKETS} == expected
     assert len(pool._ghost_keys) < 2 * 4 * capacity  # the memory bound: 2 x the list's limit
+
+
+def test_every_factor_the_rules_ship_keeps_a_bucket_of_its_own():
+    """What a pool `factor` times as large keeps is the count of the bucket le = factor - 1, never an interpolation
+    between two bounds (whose error has no bound of its own: all the misses between them on one side)."""
+    assert all(factor - 1 in DISTANCE_BUCKETS for factor in WHAT_IF_FACTORS)
