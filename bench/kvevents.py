@@ -91,12 +91,16 @@ def bytes_per_block(capacity: int) -> float:
     limit = GHOST_FACTOR * capacity
     stored = [(0x9E3779B97F4A7C15 * i) & (2**64 - 1) for i in range(1, limit + capacity + 1)]
     pool.apply(1.0, [BlockEvent(STORED, stored[start:start + 64]) for start in range(0, len(stored), 64)])
-    pool.apply(2.0, [BlockEvent(REMOVED, stored[:limit])])
-    newest, residents = stored[limit - 1], deque(stored[limit:])
-    for _ in range(limit - 1):  # a block comes back, the pool's oldest leaves: one position more, as many out
-        residents.append(newest)
-        newest = residents.popleft()
-        pool.apply(3.0, [BlockEvent(STORED, [residents[-1]]), BlockEvent(REMOVED, [newest])])
+    # 0: the block the evictions made room for, and the last block of every store below (a store's last block is
+    # never a capacity miss), which stays cached
+    pool.apply(2.0, [BlockEvent(REMOVED, stored[:limit - 1]), BlockEvent(STORED, [0])])
+    back, residents = stored[limit - 2], deque(stored[limit - 1:])
+    for _ in range(limit - 1):  # the pool's oldest leaves, a block comes back: one position more, as many out
+        leaving = residents.popleft()
+        pool.apply(3.0, [BlockEvent(REMOVED, [leaving]), BlockEvent(STORED, [back, 0])])
+        residents.append(back)
+        back = leaving
+    pool.apply(4.0, [BlockEvent(REMOVED, [residents.popleft()])])
     del stored, residents
     used = tracemalloc.get_traced_memory()[0] - before
     assert len(pool.ghost) == limit and len(pool._ghost_keys) == 2 * limit - 1

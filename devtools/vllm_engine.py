@@ -275,6 +275,31 @@ def random_prefix_completions(prefixes: int, count: int, prefix_tokens: int, suf
                        output_tokens)
             for index in range(count)]
 
+def conversation_completions(conversations: int, turns: int, first_tokens: int, turn_tokens: int,
+                             output_tokens: int, seed: int = 0) -> list[Completion]:
+    """`conversations` conversations of `turns` turns each, their turns interleaved in an order drawn with `seed`:
+    a turn's prompt is the previous turn's followed by `turn_tokens` of its own (the conversation so far sent
+    again), so every block of the previous turn is one this turn can hit, its last one included."""
+    rng = random.Random(seed)
+    order = [conversation for conversation in range(conversations) for _ in range(turns)]
+    rng.shuffle(order)
+    so_far = [prompt(first_tokens, seed * 1_000_003 + conversation) for conversation in range(conversations)]
+    requests = []
+    for index, conversation in enumerate(order):
+        requests.append(Completion(so_far[conversation], output_tokens))
+        so_far[conversation] += " " + prompt(turn_tokens, -(seed * 1_000_003 + index + 1))
+    return requests
+
+
+def interleaved(lists: Sequence[Sequence[Completion]], seed: int) -> list[Completion]:
+    """The requests of every list, each list's in its own order, the lists interleaved in an order drawn with
+    `seed`."""
+    order = [which for which, requests in enumerate(lists) for _ in requests]
+    random.Random(seed).shuffle(order)
+    taken = [iter(requests) for requests in lists]
+    return [next(taken[which]) for which in order]
+
+
 @dataclass
 class Load:
     """Completions sent by `concurrency` threads, each answered in full (`ignore_eos`: exactly `max_tokens`

@@ -8,8 +8,10 @@ back moves above, so that count is how far below the pool the block lay (its LRU
 the capacity). A pool `d` blocks larger would have kept it if the distance was below `d`: a miss at
 distance ratio r (distance / capacity) is a hit for a pool (1 + r) times as large. Counting every
 eviction in between instead overstates the distance by the blocks that came back meanwhile (14 % too
-few hits predicted for a pool twice as large on the simulator's LRU workload). docs/kv-events.md says
-where the approximation fails.
+few hits predicted for a pool twice as large on the simulator's LRU workload). A copy that no lookup
+touches again (the old copy of a prompt's last block, which the engine computes again into a new block, or
+a copy evicted while another stays cached) stays where it was in a larger pool: it counts as out for good.
+docs/kv-events.md says where the approximation fails.
 
 Each resident block also has a holder, its LoRA adapter and its tenant (a keyed hash of the cache
 salt, exporter.sources.kvevents.tenant_of), and `HolderCounts` keeps per adapter and per tenant the
@@ -158,6 +160,20 @@ class _Marks:
         return self._prefix(self.size) - self._prefix(low) + self._prefix(high + 1)
 
 
+def never_a_hit(index: int, last: int) -> bool:
+    """Whether the block at `index` of a store whose last block is at `last` is one the request that stored it
+    would not have had as a hit from any pool: the last block of a store. An engine never counts the block that
+    holds a prompt's last token as a hit, since it needs that token's logits: vLLM caps a lookup at the prompt
+    length minus one (KVCacheManager.get_computed_blocks, `max_cache_hit_length`, then whole blocks only in
+    find_longest_cache_hit), SGLang a match at the input length minus one (Req.adjust_max_prefix_ids, then
+    whole pages in RadixCache.match_prefix). A request stores the blocks it computed, up to its last whole
+    block, in one event: when its prompt ends on a block boundary, that block is the store's last. A block
+    filled while decoding is stored alone and holds generated tokens, which no lookup of that request covers.
+    A block followed by others in its store was followed by prompt tokens: a larger pool would have served it.
+    """
+    return index == last
+
+
 class PoolState:
     """Resident blocks, the ghost list of evicted ones and the counters derived from them."""
 
@@ -167,8 +183,8 @@ class PoolState:
         self.stored = 0  # blocks stored (kvcache_events_blocks_stored_total)
         self.evicted = 0  # blocks evicted; also the next eviction's ordinal
         self.capacity_misses = 0
-        # Blocks stored again after an eviction that a pool of any size computes again (vLLM's last block of a
-        # prompt whose every block was cached): not capacity misses.
+        # Blocks stored again after an eviction that a pool of any size computes again (never_a_hit): not
+        # capacity misses.
         self.recomputed = 0
         self.ignored: dict[str, int] = {"other_medium": 0, "other_group": 0}
         self.distance = Histogram(DISTANCE_BUCKETS)
@@ -185,11 +201,6 @@ class PoolState:
         # hash -> (adapter, tenant) of resident blocks and of the ghosts (whose misses they will be)
         self.holders: dict[int, tuple[str, str]] = {}
         self._ghost_holders: dict[int, tuple[str, str]] = {}
-        # Resident blocks and ghosts that vLLM computed again while cached: when every block of a prompt is a hit
-        # it recomputes the one holding the last token (it needs its logits) and never counts it as a hit, and
-        # that block alone is then stored as a second copy. Such a block stored again after an eviction would not
-        # have been a hit in a larger pool either.
-        self._recomputed: set[int] = set()
         self.adapters.clear_resident()
         self.tenants.clear_resident()
         # The ghost list: hash -> its position in the order of evictions (the last copy's), at most
@@ -197,10 +208,17 @@ class PoolState:
         # evicted blocks lie below the pool in the order they left it; a position whose block came back since
         # is marked in `_restored`. Those marks keep their place in the order until the order is compacted,
         # which it is once it holds twice the limit: memory stays within 2 x limit positions, whatever share
-        # of the evicted blocks comes back.
+        # of the evicted blocks comes back. `_stale`: the positions of copies a larger pool would still hold where
+        # they were, never touched again: the old copy of a block computed again (never_a_hit: the engine gives
+        # the new one a block of its own whatever the pool holds) and a copy evicted while another stays cached.
+        # Out for good, they count against the limit as the ghosts do.
         self.ghost: dict[int, int] = {}
+        self._stale: set[int] = set()
         self._ghost_limit = GHOST_FACTOR * (self.capacity or DEFAULT_CAPACITY)
         self._ghost_end = 0
+        # The evictions since the last store: the storing request's own, to make room for what its lookup did
+        # not find, so made after that lookup. They lie above none of the blocks it brings back at that time.
+        self._evicted_since_store = 0
         self._compact_ghost(())
 
     def set_capacity(self, capacity: int | None) -> None:
@@ -237,12 +255,12 @@ class PoolState:
             parent = holders.get(event.parent) if event.parent is not None else None
             tenant = parent[1] if parent is not None else NO_TENANT
         holder = (adapter, tenant)
-        new = misses = 0
-        for key in hashes:
+        new = 0
+        back: list[int] = []  # the positions of the capacity misses, marked once every depth is taken
+        last = len(hashes) - 1
+        for index, key in enumerate(hashes):
             if key in resident:
                 self._copies[key] = self._copies.get(key, 1) + 1
-                if len(hashes) == 1:  # a prompt's last block, recomputed (two requests computing one prefix at
-                    self._recomputed.add(key)  # once store it among the rest of their blocks)
                 continue
             resident[key] = ts
             holders[key] = holder
@@ -250,23 +268,33 @@ class PoolState:
             position = ghost.pop(key, None)
             if position is not None:
                 self._ghost_holders.pop(key, None)
-                if key in self._recomputed:
+                if never_a_hit(index, last) or self._evicted_since_lookup(position):
                     self.recomputed += 1
-                else:
-                    misses += 1
-                    if self.capacity:
-                        self.distance.observe(self._depth(position) / self.capacity)
-                self._restored.set(position, True)
+                    self._stale.add(position)
+                    continue
+                back.append(position)
+                if self.capacity:  # as deep as at the request's lookup, before any block of it came back
+                    self.distance.observe(self._depth(position) / self.capacity)
+        for position in back:
+            self._restored.set(position, True)
+        misses = len(back)
         self.capacity_misses += misses
+        self._evicted_since_store = 0
         for counts, name in ((self.adapters, adapter), (self.tenants, tenant)):
             counts.add(name, STORED_BLOCKS, len(hashes))
             counts.add(name, RESIDENT, new)
             counts.add(name, MISSES, misses)
 
+    def _evicted_since_lookup(self, position: int) -> bool:
+        """Whether the block at `position` was evicted by the storing request itself: cached at its lookup but
+        not a hit (after a block that was not), so computed again at any pool size."""
+        return position >= self._ghost_end - self._evicted_since_store
+
     def _depth(self, position: int) -> int:
-        """How far below the pool's last block a ghost lies under LRU: the evictions after its own whose
-        blocks have not come back since (a block that came back was stored above it, not below)."""
-        first, last = position + 1, self._ghost_end - 1
+        """How far below the pool's last block a ghost lay at the lookup of the request storing it again, under
+        LRU: the evictions after its own, but the request's own, whose blocks have not come back since (a block
+        that came back was stored above it, not below)."""
+        first, last = position + 1, self._ghost_end - 1 - self._evicted_since_store
         if first > last:
             return 0
         return last - first + 1 - self._restored.count(first, last)
@@ -288,6 +316,7 @@ class PoolState:
                     copies[key] = count - 1
                 else:
                     del copies[key]
+                self._stale.add(self._append_evicted(key))
                 continue
             stored_at = resident.pop(key, None)
             if stored_at is not None:  # else stored before the stream was joined: residency unknown
@@ -296,40 +325,55 @@ class PoolState:
                 del holders[key]
                 ghost_holders[key] = holder
                 tally[1] += 1
-            position = self.ghost[key] = self._ghost_end
-            self._ghost_end = position + 1
-            self._restored.set(position, False)  # the slot of the entry the trim below drops
-            self._ghost_keys.append(key)
+            self.ghost[key] = self._append_evicted(key)
         for (adapter, tenant), (evicted, freed) in gone.items():
             for counts, name in ((self.adapters, adapter), (self.tenants, tenant)):
                 counts.add(name, EVICTED, evicted)
                 counts.add(name, RESIDENT, -freed)
         self._trim_ghost()
 
+    def _append_evicted(self, key: int) -> int:
+        """The next position in the order of evictions, for `key`."""
+        position = self._ghost_end
+        self._ghost_end = position + 1
+        self._evicted_since_store += 1
+        self._restored.set(position, False)  # the slot of the entry the trim drops
+        self._ghost_keys.append(key)
+        return position
+
+    def _out(self, key: int, position: int) -> bool:
+        """Whether the eviction at `position` is of a block still out: not stored again (and evicted again)
+        since, or a stale copy."""
+        return self.ghost.get(key) == position or position in self._stale
+
     def _trim_ghost(self) -> None:
         """Forget the oldest blocks still out beyond the limit, and the positions before the oldest one kept
         (blocks that came back: nothing counts them any more)."""
-        keys, ghost = self._ghost_keys, self.ghost
+        keys, ghost, stale = self._ghost_keys, self.ghost, self._stale
         while keys:
             position = self._ghost_end - len(keys)
             oldest = keys[0]
-            out = ghost.get(oldest) == position  # not re-stored (and evicted again) since
-            if out and len(ghost) <= self._ghost_limit:
+            out = self._out(oldest, position)
+            if out and len(ghost) + len(stale) <= self._ghost_limit:
                 break
             keys.popleft()
-            if out:
+            if position in stale:
+                stale.discard(position)
+            elif out:
                 del ghost[oldest]
                 self._ghost_holders.pop(oldest, None)
-                self._recomputed.discard(oldest)
         if len(keys) >= 2 * self._ghost_limit:
             self._compact_ghost(keys)
 
     def _compact_ghost(self, keys) -> None:
         """The order of evictions with only the blocks still out, numbered from 0, and no marks."""
         ghost = self.ghost
-        kept = [key for position, key in enumerate(keys, self._ghost_end - len(keys)) if ghost.get(key) == position]
-        self._ghost_keys = deque(kept)
-        for position, key in enumerate(kept):
-            ghost[key] = position
+        kept = [(key, position in self._stale) for position, key in enumerate(keys, self._ghost_end - len(keys))
+                if self._out(key, position)]
+        self._ghost_keys = deque(key for key, _ in kept)
+        self._stale = {position for position, (_, stale) in enumerate(kept) if stale}
+        for position, (key, stale) in enumerate(kept):
+            if not stale:
+                ghost[key] = position
         self._ghost_end = len(kept)
         self._restored = _Marks(2 * self._ghost_limit)

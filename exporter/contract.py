@@ -484,12 +484,14 @@ _TABLE = (
            "again, recomputed. " + _STREAMED),
     Family("recomputed_blocks_total", "counter", "events", "blocks",
            "Blocks stored again after an eviction that a pool of any size computes again, left out of "
-           "kvcache_capacity_miss_blocks_total: vLLM's block holding the last token of a prompt whose every block "
-           "was cached (it needs that token's logits and never counts the block as a hit), known by its having "
-           "been stored alone while a copy was cached. " + _STREAMED),
+           "kvcache_capacity_miss_blocks_total: the last block of a store, the block of the storing request's last "
+           "prompt token (vLLM and SGLang never count it as a hit: they need that token's logits) or one filled "
+           "while decoding, and a block the storing request evicted itself (cached at its lookup, not a hit). "
+           + _STREAMED),
     Family("capacity_miss_distance_ratio", "histogram", "events", "ratio",
-           "Per capacity-miss block: blocks the pool evicted after it and not stored again before its re-store "
-           "(how far below the pool it lay under LRU), divided by the pool's capacity in blocks. Under LRU, the "
+           "Per capacity-miss block: blocks the pool evicted after it and not stored again before the lookup of "
+           "the request storing it again (how far below the pool it lay then, under LRU), divided by the pool's "
+           "capacity in blocks. Under LRU, the "
            "misses at or below x are those a pool (1 + x) times as large would have kept. " + _STREAMED),
     Family("block_residency_seconds", "histogram", "events", "seconds",
            "Time from a block's store to its eviction, by the batches' timestamps. " + _STREAMED),

@@ -2,8 +2,9 @@
 exporter -> Prometheus with the shipped rules (on a clock 20 times faster, as tests/e2e/test_alerts_e2e.py) ->
 the what-if recording rules, and the dashboards' queries, answer with the stream's arithmetic.
 
-The stream cycles through M = 851 distinct blocks with 100 resident: each step stores block i and
-evicts block i - 100. From the second lap on, every store is a capacity miss whose block lies
+The stream cycles through M = 851 distinct blocks with 100 resident: each step stores block i (then the
+block of its request's last token, one that stays cached: never a capacity miss) after evicting block
+i - 100 (an eviction the storing request makes after its lookup, so not above its own blocks). From the second lap on, every store is a capacity miss whose block lies
 M - 100 - 1 = 750 evictions below the pool (none of the blocks evicted after it came back before it):
 distance ratio 750 / 1,000 (the polled capacity). So a pool 1.25x or 1.5x as large keeps none of them,
 2x and 4x keep all. 5 steps every 0.1 s: 50 misses/s of 16 tokens = 800 tokens/s, against 4,000 prompt
@@ -30,6 +31,7 @@ from devtools.harness import PageServer, dynamic
 
 TIME_SCALE = 20
 CYCLE, RESIDENT, STEPS_PER_BATCH, BATCH_EVERY = 851, 100, 5, 0.1
+LAST_BLOCK = 1
 QUERIED_PER_SECOND, HIT_PER_SECOND = 4000.0, 2000.0
 MISS_TOKENS = STEPS_PER_BATCH / BATCH_EVERY * 16  # once every store is a miss
 EXPECTED_KEPT = {"1.25": 0.0, "1.5": 0.0, "2": MISS_TOKENS, "4": MISS_TOKENS}
@@ -53,9 +55,10 @@ def publish(publisher: Publisher, stop: threading.Event) -> None:
     while not stop.wait(BATCH_EVERY):
         events = []
         for _ in range(STEPS_PER_BATCH):
-            events.append(wire.stored("vllm-map", [1000 + step % CYCLE]))
-            if step >= RESIDENT:
+            if step >= RESIDENT:  # the room for the block, as an engine makes it: before the store
                 events.append(wire.removed("vllm-map", [1000 + (step - RESIDENT) % CYCLE]))
+            # Each request's store ends with its last block, never a capacity miss: one that stays cached.
+            events.append(wire.stored("vllm-map", [1000 + step % CYCLE, LAST_BLOCK]))
             step += 1
         publisher.send(wire.batch("vllm-map", time.time(), events))
 

@@ -85,8 +85,9 @@ def test_the_envelopes_rank_labels_the_streams_pool(tmp_path):
             # of CAPACITY blocks, which only the rank-1 pool's capacity (from the page) gives.
             publisher, encode = sends["rank1"]
             publisher.send(encode([wire.stored(ENC, [1, 2, 3, 4, 5])]))
-            publisher.send(encode([wire.removed(ENC, [1, 2, 3, 4, 5])]))
-            publisher.send(encode([wire.stored(ENC, [1])]))
+            # evicted for another request's block (11): evictions a request makes come before its store
+            publisher.send(encode([wire.removed(ENC, [1, 2, 3, 4, 5]), wire.stored(ENC, [11])]))
+            publisher.send(encode([wire.stored(ENC, [1, 6])]))  # 6: the request's last block, never a miss
 
             def missed():
                 got = streamed(scrape(exporter.url), "rank1")

@@ -82,10 +82,13 @@ def test_pool_series_gaps_replay_restart_and_clear(tmp_path):
 
         publisher.send(batch(wire.stored(ENC, list(range(1, 11))), ts=1000.0))
         publisher.send(batch(wire.removed(ENC, [1]), ts=1030.0))
-        publisher.send(batch(wire.removed(ENC, [2, 3, 4, 5]), ts=1100.0))
-        publisher.send(batch(wire.stored(ENC, [1]), ts=1101.0))  # 4 evictions after 1's: distance 4/1000
+        # evicted for another request's block (11): the evictions a request makes come before its store
+        publisher.send(batch(wire.removed(ENC, [2, 3, 4, 5]), wire.stored(ENC, [11]), ts=1100.0))
+        # 1 again, 4 evictions after its own: distance 4/1000 (6 after it, cached, computed again: the lookup
+        # stopped at 1; a store's last block is never a capacity miss)
+        publisher.send(batch(wire.stored(ENC, [1, 6]), ts=1101.0))
         got = settle(exporter, "the first batches", lambda c: c["capacity_miss_blocks_total"] == 1)
-        assert (got["events_blocks_stored_total"], got["events_blocks_evicted_total"]) == (11, 5)
+        assert (got["events_blocks_stored_total"], got["events_blocks_evicted_total"]) == (13, 5)
         samples = scrape(exporter.url)
         labels = dict(target="engine", engine="vllm", model="m", dp_rank="0", zone="a")
         assert value(samples, "kvcache_capacity_miss_distance_ratio_bucket", le="0.1", **labels) == 1
@@ -100,7 +103,7 @@ def test_pool_series_gaps_replay_restart_and_clear(tmp_path):
         publisher.send(batch(wire.stored(ENC, [500, 501])), publish=False)
         publisher.send(batch(wire.removed(ENC, [500])))
         got = settle(exporter, "the replayed batch", lambda c: c["events_blocks_evicted_total"] == 6)
-        assert got["events_blocks_stored_total"] == 13 and got["gap"] == 0 and publisher.replays == 1
+        assert got["events_blocks_stored_total"] == 15 and got["gap"] == 0 and publisher.replays == 1
         # Two batches beyond the replay buffer (sent nowhere at all): a gap of 2.
         publisher.seq += 2
         publisher.send(batch(wire.removed(ENC, [501])))
@@ -114,7 +117,7 @@ def test_pool_series_gaps_replay_restart_and_clear(tmp_path):
         assert got["capacity_miss_blocks_total"] == 1 and got["gap"] == 2
         # A clear forgets too: 2 evicted, cleared, stored again: no capacity miss.
         publisher.send(batch(wire.removed(ENC, [2]), wire.cleared(ENC), wire.stored(ENC, [2])))
-        got = settle(exporter, "the clear", lambda c: c["events_blocks_stored_total"] == 15)
+        got = settle(exporter, "the clear", lambda c: c["events_blocks_stored_total"] == 17)
         assert got["capacity_miss_blocks_total"] == 1
 
 
@@ -252,14 +255,17 @@ def test_adapters_and_tenants_top_two_and_other_through_the_socket(tmp_path):
                              wire.stored(ENC, [3], parent=2, lora_name="sql"),  # vLLM salts the first block only
                              wire.stored(ENC, [4], salt="beta"), wire.stored(ENC, [5], salt="gamma"),
                              wire.stored(ENC, [6, 7], lora_name="chat", salt="delta")))
-        publisher.send(batch(wire.removed(ENC, [1, 3]), wire.stored(ENC, [1], lora_name="sql", salt="acme")))
-        stored = base["events_blocks_stored_total"] + 8
+        # 1 and 3 evicted for another request's block (a second copy of 5, computed again); then 1 back (a
+        # capacity miss), 2 computed again after it
+        publisher.send(batch(wire.removed(ENC, [1, 3]), wire.stored(ENC, [5], salt="gamma"),
+                             wire.stored(ENC, [1, 2], lora_name="sql", salt="acme")))
+        stored = base["events_blocks_stored_total"] + 10
         settle(exporter, "both batches", lambda c: c["events_blocks_stored_total"] == stored)
         # (resident, stored, evicted, capacity misses): sql/acme hold {1, 2} after 1 and 3 left and 1 came back
         adapters = holder_counts(exporter, "adapter")
-        # ties at 2 resident go to the most stored (sql), then by name (base before chat)
-        assert adapters == {"sql": (2, 4, 2, 1), "base": (2, 2, 0, 0), "other": (2, 2, 0, 0), "folded": (1,)}
+        # ties at 2 resident go to the most stored (sql, then base)
+        assert adapters == {"sql": (2, 5, 2, 1), "base": (2, 3, 0, 0), "other": (2, 2, 0, 0), "folded": (1,)}
         tenants = holder_counts(exporter, "tenant")
-        assert tenants.pop("folded") == (2,) and tenants.pop("other") == (2, 2, 0, 0)  # beta and gamma
-        assert sorted(tenants.values()) == [(2, 2, 0, 0), (2, 4, 2, 1)]  # delta and acme, as keyed hashes
+        assert tenants.pop("folded") == (2,) and tenants.pop("other") == (2, 3, 0, 0)  # beta and gamma
+        assert sorted(tenants.values()) == [(2, 2, 0, 0), (2, 5, 2, 1)]  # delta and acme, as keyed hashes
         assert not {"acme", "delta"} & set(tenants)

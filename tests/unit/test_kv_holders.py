@@ -51,19 +51,19 @@ def test_counts_per_adapter_and_tenant_on_a_hand_counted_sequence():
     pool.apply(0.0, [BlockEvent(STORED, [1, 2], adapter="sql", tenant=acme)])
     pool.apply(1.0, [BlockEvent(STORED, [3], parent=2, adapter="sql")])  # no salt: its parent's tenant
     pool.apply(2.0, [BlockEvent(STORED, [4], tenant=beta)])  # no adapter: the base model
-    pool.apply(3.0, [BlockEvent("BlockRemoved", [1, 3])])
-    pool.apply(4.0, [BlockEvent(STORED, [1], adapter="sql", tenant=acme)])  # back after its eviction: a miss
+    pool.apply(3.0, [BlockEvent("BlockRemoved", [1, 3]), BlockEvent(STORED, [9])])  # no salt and no parent
+    # 1 back after its eviction: a miss; 2, cached, computed again after it (the lookup stopped at 1)
+    pool.apply(4.0, [BlockEvent(STORED, [1, 2], adapter="sql", tenant=acme)])
     pool.apply(5.0, [BlockEvent(STORED, [4], tenant=beta)])  # a second copy of block 4
     pool.apply(6.0, [BlockEvent("BlockRemoved", [4])])  # one copy goes, the other stays resident
-    pool.apply(7.0, [BlockEvent(STORED, [9])])  # no salt and no parent
-    assert (pool.stored, pool.evicted, pool.capacity_misses) == (7, 3, 1)
+    assert (pool.stored, pool.evicted, pool.capacity_misses) == (8, 3, 1)
     got = holders(pool)
-    # stored: sql 2+1+1, base 1+1+1; resident: sql {1,2}, base {4,9}; evicted: sql 1 and 3, base a copy of 4
-    assert got["adapter_blocks_stored_total"] == {"sql": 4.0, "base": 3.0}
+    # stored: sql 2+1+2, base 1+1+1; resident: sql {1,2}, base {4,9}; evicted: sql 1 and 3, base a copy of 4
+    assert got["adapter_blocks_stored_total"] == {"sql": 5.0, "base": 3.0}
     assert got["adapter_blocks_resident"] == {"sql": 2.0, "base": 2.0}
     assert got["adapter_blocks_evicted_total"] == {"sql": 2.0, "base": 1.0}
     assert got["adapter_capacity_miss_blocks_total"] == {"sql": 1.0, "base": 0.0}
-    assert got["tenant_blocks_stored_total"] == {acme: 4.0, beta: 2.0, "none": 1.0}
+    assert got["tenant_blocks_stored_total"] == {acme: 5.0, beta: 2.0, "none": 1.0}
     assert got["tenant_blocks_resident"] == {acme: 2.0, beta: 1.0, "none": 1.0}
     assert got["tenant_blocks_evicted_total"] == {acme: 2.0, beta: 1.0, "none": 0.0}
     assert got["tenant_capacity_miss_blocks_total"] == {acme: 1.0, beta: 0.0, "none": 0.0}
@@ -104,15 +104,15 @@ def test_ten_thousand_salts_show_the_top_n_and_other_with_the_rest_counted():
 def test_holders_that_left_the_pool_are_retired_into_other_which_keeps_their_counts():
     pool = PoolState(capacity=8)
     pool.apply(0.0, [BlockEvent(STORED, [1, 2], tenant="a"), BlockEvent(STORED, [3], tenant="b")])
-    pool.apply(1.0, [BlockEvent("BlockRemoved", [3])])
+    pool.apply(1.0, [BlockEvent("BlockRemoved", [3]), BlockEvent(STORED, [2], tenant="a")])  # 2 computed again
     got = holders(pool, top=1)  # b holds nothing and ranks below a: retired into other
-    assert got["tenant_blocks_stored_total"] == {"a": 2.0, "other": 1.0}
+    assert got["tenant_blocks_stored_total"] == {"a": 3.0, "other": 1.0}
     assert got["tenant_blocks_evicted_total"] == {"a": 0.0, "other": 1.0}
     assert got["events_holders_folded"]["tenant"] == 0 and "b" not in pool.tenants.counts
-    pool.apply(2.0, [BlockEvent(STORED, [3], tenant="b")])  # b again: a capacity miss, counted from 0
+    pool.apply(2.0, [BlockEvent(STORED, [3, 4], tenant="b")])  # b again: 3 a capacity miss, counted from 0
     got = holders(pool, top=1)
-    assert got["tenant_blocks_resident"] == {"a": 2.0, "other": 1.0}
-    assert got["tenant_blocks_stored_total"] == {"a": 2.0, "other": 2.0}  # never down: retired 1 + live 1
+    assert got["tenant_blocks_resident"] == {"a": 2.0, "other": 2.0}
+    assert got["tenant_blocks_stored_total"] == {"a": 3.0, "other": 3.0}  # never down: retired 1 + live 2
     assert got["tenant_capacity_miss_blocks_total"] == {"a": 0.0, "other": 1.0}
     assert got["events_holders_folded"]["tenant"] == 1
 

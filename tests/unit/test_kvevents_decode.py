@@ -124,6 +124,13 @@ def stored(*keys):
     return BlockEvent(STORED, list(keys))
 
 
+def prompt(*keys):
+    """A request's store whose prompt goes on after `keys`: a block of its own (a new hash) ends it, so that
+    every one of `keys` is a block a larger pool would have served (the last block of a store is not,
+    test_the_last_block_of_a_store_is_not_a_capacity_miss)."""
+    return BlockEvent(STORED, [*keys, 10_000 + keys[-1]])
+
+
 def removed(*keys):
     return BlockEvent(REMOVED, list(keys))
 
@@ -133,10 +140,11 @@ def test_capacity_miss_distance_counts_the_evictions_in_between():
     pool.apply(0.0, [stored(*range(1, 11))])
     pool.apply(5.0, [removed(1)])  # ordinal 0
     pool.apply(6.0, [removed(*range(2, 6))])  # ordinals 1..4
-    pool.apply(7.0, [stored(1)])  # 4 evictions since 1's: distance 0.4
-    pool.apply(8.0, [stored(2)])  # 3 since 2's: 0.3
-    pool.apply(9.0, [stored(99)])  # never seen: not a capacity miss
-    assert (pool.stored, pool.evicted, pool.capacity_misses) == (13, 5, 2)
+    pool.apply(6.5, [stored(*range(11, 16))])  # the request those evictions made room for
+    pool.apply(7.0, [prompt(1)])  # 4 evictions since 1's: distance 0.4
+    pool.apply(8.0, [prompt(2)])  # 3 since 2's: 0.3
+    pool.apply(9.0, [prompt(99)])  # never seen: not a capacity miss
+    assert (pool.stored, pool.evicted, pool.capacity_misses) == (21, 5, 2)
     assert pool.distance.cumulative() == [(b, 0 if b < 0.5 else 2) for b in DISTANCE_BUCKETS] + [
         (float("inf"), 2)]
     assert pool.distance.sum == pytest.approx(0.7)
@@ -149,7 +157,8 @@ def test_a_block_that_came_back_no_longer_lies_between():
     # LRU stack: a, b, c leave the pool in that order; b comes back (it goes on top of the pool), so a lies
     # below c only: a pool 2 blocks larger would have kept a (depth 1 < 2).
     pool = PoolState(capacity=2)
-    pool.apply(0.0, [stored(10, 11, 12), removed(10), removed(11), removed(12), stored(11), stored(10)])
+    pool.apply(0.0, [stored(10, 11, 12), removed(10), removed(11), removed(12), stored(20, 21, 22),
+                     prompt(11), prompt(10)])
     assert pool.capacity_misses == 2
     assert pool.distance.sum == pytest.approx((1 + 1) / 2)  # b: c after it; a: b and c after it, b came back
 
@@ -157,10 +166,11 @@ def test_a_block_that_came_back_no_longer_lies_between():
 def test_the_ring_of_marks_survives_a_capacity_change_and_wraps():
     pool = PoolState(capacity=2)
     pool.apply(0.0, [stored(*range(100, 120)), removed(*range(100, 120))])  # positions 0..19, window 8
-    pool.apply(1.0, [stored(118)])  # depth 1 (119)
+    pool.apply(0.5, [stored(*range(400, 420))])
+    pool.apply(1.0, [prompt(118)])  # depth 1 (119)
     pool.set_capacity(3)  # a list of 12 now; the list of 8 had dropped 100..111 already
     assert set(pool.ghost) == set(range(112, 118)) | {119}
-    pool.apply(2.0, [stored(200), removed(200), stored(113)])  # 114..117, 119, 200 after it: depth 6
+    pool.apply(2.0, [stored(200), removed(200), stored(201), prompt(113)])  # 114..117, 119, 200 after it: depth 6
     assert pool.distance.sum == pytest.approx(1 / 2 + 6 / 3)
 
 
@@ -169,22 +179,43 @@ def test_duplicate_copies_are_reference_counted():
     pool.apply(0.0, [stored(7, 8), stored(7, 8)])  # vLLM can cache the same content twice (two requests at once)
     pool.apply(1.0, [removed(7)])  # one physical copy reallocated: the content is still resident
     assert 7 in pool.resident and 7 not in pool.ghost and pool.evicted == 1
-    pool.apply(2.0, [removed(7)])
-    assert 7 not in pool.resident and pool.ghost[7] == 0 and pool.evicted == 2  # the first on the ghost list
-    pool.apply(3.0, [stored(7)])
+    pool.apply(2.0, [removed(7), stored(9)])
+    # the last copy after the first, which keeps its place below the pool: a larger pool would still hold it
+    assert 7 not in pool.resident and pool.ghost[7] == 1 and pool.evicted == 2
+    pool.apply(3.0, [prompt(7)])
     assert pool.capacity_misses == 1 and pool.distance.sum == 0.0
     assert pool.residency.count == 1 and pool.residency.sum == 2.0  # stored at 0, last copy gone at 2
 
 
-def test_a_prompts_last_block_computed_again_while_cached_is_not_a_capacity_miss():
-    """vLLM recomputes the block holding the last token of a prompt whose every block was cached, and stores it
-    alone as a second copy: stored again after an eviction, it would not have been a hit in any pool."""
+def test_the_last_block_of_a_store_is_not_a_capacity_miss():
+    """The engines never count the block holding a prompt's last token as a hit (vLLM's lookup stops at the
+    prompt length minus one): a request stores it last, and stored again after an eviction it would not have
+    been a hit in a larger pool either. A block the next turn of a conversation stores among the rest was a
+    block its prompt went on after: one a larger pool would have served."""
     pool = PoolState(capacity=4)
-    pool.apply(0.0, [stored(1, 2, 3)])
-    pool.apply(1.0, [stored(3)])  # the same prompt again: 1 and 2 hit, 3 is computed again
-    pool.apply(2.0, [removed(3), removed(3), removed(2), removed(1)])
-    pool.apply(3.0, [stored(1, 2, 3)])  # and again after all of it was evicted
-    assert (pool.capacity_misses, pool.recomputed, pool.distance.count) == (2, 1, 2)
+    pool.apply(0.0, [stored(1, 2, 3)])  # a prompt of 3 whole blocks
+    pool.apply(1.0, [removed(3), stored(50)])  # its last block, freed first, evicted for another request's
+    pool.apply(2.0, [stored(3)])  # the prompt again: 1, 2 hit, 3 computed again
+    pool.apply(3.0, [stored(3)])  # and again, 3 still cached: computed again, a second copy
+    assert (pool.capacity_misses, pool.recomputed) == (0, 1)
+    pool.apply(4.0, [removed(3), removed(3), removed(2), removed(1), stored(51, 52, 53, 54)])
+    pool.apply(5.0, [stored(1, 2, 3)])  # again after all of it was evicted
+    assert (pool.capacity_misses, pool.recomputed, pool.distance.count) == (2, 2, 2)
+    pool.apply(6.0, [removed(3), stored(55), stored(3, 4)])  # the next turn: its prompt goes on after 3
+    assert (pool.capacity_misses, pool.recomputed, pool.distance.count) == (3, 2, 3)
+
+
+def test_a_copy_no_lookup_touches_again_keeps_its_place_below_the_pool():
+    """A larger pool still holds the old copy of a block computed again and a copy evicted while another stays
+    cached, where they were (no lookup moves them up): the blocks evicted before them lie that much deeper."""
+    pool = PoolState(capacity=10)
+    pool.apply(0.0, [stored(1, 2, 3), stored(3), stored(7, 8)])  # 3 twice: its prompt came back whole
+    pool.apply(1.0, [removed(1), removed(3), removed(8), removed(3), stored(60, 61, 62, 63)])  # 1, a copy of 3,
+    # 8, the last 3, for another request's blocks
+    pool.apply(2.0, [stored(8)])  # 8, a last block again: its old copy stays below the pool
+    pool.apply(3.0, [prompt(1)])  # after 1: the first copy of 3, 8's old copy and 3: depth 3
+    assert (pool.capacity_misses, pool.recomputed) == (1, 1)
+    assert pool.distance.sum == pytest.approx(3 / 10)
 
 
 def test_clear_forgets_residents_and_ghosts_but_keeps_the_counters():
@@ -209,7 +240,7 @@ def test_ghost_list_is_bounded_at_a_multiple_of_capacity():
     pool.apply(0.0, [stored(*keys), removed(*keys)])
     assert len(pool.ghost) == GHOST_FACTOR * capacity
     assert set(pool.ghost) == set(keys[-GHOST_FACTOR * capacity:])
-    pool.apply(1.0, [stored(keys[0]), stored(keys[-1])])  # the first fell off the list, the last did not
+    pool.apply(1.0, [prompt(keys[0]), prompt(keys[-1])])  # the first fell off the list, the last did not
     assert pool.capacity_misses == 1
     # A hash evicted, re-stored and evicted again keeps its newest ordinal when the old one is trimmed.
     pool.apply(2.0, [removed(keys[-1])])

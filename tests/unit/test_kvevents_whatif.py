@@ -12,7 +12,7 @@ from collections import OrderedDict
 import pytest
 
 from kvcache_exporter.blocks import PoolState
-from kvcache_exporter.contract import DISTANCE_BUCKETS
+from kvcache_exporter.contract import DISTANCE_BUCKETS, WHAT_IF_FACTORS
 from kvcache_exporter.sources.kvevents import REMOVED, STORED, BlockEvent, decode_payload
 from kvcache_exporter.simulator import kvevents as sim_events
 from kvcache_exporter.simulator.exposition import FLAVORS
@@ -99,14 +99,18 @@ def replay_definition(trace: list[tuple[str, int]], capacity: int) -> list[float
     ratio of every capacity miss."""
     out: list[int] = []  # blocks evicted and still out, in the order they left
     ratios = []
+    own = 0  # evictions since the last store: the storing request's own, after its lookup
     for kind, key in trace:
         if kind == REMOVED:
             out.append(key)
             del out[:-4 * capacity]
-        elif key in out:
+            own += 1
+            continue
+        if key in out:
             at = out.index(key)
-            ratios.append((len(out) - 1 - at) / capacity)
+            ratios.append((len(out) - 1 - at - own) / capacity)
             del out[at]
+        own = 0
     return ratios
 
 
@@ -115,8 +119,11 @@ def test_capacity_misses_and_the_distance_buckets_equal_an_exact_replay_of_the_d
     capacity = 64
     trace = lru_trace(capacity, 200_000, seed)
     pool = PoolState(capacity=capacity)
+    # Each store ends with the block of its request's last token, never a capacity miss (blocks.never_a_hit):
+    # one that stays cached here, outside this trace's LRU, so that the trace's blocks are what is counted.
+    last_token_block = -1
     for kind, key in trace:
-        pool.apply(0.0, [BlockEvent(kind, [key])])
+        pool.apply(0.0, [BlockEvent(kind, [key, last_token_block] if kind == STORED else [key])])
     ratios = replay_definition(trace, capacity)
     cumulative = dict(pool.distance.cumulative())
     expected = {bound: sum(ratio <= bound for ratio in ratios) for bound in DISTANCE_BUCKETS}
@@ -126,3 +133,9 @@ def test_capacity_misses_and_the_distance_buckets_equal_an_exact_replay_of_the_d
     assert pool.capacity_misses == len(ratios)
     assert {bound: cumulative[bound] for bound in DISTANCE_BUCKETS} == expected
     assert len(pool._ghost_keys) < 2 * 4 * capacity  # the memory bound: 2 x the list's limit
+
+
+def test_every_factor_the_rules_ship_keeps_a_bucket_of_its_own():
+    """What a pool `factor` times as large keeps is the count of the bucket le = factor - 1, never an interpolation
+    between two bounds (whose error has no bound of its own: all the misses between them on one side)."""
+    assert all(factor - 1 in DISTANCE_BUCKETS for factor in WHAT_IF_FACTORS)
