@@ -177,9 +177,13 @@ def never_a_hit(index: int, last: int) -> bool:
 class PoolState:
     """Resident blocks, the ghost list of evicted ones and the counters derived from them."""
 
-    def __init__(self, capacity: int | None = None, media: tuple[str | None, ...] = GPU_MEDIA):
+    def __init__(self, capacity: int | None = None, media: tuple[str | None, ...] = GPU_MEDIA,
+                 engine_lookup: bool = True):
         self.capacity: int | None = None
         self.media = media  # the `medium` of the events it folds (an offload tier's: exporter.tiers)
+        # Whether a request's prefix lookup precedes its store, as in the GPU pool: never_a_hit and a request's own
+        # evictions apply. An offload tier stores what the GPU pool offloads, one chunk at a time, after no lookup.
+        self.engine_lookup = engine_lookup
         self.stored = 0  # blocks stored (kvcache_events_blocks_stored_total)
         self.evicted = 0  # blocks evicted; also the next eviction's ordinal
         self.capacity_misses = 0
@@ -268,7 +272,7 @@ class PoolState:
             position = ghost.pop(key, None)
             if position is not None:
                 self._ghost_holders.pop(key, None)
-                if never_a_hit(index, last) or self._evicted_since_lookup(position):
+                if self.engine_lookup and (never_a_hit(index, last) or self._evicted_since_lookup(position)):
                     self.recomputed += 1
                     self._stale.add(position)
                     continue
@@ -336,7 +340,7 @@ class PoolState:
         """The next position in the order of evictions, for `key`."""
         position = self._ghost_end
         self._ghost_end = position + 1
-        self._evicted_since_store += 1
+        self._evicted_since_store += self.engine_lookup
         self._restored.set(position, False)  # the slot of the entry the trim drops
         self._ghost_keys.append(key)
         return position

@@ -78,7 +78,7 @@ class Tiers:
             return
         pool = self.pools.get(tier)
         if pool is None:
-            pool = self.pools[tier] = PoolState(media=TIER_MEDIA[tier])
+            pool = self.pools[tier] = PoolState(media=TIER_MEDIA[tier], engine_lookup=False)
             self.served[tier] = 0
         pool.apply(ts, run)
 

@@ -269,7 +269,7 @@ def _decode_events(raw_events: list, out: Batch, with_tokens: bool) -> None:
             salt = _salt_of(extra, adapter is not None)
         parent_key = normalise_hashes([parent])[0] if parent is not None else None
         event = BlockEvent(kind, normalise_hashes(hashes), medium, group, parent_key, adapter, tenant_of(salt),
-                           block_size if block_size.__class__ is int and block_size >= 0 else None)
+                           block_size=block_size if block_size.__class__ is int and block_size >= 0 else None)
         if with_tokens:
             event.token_ids = tokens if isinstance(tokens, list) else None
         append(event)
