@@ -84,6 +84,8 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
     by = f"by ({group}, role)"
     w = format_duration(t.window_seconds)
     backlog_pools = "ceil(kvcache:fleet_kv_short_tokens:sum / kvcache:fleet_replica_capacity_tokens:avg)"
+    sure_growth = ("kvcache:fleet_requests_waiting:deriv\n"
+                   f"    - {number(t.flow_confidence_sigmas)} * sqrt(kvcache:fleet_requests_finished:rate / {number(t.window_seconds)})")
     return [
         # The flow: requests the model finishes a second, and how fast its queue grows (the arrivals beyond them).
         {"record": "kvcache:fleet_requests_finished:rate", "expr": (
@@ -97,15 +99,28 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
             "    / (kvcache:fleet_requests_finished:rate > 0)\n  ) + 1\n"
             "  and\n  kvcache:fleet_requests_waiting:deriv >= 0\n)\n"
             "or\n0 * (kvcache:fleet_requests_finished:rate > 0)")},
+        # The same count for the growth the window is sure of: less `flow_confidence_sigmas` standard deviations of
+        # the Poisson arrival count over the window (about the square root of its completions), so that the queue's
+        # noise asks for nothing; 0 while that is not growth.
+        {"record": "kvcache:fleet_replicas_flow_confident:count", "expr": (
+            f"(\n  floor(\n    kvcache:fleet_replicas_ready:count * ({sure_growth})\n"
+            "    / (kvcache:fleet_requests_finished:rate > 0)\n  ) + 1\n"
+            f"  and\n  ({sure_growth}) >= 0\n)\n"
+            "or\n0 * (kvcache:fleet_requests_finished:rate > 0)")},
         # Replicas the KV shortage needs: the backlog's size in pools (what would hold today's queue at once), no
-        # more than the flow needs. Sized by the backlog alone, a queue that built up while replicas started asks
-        # for replicas to run all of it at once: far more than the load needs once it has drained. The backlog
-        # alone sizes it only where the flow cannot: the engine has no completion count, or the model finished
-        # nothing in the window; while the flow is unknown for want of samples (a gap in the scrapes), nothing.
+        # more than the flow needs; and whatever the backlog's size, what the flow is sure of. Sized by the backlog
+        # alone, a queue that built up while replicas started asks for replicas to run all of it at once: far more
+        # than the load needs once it has drained; capped by it, a young queue (a step in the load) asks for one
+        # replica a window. The backlog alone sizes it only where the flow cannot: the engine has no completion
+        # count, or the model finished nothing in the window; while the flow is unknown for want of samples (a gap
+        # in the scrapes), nothing.
         {"record": "kvcache:fleet_replicas_short:count", "expr": (
-            f"(\n  {backlog_pools}\n  <= on ({group}, role)\n  kvcache:fleet_replicas_flow:count\n)\n"
+            f"(\n  (\n    {backlog_pools}\n    <= on ({group}, role)\n    kvcache:fleet_replicas_flow:count\n  )\n"
+            f"  or on ({group}, role)\n"
+            f"  (kvcache:fleet_replicas_flow:count and on ({group}, role) kvcache:fleet_kv_short_tokens:sum)\n"
+            f")\n>= on ({group}, role)\nkvcache:fleet_replicas_flow_confident:count\n"
             f"or on ({group}, role)\n"
-            f"(kvcache:fleet_replicas_flow:count and on ({group}, role) kvcache:fleet_kv_short_tokens:sum)\n"
+            f"(kvcache:fleet_replicas_flow_confident:count and on ({group}, role) kvcache:fleet_kv_short_tokens:sum)\n"
             f"or on ({group}, role)\n"
             f"(\n  {backlog_pools}\n  and on ({group}, role) (kvcache:fleet_requests_finished:rate == 0)\n)\n"
             f"or on ({group}, role)\n"
