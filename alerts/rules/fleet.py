@@ -141,18 +141,22 @@ def scaling_rules(t: Thresholds, group: str) -> list[dict]:
             f"  unless on (target) (kvcache_capacity_tokens offset {w})\n)\n"
             "or\n0 * kvcache:fleet_replicas_ready:count")},
         # Replicas to add (> 0) for the shortage, less those starting and those that joined within the window; or,
-        # while the model has queued nothing for the window, replicas to remove (< 0) down to what holds its used KV
-        # at the low-water mark (at least one); else 0.
+        # while the model's queue averaged under one request per ready replica over the window, replicas to remove
+        # (< 0) down to what holds the ready pools' used KV (averaged over the window: a pool's usage moves with each
+        # request's arrival and end) at the low-water mark (at least one); else 0. Not "nothing queued at any scrape":
+        # requests waiting for their first step show at a scrape now and then at any load, and would hold the fleet
+        # up for good.
         {"record": "kvcache:fleet_replicas:delta", "expr": (
             "(\n  clamp_min(\n"
             "    (\n      kvcache:fleet_replicas_short:count - kvcache:fleet_replicas_starting:count\n"
             "      - kvcache:fleet_replicas_joined:count\n    )\n"
             "    or\n    kvcache:fleet_replicas_short:count - kvcache:fleet_replicas_joined:count,\n"
             "    0\n  ) > 0\n)\nor\n(\n  0 - clamp_min(\n    kvcache:fleet_replicas_ready:count\n    - clamp_min(\n"
-            f"      ceil(\n        sum {by} (kvcache_used_tokens)\n"
+            f"      ceil(\n        sum {by} (avg_over_time(kvcache_used_tokens[{w}]) and kvcache_used_tokens)\n"
             f"        / (kvcache:fleet_replica_capacity_tokens:avg * {number(t.low_water_ratio)})\n      ),\n"
             "      1\n    ),\n    0\n  )\n"
-            f"  and on ({group}, role) (sum {by} (max_over_time(kvcache_requests_waiting[{w}])) == 0)\n)\n"
+            f"  and on ({group}, role) (\n"
+            f"    sum {by} (avg_over_time(kvcache_requests_waiting[{w}])) < kvcache:fleet_replicas_ready:count\n  )\n)\n"
             "or\n0 * kvcache:fleet_replicas_ready:count")},
         # What an autoscaler targets (external metric, AverageValue 1 per replica): ready + starting + delta.
         {"record": "kvcache:fleet_replicas:desired", "expr": (
