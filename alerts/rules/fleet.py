@@ -116,8 +116,8 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
             f"    and\n    rate(kvcache_preemptions_total[{w}] offset {w}) >= {number(t.thrashing_preemptions_per_second)}\n"
             "  )\n)")},
         # Replicas the KV shortage needs: the backlog's size in pools (what would hold today's queue at once), no
-        # more than the flow needs; and whatever the backlog's size, what the flow is sure of. Sized by the backlog
-        # alone, a queue that built up while replicas started asks for replicas to run all of it at once: far more
+        # more than the flow needs; and where there is a backlog, whatever its size, what the flow is sure of. Sized
+        # by the backlog alone, a queue that built up while replicas started asks for replicas to run all of it at once: far more
         # than the load needs once it has drained; capped by it, a young queue (a step in the load) asks for one
         # replica a window. The backlog alone sizes it only where the flow cannot: the engine has no completion
         # count, or the model finished nothing in the window; while the flow is unknown for want of samples (a gap
@@ -129,7 +129,9 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
             f"  (kvcache:fleet_replicas_flow:count and on ({group}, role) kvcache:fleet_kv_short_tokens:sum)\n"
             f")\n>= on ({group}, role)\nkvcache:fleet_replicas_flow_confident:count\n"
             f"or on ({group}, role)\n"
-            f"(kvcache:fleet_replicas_flow_confident:count and on ({group}, role) kvcache:fleet_kv_short_tokens:sum)\n"
+            f"(kvcache:fleet_replicas_flow_confident:count and on ({group}, role) (kvcache:fleet_kv_short_tokens:sum > 0))\n"
+            f"or on ({group}, role)\n"
+            "0 * (kvcache:fleet_kv_short_tokens:sum == 0)\n"
             f"or on ({group}, role)\n"
             f"(\n  {backlog_pools}\n  and on ({group}, role) (kvcache:fleet_requests_finished:rate == 0)\n)\n"
             f"or on ({group}, role)\n"
