@@ -107,14 +107,6 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
             "    / (kvcache:fleet_requests_finished:rate > 0)\n  ) + 1\n"
             f"  and\n  ({sure_growth}) >= 0\n)\n"
             "or\n0 * (kvcache:fleet_requests_finished:rate > 0)")},
-        # Ready replicas preempting at the thrashing rate in each of the last two windows: their running requests do
-        # not fit, whether or not a queue stands between polls. Two windows, so that a single burst (which the
-        # window's rate remembers for one window) is not taken for a lasting shortage.
-        {"record": "kvcache:fleet_replicas_preempting:count", "expr": (
-            f"count {by} (\n  group without (dp_rank) (\n"
-            f"    rate(kvcache_preemptions_total[{w}]) >= {number(t.thrashing_preemptions_per_second)}\n"
-            f"    and\n    rate(kvcache_preemptions_total[{w}] offset {w}) >= {number(t.thrashing_preemptions_per_second)}\n"
-            "  )\n)")},
         # Replicas the KV shortage needs: the backlog's size in pools (what would hold today's queue at once), no
         # more than the flow needs; and where there is a backlog, whatever its size, what the flow is sure of. Sized
         # by the backlog alone, a queue that built up while replicas started asks for replicas to run all of it at once: far more
@@ -122,9 +114,8 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
         # replica a window. The backlog alone sizes it only where the flow cannot: the engine has no completion
         # count, or the model finished nothing in the window; while the flow is unknown for want of samples (a gap
         # in the scrapes), nothing.
-        # A model preempting (kvcache:fleet_replicas_preempting:count) needs at least one replica more.
         {"record": "kvcache:fleet_replicas_short:count", "expr": (
-            f"max {by} (\n(\n(\n  (\n    {backlog_pools}\n    <= on ({group}, role)\n    kvcache:fleet_replicas_flow:count\n  )\n"
+            f"(\n  (\n    {backlog_pools}\n    <= on ({group}, role)\n    kvcache:fleet_replicas_flow:count\n  )\n"
             f"  or on ({group}, role)\n"
             f"  (kvcache:fleet_replicas_flow:count and on ({group}, role) kvcache:fleet_kv_short_tokens:sum)\n"
             f")\n>= on ({group}, role)\nkvcache:fleet_replicas_flow_confident:count\n"
@@ -136,8 +127,7 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
             f"(\n  {backlog_pools}\n  and on ({group}, role) (kvcache:fleet_requests_finished:rate == 0)\n)\n"
             f"or on ({group}, role)\n"
             f"(\n  {backlog_pools}\n"
-            f"  unless on ({group}, role) group {by} (kvcache_e2e_request_latency_seconds_count)\n)\n)\n"
-            'or\nlabel_replace(clamp(kvcache:fleet_replicas_preempting:count, 1, 1), "signal", "preempting", "", "")\n)')},
+            f"  unless on ({group}, role) group {by} (kvcache_e2e_request_latency_seconds_count)\n)")},
         # Ready replicas that were not a window ago (new, or back from a restart): the window's queue and
     ]
 
