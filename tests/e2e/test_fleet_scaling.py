@@ -123,6 +123,18 @@ class Fleet:
         self._split()
         self._configure()
 
+    def crash(self, now: float, down: float) -> None:
+        """The newest ready replica's engine dies and comes back `down` later on the same address, still configured:
+        refusing connections meanwhile, as a restarting pod's engine does."""
+        name = sorted(self.ready, key=lambda n: int(n.rsplit("-", 1)[1]))[-1]
+        engine = self.ready.pop(name)
+        engine.stop()
+        refusing = socket.socket()
+        refusing.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        refusing.bind(("127.0.0.1", engine.port))
+        self.starting[name] = (refusing, now + down)
+        self._split()
+
     def route(self, total: float) -> None:
         if total != self.total:
             self.total = total
@@ -154,11 +166,11 @@ def reading(prom_url: str, model: str, series: str) -> float | None:
     return found[0][1] if found else None
 
 
-def autoscale(tmp, model: str, initial: int, load, deadline: float, settled) -> dict:
+def autoscale(tmp, model: str, initial: int, load, deadline: float, settled, crash_at: float | None = None) -> dict:
     """The shipped HPA's behaviour on the fast clock, acting on `initial` replicas of `model` under `load(now)`
-    requests a second (wall seconds since the start), until `settled(fleet, now, last_change)` or `deadline`: the
-    actions taken ((time, "add" | "ready" | "remove")), the (time, replicas, ready, desired) and (time, starting,
-    delta) readings."""
+    requests a second (wall seconds since the start), until `settled(fleet, now, last_change)` or `deadline`, a
+    replica crashing at `crash_at`: the actions taken ((time, "add" | "ready" | "remove" | "crash")), the (time,
+    replicas, ready, desired) and (time, starting, delta) readings."""
     rules = tmp / "kvcache-rules.yml"
     assert generate.main(["--time-scale", str(TIME_SCALE), "--output", str(rules)]) == 0
     fleet = Fleet(tmp / "exporter.yml", None, model, load(0.0))
@@ -177,6 +189,9 @@ def autoscale(tmp, model: str, initial: int, load, deadline: float, settled) -> 
             last_down = last_change = 0.0
             while (now := time.monotonic() - started) < deadline:
                 fleet.route(load(now))
+                if crash_at is not None and now >= crash_at and "crash" not in [what for _, what in actions]:
+                    fleet.crash(now, CRASH_DOWN)
+                    actions.append((now, "crash"))
                 if fleet.start_due(now):
                     actions.append((now, "ready"))
                     last_change = now
@@ -281,6 +296,10 @@ STEP_RATE = 12.6
 STEP_AT = 5.0  # wall seconds: 100 simulated seconds of the load the fleet is sized for, then the step
 DOWN_AT = 45.0  # the load falls back to BASE_RATE: scale-in, one replica per scale-down window
 SPIKE_RATE, SPIKE_S = 15.0, 1.0  # 20 simulated seconds at 15 requests a second
+CRASH_AT = STEP_AT + SPIKE_S + 10  # wall seconds: 200 simulated seconds after the spike ended
+# Down for 2 simulated minutes: longer than the exporter's staleness (3 polls), within which it still shows a
+# target's last good values.
+CRASH_DOWN = 6.0
 RAMP_S = 15.0  # BASE_RATE to STEP_RATE over 5 simulated minutes
 
 
@@ -316,8 +335,9 @@ def ramp(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spike(tmp_path_factory):
-    return autoscale(tmp_path_factory.mktemp("spike"), "spike", NEEDED, spike_load, STEP_AT + SPIKE_S + 20,
-                     lambda fleet, now, last_change: False)
+    """The spike, then (its queue gone) a replica that crashes and restarts."""
+    return autoscale(tmp_path_factory.mktemp("spike"), "spike", NEEDED, spike_load, CRASH_AT + CRASH_DOWN + 12,
+                     lambda fleet, now, last_change: False, crash_at=CRASH_AT)
 
 
 def test_a_step_is_asked_for_whole_within_one_window(step):
@@ -359,6 +379,18 @@ def test_a_spike_that_ends_adds_nothing(spike):
     # The spike queues (15 - 3 x 2.9) x 20 = ~126 requests, which the fleet's spare ~2.6 a second drains in under
     # a minute: a queue that shrinks before it has been held through the rules' window, and no HPA window long.
     assert needed(BASE_RATE) == NEEDED == 3
-    assert [what for _, what in spike["actions"]] == [], spike["actions"]
+    assert [what for _, what in spike["actions"] if what in ("add", "remove")] == [], spike["actions"]
     asked = [(t, wanted) for t, _, _, wanted in spike["readings"] if wanted is not None and wanted > NEEDED]
     print("spike", figures(spike, STEP_AT, NEEDED), "asked above", NEEDED, asked)
+
+
+def test_a_replica_that_crashes_and_restarts_is_starting_not_asked_for(spike):
+    # While the crashed replica refuses connections the two others get 3.05 a second each, above what a pool serves:
+    # their queue grows, and the replica starting again is what it needs. The rules saw it starting, asked for no
+    # replacement, and nothing was added (the spike test above: no add, no remove over the whole run).
+    crashed = next(t for t, what in spike["actions"] if what == "crash")
+    back = next(t for t, what in spike["actions"] if what == "ready" and t > crashed)
+    seen = [starting for t, starting, _ in spike["deltas"] if crashed < t <= back + 1 and starting is not None]
+    assert seen and max(seen) == 1, spike["deltas"]
+    assert all(wanted is None or wanted <= NEEDED for t, _, _, wanted in spike["readings"] if crashed < t), \
+        spike["readings"]
