@@ -40,7 +40,7 @@ FLEETS = {
     "converging": "Converging: replicas added as the signal asks (the HPA's behaviour)",
     "step": "A step from 3 to 5 replicas' load, and back: scale-out whole, scale-in one a window",
     "ramp": "A ramp from 3 to 5 replicas' load over 5 minutes",
-    "spike": "A 20-second spike that ends: nothing added",
+    "spike": "A 20-second spike that ends, then a replica that crashes and restarts: nothing added",
 }
 
 

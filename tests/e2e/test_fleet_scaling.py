@@ -21,6 +21,10 @@ of them. So one pool serves at most rate = 14.8 x (50 - 3 rate) / 200, rate = 3.
 measured 2.9: its admission keeps a reserve). TOTAL_RATE 6.6 needs 3 replicas: 2 would each get 3.3 and queue for
 KV for good; 3 each get 2.2 and hold ~73% of their pools, more than 2 pools' worth at the 75% low-water mark, so
 the signal gives none back.
+
+The same loop then meets a step, a ramp and a spike in the load, a scale-in and a replica that crashes and
+restarts (the tests below `held_pools`, each expected count from the same arithmetic); they print the figures
+docs/scaling.md states: the time to the needed count, overshoot and direction changes.
 """
 
 from __future__ import annotations
