@@ -38,6 +38,9 @@ FLEETS = {
     "capped": "Cap-bound: queueing behind the running-request cap",
     "offload": "Offload: a full GPU pool whose CPU tier serves the hits",
     "converging": "Converging: replicas added as the signal asks (the HPA's behaviour)",
+    "step": "A step from 3 to 5 replicas' load, and back: scale-out whole, scale-in one a window",
+    "ramp": "A ramp from 3 to 5 replicas' load over 5 minutes",
+    "spike": "A 20-second spike that ends, then a replica that crashes and restarts: nothing added",
 }
 
 

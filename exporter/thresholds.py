@@ -68,6 +68,10 @@ class Thresholds:
     # configured or probed for the model (kvcache_target_replica_info) that does not answer yet; one that was
     # already down this long ago is broken, not starting.
     replica_starting_lookback: str = "10m"
+    # Autoscaling: the flow asks for its whole count at once (beyond the KV-bound backlog's size in pools) only for
+    # the queue's growth it is sure of: the growth over the window less this many standard deviations of the
+    # Poisson arrival count over it (the square root of the window's completions); 1.645: a one-sided 95% bound.
+    flow_confidence_sigmas: float = 1.645
     # KVCacheShortageQueueing pages (critical) only on user impact: besides a KV-bound queue held for `shortage_for`,
     # the queue grows over the window, or the mean time to first token over the window exceeds this many seconds.
     # 2 s: MLPerf Inference's bound on the first token for its llama2-70b server scenario; a chat user waiting

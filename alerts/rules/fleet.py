@@ -84,6 +84,8 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
     by = f"by ({group}, role)"
     w = format_duration(t.window_seconds)
     backlog_pools = "ceil(kvcache:fleet_kv_short_tokens:sum / kvcache:fleet_replica_capacity_tokens:avg)"
+    sure_growth = ("kvcache:fleet_requests_waiting:deriv\n"
+                   f"    - {number(t.flow_confidence_sigmas)} * sqrt(kvcache:fleet_requests_finished:rate / {number(t.window_seconds)})")
     return [
         # The flow: requests the model finishes a second, and how fast its queue grows (the arrivals beyond them).
         {"record": "kvcache:fleet_requests_finished:rate", "expr": (
@@ -97,15 +99,30 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
             "    / (kvcache:fleet_requests_finished:rate > 0)\n  ) + 1\n"
             "  and\n  kvcache:fleet_requests_waiting:deriv >= 0\n)\n"
             "or\n0 * (kvcache:fleet_requests_finished:rate > 0)")},
+        # The same count for the growth the window is sure of: less `flow_confidence_sigmas` standard deviations of
+        # the Poisson arrival count over the window (about the square root of its completions), so that the queue's
+        # noise asks for nothing; 0 while that is not growth.
+        {"record": "kvcache:fleet_replicas_flow_confident:count", "expr": (
+            f"(\n  floor(\n    kvcache:fleet_replicas_ready:count * ({sure_growth})\n"
+            "    / (kvcache:fleet_requests_finished:rate > 0)\n  ) + 1\n"
+            f"  and\n  ({sure_growth}) >= 0\n)\n"
+            "or\n0 * (kvcache:fleet_requests_finished:rate > 0)")},
         # Replicas the KV shortage needs: the backlog's size in pools (what would hold today's queue at once), no
-        # more than the flow needs. Sized by the backlog alone, a queue that built up while replicas started asks
-        # for replicas to run all of it at once: far more than the load needs once it has drained. The backlog
-        # alone sizes it only where the flow cannot: the engine has no completion count, or the model finished
-        # nothing in the window; while the flow is unknown for want of samples (a gap in the scrapes), nothing.
+        # more than the flow needs; and where there is a backlog, whatever its size, what the flow is sure of. Sized
+        # by the backlog alone, a queue that built up while replicas started asks for replicas to run all of it at once: far more
+        # than the load needs once it has drained; capped by it, a young queue (a step in the load) asks for one
+        # replica a window. The backlog alone sizes it only where the flow cannot: the engine has no completion
+        # count, or the model finished nothing in the window; while the flow is unknown for want of samples (a gap
+        # in the scrapes), nothing.
         {"record": "kvcache:fleet_replicas_short:count", "expr": (
-            f"(\n  {backlog_pools}\n  <= on ({group}, role)\n  kvcache:fleet_replicas_flow:count\n)\n"
+            f"(\n  (\n    {backlog_pools}\n    <= on ({group}, role)\n    kvcache:fleet_replicas_flow:count\n  )\n"
+            f"  or on ({group}, role)\n"
+            f"  (kvcache:fleet_replicas_flow:count and on ({group}, role) kvcache:fleet_kv_short_tokens:sum)\n"
+            f")\n>= on ({group}, role)\nkvcache:fleet_replicas_flow_confident:count\n"
             f"or on ({group}, role)\n"
-            f"(kvcache:fleet_replicas_flow:count and on ({group}, role) kvcache:fleet_kv_short_tokens:sum)\n"
+            f"(kvcache:fleet_replicas_flow_confident:count and on ({group}, role) (kvcache:fleet_kv_short_tokens:sum > 0))\n"
+            f"or on ({group}, role)\n"
+            "0 * (kvcache:fleet_kv_short_tokens:sum == 0)\n"
             f"or on ({group}, role)\n"
             f"(\n  {backlog_pools}\n  and on ({group}, role) (kvcache:fleet_requests_finished:rate == 0)\n)\n"
             f"or on ({group}, role)\n"
@@ -126,18 +143,22 @@ def scaling_rules(t: Thresholds, group: str) -> list[dict]:
             f"  unless on (target) (kvcache_capacity_tokens offset {w})\n)\n"
             "or\n0 * kvcache:fleet_replicas_ready:count")},
         # Replicas to add (> 0) for the shortage, less those starting and those that joined within the window; or,
-        # while the model has queued nothing for the window, replicas to remove (< 0) down to what holds its used KV
-        # at the low-water mark (at least one); else 0.
+        # while the model's queue averaged under one request per ready replica over the window, replicas to remove
+        # (< 0) down to what holds the ready pools' used KV (averaged over the window: a pool's usage moves with each
+        # request's arrival and end) at the low-water mark (at least one); else 0. Not "nothing queued at any scrape":
+        # requests waiting for their first step show at a scrape now and then at any load, and would hold the fleet
+        # up for good.
         {"record": "kvcache:fleet_replicas:delta", "expr": (
             "(\n  clamp_min(\n"
             "    (\n      kvcache:fleet_replicas_short:count - kvcache:fleet_replicas_starting:count\n"
             "      - kvcache:fleet_replicas_joined:count\n    )\n"
             "    or\n    kvcache:fleet_replicas_short:count - kvcache:fleet_replicas_joined:count,\n"
             "    0\n  ) > 0\n)\nor\n(\n  0 - clamp_min(\n    kvcache:fleet_replicas_ready:count\n    - clamp_min(\n"
-            f"      ceil(\n        sum {by} (kvcache_used_tokens)\n"
+            f"      ceil(\n        sum {by} (avg_over_time(kvcache_used_tokens[{w}]) and kvcache_used_tokens)\n"
             f"        / (kvcache:fleet_replica_capacity_tokens:avg * {number(t.low_water_ratio)})\n      ),\n"
             "      1\n    ),\n    0\n  )\n"
-            f"  and on ({group}, role) (sum {by} (max_over_time(kvcache_requests_waiting[{w}])) == 0)\n)\n"
+            f"  and on ({group}, role) (\n"
+            f"    sum {by} (avg_over_time(kvcache_requests_waiting[{w}])) < kvcache:fleet_replicas_ready:count\n  )\n)\n"
             "or\n0 * kvcache:fleet_replicas_ready:count")},
         # What an autoscaler targets (external metric, AverageValue 1 per replica): ready + starting + delta.
         {"record": "kvcache:fleet_replicas:desired", "expr": (

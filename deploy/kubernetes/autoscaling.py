@@ -38,6 +38,12 @@ class Scaled:
         return f'max({DESIRED}{{model="{self.model}",role="{self.role}"}})'
 
 
+# A disaggregated model's two Deployments: each role has its own shortage (a decode-side one asks for decode
+# replicas, a prefill-side one for prefill replicas), so each follows its own series.
+DISAGGREGATED = (Scaled(deployment="vllm-llama-prefill", role="prefill"),
+                 Scaled(deployment="vllm-llama-decode", role="decode"))
+
+
 def behavior() -> dict:
     return {
         "scaleUp": {"stabilizationWindowSeconds": SCALE_UP_WINDOW_SECONDS,

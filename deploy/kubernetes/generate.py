@@ -146,6 +146,9 @@ def render(deployment: Deployment, sources: Sources) -> dict[str, str]:
         "prometheus/kvcache-scrape-configs.yml": to_yaml(probe.plain_scrape_configs(deployment)),
         # Examples for an engine Deployment (edit its name, model and role): one of the two, not both.
         "autoscaling/keda-scaledobject.yaml": to_yaml(autoscaling.scaled_object(autoscaling.Scaled())),
+        # Disaggregated serving: prefill and decode scaled apart, each on its own role's signal.
+        "autoscaling/keda-scaledobjects-pd.yaml": to_yaml(*(autoscaling.scaled_object(scaled)
+                                                            for scaled in autoscaling.DISAGGREGATED)),
         "autoscaling/hpa.yaml": to_yaml(autoscaling.horizontal_pod_autoscaler(autoscaling.Scaled())),
         "autoscaling/prometheus-adapter-rules.yaml": to_yaml(autoscaling.adapter_rules()),
     }

@@ -21,6 +21,10 @@ of them. So one pool serves at most rate = 14.8 x (50 - 3 rate) / 200, rate = 3.
 measured 2.9: its admission keeps a reserve). TOTAL_RATE 6.6 needs 3 replicas: 2 would each get 3.3 and queue for
 KV for good; 3 each get 2.2 and hold ~73% of their pools, more than 2 pools' worth at the 75% low-water mark, so
 the signal gives none back.
+
+The same loop then meets a step, a ramp and a spike in the load, a scale-in and a replica that crashes and
+restarts (the tests below `held_pools`, each expected count from the same arithmetic); they print the figures
+docs/scaling.md states: the time to the needed count, overshoot and direction changes.
 """
 
 from __future__ import annotations
@@ -45,7 +49,6 @@ from kvcache_exporter.thresholds import DEFAULT
 TIME_SCALE = 20
 COMPRESSED = generate.compress(DEFAULT, TIME_SCALE)
 INTERVAL = "1s"
-MODEL = "converging"
 PROMPT, OUTPUT = 1000, 200
 TOTAL_RATE = 6.6
 INITIAL = 2  # the replicas before the load grew
@@ -67,21 +70,28 @@ def pool_rate(engine: EngineConfig) -> float:
     return held * steps_per_second / (OUTPUT + held * per_rate)
 
 
-NEEDED = math.ceil(TOTAL_RATE / pool_rate(EngineConfig()))
+def needed(rate: float) -> int:
+    return math.ceil(rate / pool_rate(EngineConfig()))
 
 
-def scenario(rate: float) -> scenarios.Scenario:
+NEEDED = needed(TOTAL_RATE)
+
+
+def scenario(model: str, rate: float) -> scenarios.Scenario:
     return scenarios.parse_scenario({"then": "hold", "phases": [{
         "name": "share", "duration_s": 100_000, "arrival_rate": rate, "prompt_len": PROMPT, "output_len": OUTPUT,
-        "prefix_share": 0}]}, source=MODEL, name=MODEL)
+        "prefix_share": 0}]}, source=model, name=model)
 
 
 class Fleet:
-    """The replicas of MODEL, the exporter's configuration of them, and the router's split."""
+    """The replicas of one model, the exporter's configuration of them, and the router's split of `total` requests a
+    second."""
 
-    def __init__(self, config_path, exporter):
+    def __init__(self, config_path, exporter, model: str, total: float):
         self.config_path = config_path
         self.exporter = exporter
+        self.model = model
+        self.total = total
         self.ready: dict[str, object] = {}  # name -> SimulatedEngine
         self.starting: dict[str, tuple[socket.socket, float]] = {}  # name -> (its refusing socket, when it answers)
         self.seed = 0
@@ -94,7 +104,7 @@ class Fleet:
         self.seed += 1
         refusing = socket.socket()
         refusing.bind(("127.0.0.1", 0))
-        self.starting[f"{MODEL}-{self.seed}"] = (refusing, now + startup)
+        self.starting[f"{self.model}-{self.seed}"] = (refusing, now + startup)
         self._configure()
 
     def start_due(self, now: float) -> bool:
@@ -103,8 +113,9 @@ class Fleet:
             refusing, _ = self.starting.pop(name)
             port = refusing.getsockname()[1]
             refusing.close()
-            self.ready[name] = start_engine("vllm-v1", scenario(TOTAL_RATE / (len(self.ready) + 1)), port=port,
-                                            speed=TIME_SCALE, seed=int(name.rsplit("-", 1)[1]), model=MODEL)
+            self.ready[name] = start_engine("vllm-v1", scenario(self.model, self.total / (len(self.ready) + 1)),
+                                            port=port, speed=TIME_SCALE, seed=int(name.rsplit("-", 1)[1]),
+                                            model=self.model)
         if due:
             self._split()
             self._configure()
@@ -116,15 +127,32 @@ class Fleet:
         self._split()
         self._configure()
 
+    def crash(self, now: float, down: float) -> None:
+        """The newest ready replica's engine dies and comes back `down` later on the same address, still configured:
+        refusing connections meanwhile, as a restarting pod's engine does."""
+        name = sorted(self.ready, key=lambda n: int(n.rsplit("-", 1)[1]))[-1]
+        engine = self.ready.pop(name)
+        engine.stop()
+        refusing = socket.socket()
+        refusing.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        refusing.bind(("127.0.0.1", engine.port))
+        self.starting[name] = (refusing, now + down)
+        self._split()
+
+    def route(self, total: float) -> None:
+        if total != self.total:
+            self.total = total
+            self._split()
+
     def _split(self) -> None:
         for engine in self.ready.values():
-            engine.set_arrival_rate(TOTAL_RATE / len(self.ready))
+            engine.set_arrival_rate(self.total / len(self.ready))
 
     def _configure(self) -> None:
-        targets = [{"name": name, "url": engine.url, "engine": "vllm", "model": MODEL}
+        targets = [{"name": name, "url": engine.url, "engine": "vllm", "model": self.model}
                    for name, engine in self.ready.items()]
         targets += [{"name": name, "url": f"http://127.0.0.1:{refusing.getsockname()[1]}/metrics", "engine": "vllm",
-                     "model": MODEL} for name, (refusing, _) in self.starting.items()]
+                     "model": self.model} for name, (refusing, _) in self.starting.items()]
         self.config_path.write_text(yaml.safe_dump({
             "poll_interval": INTERVAL, "pressure": dataclasses.asdict(COMPRESSED), "targets": targets}))
         if self.exporter is not None:
@@ -137,21 +165,21 @@ class Fleet:
             refusing.close()
 
 
-def reading(prom_url: str, series: str) -> float | None:
-    found = harness.prom_vector(prom_url, f'{series}{{model="{MODEL}"}}')
+def reading(prom_url: str, model: str, series: str) -> float | None:
+    found = harness.prom_vector(prom_url, f'{series}{{model="{model}"}}')
     return found[0][1] if found else None
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """Autoscale until the count has stayed put for HOLD at NEEDED, or DEADLINE: the actions taken, the
-    (time, replicas, desired) and (time, starting, delta) readings."""
-    tmp = tmp_path_factory.mktemp("scaling")
+def autoscale(tmp, model: str, initial: int, load, deadline: float, settled, crash_at: float | None = None) -> dict:
+    """The shipped HPA's behaviour on the fast clock, acting on `initial` replicas of `model` under `load(now)`
+    requests a second (wall seconds since the start), until `settled(fleet, now, last_change)` or `deadline`, a
+    replica crashing at `crash_at`: the actions taken ((time, "add" | "ready" | "remove" | "crash")), the (time,
+    replicas, ready, desired) and (time, starting, delta) readings."""
     rules = tmp / "kvcache-rules.yml"
     assert generate.main(["--time-scale", str(TIME_SCALE), "--output", str(rules)]) == 0
-    fleet = Fleet(tmp / "exporter.yml", None)
+    fleet = Fleet(tmp / "exporter.yml", None, model, load(0.0))
     try:
-        for _ in range(INITIAL):
+        for _ in range(initial):
             fleet.add(0.0, startup=0.0)
         fleet.start_due(0.0)
         with harness.exporter(tmp, "--config", str(fleet.config_path)) as exporter, \
@@ -159,20 +187,24 @@ def run(tmp_path_factory):
                     rules, None, [int(exporter.url.rsplit(":", 1)[1])], INTERVAL)) as prom:
             fleet.exporter = exporter
             started, unix_started = time.monotonic(), time.time()
-            readings: list[tuple[float, int, float | None]] = []
+            readings: list[tuple[float, int, int, float | None]] = []
             actions: list[tuple[float, str]] = []
             deltas: list[tuple[float, float | None, float | None]] = []
             last_down = last_change = 0.0
-            while (now := time.monotonic() - started) < DEADLINE:
+            while (now := time.monotonic() - started) < deadline:
+                fleet.route(load(now))
+                if crash_at is not None and now >= crash_at and "crash" not in [what for _, what in actions]:
+                    fleet.crash(now, CRASH_DOWN)
+                    actions.append((now, "crash"))
                 if fleet.start_due(now):
                     actions.append((now, "ready"))
                     last_change = now
-                wanted = reading(prom.url, "kvcache:fleet_replicas:desired")
-                readings.append((now, fleet.replicas, wanted))
-                deltas.append((now, reading(prom.url, "kvcache:fleet_replicas_starting:count"),
-                               reading(prom.url, "kvcache:fleet_replicas:delta")))
-                recent = [w for t, _, w in readings if t >= now - SCALE_UP_WINDOW]
-                held = [w for t, _, w in readings if t >= now - SCALE_DOWN_WINDOW]
+                wanted = reading(prom.url, model, "kvcache:fleet_replicas:desired")
+                readings.append((now, fleet.replicas, len(fleet.ready), wanted))
+                deltas.append((now, reading(prom.url, model, "kvcache:fleet_replicas_starting:count"),
+                               reading(prom.url, model, "kvcache:fleet_replicas:delta")))
+                recent = [w for t, _, _, w in readings if t >= now - SCALE_UP_WINDOW]
+                held = [w for t, _, _, w in readings if t >= now - SCALE_DOWN_WINDOW]
                 if now >= SCALE_UP_WINDOW and None not in recent and min(recent) > fleet.replicas:
                     for _ in range(int(min(recent)) - fleet.replicas):
                         fleet.add(now)
@@ -183,14 +215,36 @@ def run(tmp_path_factory):
                     fleet.remove()
                     actions.append((now, "remove"))
                     last_down = last_change = now
-                if fleet.replicas == NEEDED and not fleet.starting and now - last_change >= HOLD:
+                if settled(fleet, now, last_change):
                     break
                 time.sleep(TICK)
-            scaling_plots.record(prom.url, "converging", unix_started, TIME_SCALE, actions)
-        yield {"actions": actions, "readings": readings, "deltas": deltas, "replicas": fleet.replicas, "ready": len(fleet.ready),
-               "elapsed": now}
+            scaling_plots.record(prom.url, model, unix_started, TIME_SCALE, actions)
+        return {"actions": actions, "readings": readings, "deltas": deltas, "replicas": fleet.replicas,
+                "ready": len(fleet.ready), "elapsed": now}
     finally:
         fleet.stop()
+
+
+def figures(result: dict, since: float, target: int, until: float = math.inf) -> dict:
+    """What docs/scaling.md states of a run, in simulated seconds from `since`: when the fleet first had `target`
+    replicas ready, how many more (overshoot) and fewer (undershoot) replicas than that it had at most from then
+    on until `until`, and how often the scaling changed direction over the run."""
+    reached = next((t for t, _, ready, _ in result["readings"] if t >= since and ready == target), None)
+    after = [replicas for t, replicas, _, _ in result["readings"] if reached is not None and reached <= t < until]
+    moves = [what for _, what in result["actions"] if what in ("add", "remove")]
+    return {"to_target_s": None if reached is None else round((reached - since) * TIME_SCALE),
+            "overshoot": max(after, default=0) - target, "undershoot": target - min(after, default=target),
+            "reversals": sum(a != b for a, b in zip(moves, moves[1:]))}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Autoscale until the count has stayed put for HOLD at NEEDED, or DEADLINE."""
+    def settled(fleet, now, last_change):
+        return fleet.replicas == NEEDED and not fleet.starting and now - last_change >= HOLD
+
+    return autoscale(tmp_path_factory.mktemp("scaling"), "converging", INITIAL, lambda now: TOTAL_RATE, DEADLINE,
+                     settled)
 
 
 def test_the_replicas_rise_to_what_the_load_needs_and_stay(run):
@@ -200,7 +254,7 @@ def test_the_replicas_rise_to_what_the_load_needs_and_stay(run):
     last = max(t for t, _ in run["actions"])
     assert run["elapsed"] - last >= HOLD, run["actions"]
     # A gap in the scrapes (a busy machine) leaves no reading: the rules ask for nothing then, never for more.
-    settled = [(t, wanted) for t, _, wanted in run["readings"] if t > last + SCALE_UP_WINDOW and wanted is not None]
+    settled = [(t, wanted) for t, _, _, wanted in run["readings"] if t > last + SCALE_UP_WINDOW and wanted is not None]
     after = [r for r in run["readings"] if r[0] > last]
     assert len(settled) >= HOLD / TICK / 2 and max(wanted for _, wanted in settled) == NEEDED, after
     # The signal may dip below for a scrape as the pools' usage moves about the low-water mark (a CI run read 2
@@ -215,7 +269,7 @@ def test_replicas_starting_are_counted_and_not_asked_for_again(run):
     added = [t for t, what in run["actions"] if what == "add"]
     assert added, run["actions"]
     # While one started, the signal asked for no more than the replicas there were, ready or starting.
-    while_starting = [(t, replicas, wanted) for t, replicas, wanted in run["readings"]
+    while_starting = [(t, replicas, wanted) for t, replicas, _, wanted in run["readings"]
                       if wanted is not None and any(at < t <= at + STARTUP for at in added)]
     assert while_starting and all(wanted <= replicas for _, replicas, wanted in while_starting), while_starting
     # And once the rules saw it starting, an autoscaler adding what the delta asks would have added none: the
@@ -224,4 +278,123 @@ def test_replicas_starting_are_counted_and_not_asked_for_again(run):
     seen = [delta for t, starting, delta in run["deltas"] if t > added[0] and starting is not None and starting >= 1]
     assert seen and all(delta == 0 for delta in seen), run["deltas"]
     # No cascade: the count never went past what the load needs.
-    assert max(replicas for _, replicas, _ in run["readings"]) == NEEDED, run["actions"]
+    assert max(replicas for _, replicas, _, _ in run["readings"]) == NEEDED, run["actions"]
+
+
+def held_pools(rate: float, replicas: int, engine: EngineConfig = EngineConfig()) -> float:
+    """The pools' worth of KV `replicas` hold serving `rate` requests a second between them (the module's
+    docstring): each runs 200 steps of 1 / (50 - 3 x its rate) seconds, so holds its rate x that many requests."""
+    share = rate / replicas
+    steps_per_second = (1 - share * (PROMPT + OUTPUT) * engine.step_per_token_s) / engine.step_base_s
+    blocks = math.ceil((PROMPT + OUTPUT / 2) / engine.block_size)
+    return replicas * share * OUTPUT / steps_per_second * blocks / engine.num_blocks
+
+
+# A step, a ramp and a spike in the load of a fleet of NEEDED replicas. BASE_RATE needs 3 (3.05 a replica on 2 is
+# above what a pool serves) and keeps 3 by the low-water mark whether 3, 4 or 5 serve it: their used KV, held_pools
+# (1.9, 1.8, 1.8 pools' worth), is 2.4 to 2.5 pools at 75 %, far from 2 and 3 alike (TOTAL_RATE's 2.7 on 3 or 4 is
+# near enough to 3 that the pools' fluctuation reads 4 now and then, and holds a fourth replica up). STEP_RATE needs needed(STEP_RATE) = 5 (2.5 a
+# replica; 4 would get 3.2 each, above what a pool serves, and queue for good).
+BASE_RATE = 6.1
+STEP_RATE = 12.6
+STEP_AT = 5.0  # wall seconds: 100 simulated seconds of the load the fleet is sized for, then the step
+DOWN_AT = 45.0  # the load falls back to BASE_RATE: scale-in, one replica per scale-down window
+SPIKE_RATE, SPIKE_S = 15.0, 1.0  # 20 simulated seconds at 15 requests a second
+CRASH_AT = STEP_AT + SPIKE_S + 10  # wall seconds: 200 simulated seconds after the spike ended
+# Down for 2 simulated minutes: longer than the exporter's staleness (3 polls), within which it still shows a
+# target's last good values.
+CRASH_DOWN = 6.0
+RAMP_S = 15.0  # BASE_RATE to STEP_RATE over 5 simulated minutes
+
+
+def step_load(now: float) -> float:
+    return STEP_RATE if STEP_AT <= now < DOWN_AT else BASE_RATE
+
+
+def ramp_load(now: float) -> float:
+    return BASE_RATE + (STEP_RATE - BASE_RATE) * min(max(now - STEP_AT, 0.0) / RAMP_S, 1.0)
+
+
+def spike_load(now: float) -> float:
+    return SPIKE_RATE if STEP_AT <= now < STEP_AT + SPIKE_S else BASE_RATE
+
+
+@pytest.fixture(scope="module")
+def step(tmp_path_factory):
+    """NEEDED replicas, a step to STEP_RATE, and back at DOWN_AT: until the fleet is NEEDED again, held for HOLD / 2."""
+    def settled(fleet, now, last_change):
+        return now > DOWN_AT and fleet.replicas == NEEDED and now - last_change >= HOLD / 2
+
+    return autoscale(tmp_path_factory.mktemp("step"), "step", NEEDED, step_load, DOWN_AT + 4 * SCALE_DOWN_WINDOW,
+                     settled)
+
+
+@pytest.fixture(scope="module")
+def ramp(tmp_path_factory):
+    def settled(fleet, now, last_change):
+        return now > STEP_AT + RAMP_S and len(fleet.ready) == needed(STEP_RATE) and now - last_change >= HOLD / 2
+
+    return autoscale(tmp_path_factory.mktemp("ramp"), "ramp", NEEDED, ramp_load, STEP_AT + RAMP_S + 30, settled)
+
+
+@pytest.fixture(scope="module")
+def spike(tmp_path_factory):
+    """The spike, then (its queue gone) a replica that crashes and restarts."""
+    return autoscale(tmp_path_factory.mktemp("spike"), "spike", NEEDED, spike_load, CRASH_AT + CRASH_DOWN + 12,
+                     lambda fleet, now, last_change: False, crash_at=CRASH_AT)
+
+
+def test_a_step_is_asked_for_whole_within_one_window(step):
+    up = needed(STEP_RATE)
+    assert up == 5 and STEP_RATE / (up - 1) > pool_rate(EngineConfig()), "the step's arithmetic"
+    assert needed(BASE_RATE) == NEEDED == 3 and BASE_RATE / (NEEDED - 1) > pool_rate(EngineConfig())
+    assert all(2.3 < held_pools(BASE_RATE, n) / COMPRESSED.low_water_ratio < 2.6 for n in (3, 4, 5))
+    # Every replica the step needs was added at one moment: the signal asked for the whole difference before the
+    # HPA's scale-up window let it act, rather than one replica a window.
+    added = [t for t, what in step["actions"] if what == "add"]
+    assert len(added) == up - NEEDED and len(set(added)) == 1, step["actions"]
+    # And never more than the step needs: no overshoot while the queue the step left drained.
+    assert max(replicas for t, replicas, _, _ in step["readings"] if t < DOWN_AT) == up, step["actions"]
+    print("step", figures(step, STEP_AT, up, until=DOWN_AT))
+
+
+def test_scale_in_follows_the_fleet_back_down(step):
+    # Back at BASE_RATE the fleet returns to NEEDED, one replica per scale-down window, and no further.
+    moves = [what for _, what in step["actions"] if what in ("add", "remove")]
+    assert moves == ["add"] * (needed(STEP_RATE) - NEEDED) + ["remove"] * (needed(STEP_RATE) - NEEDED), step["actions"]
+    assert step["replicas"] == NEEDED and min(r for t, r, _, _ in step["readings"] if t > DOWN_AT) == NEEDED
+    # A replica removed (its target reloaded away, poll mode) stops counting as starting: after two scrapes past
+    # each removal nothing of the model is starting.
+    removed = [t for t, what in step["actions"] if what == "remove"]
+    after = [(t, starting) for t, starting, _ in step["deltas"] if any(at + 2.5 < t < at + SCALE_DOWN_WINDOW for at in removed)]
+    assert after and all(starting in (None, 0) for _, starting in after), after
+    print("scale-in", figures(step, DOWN_AT, NEEDED))
+
+
+def test_a_ramp_is_followed_without_overshoot(ramp):
+    up = needed(STEP_RATE)
+    assert ramp["ready"] == up, ramp["actions"]
+    assert max(replicas for _, replicas, _, _ in ramp["readings"]) == up, ramp["actions"]
+    assert "remove" not in [what for _, what in ramp["actions"]], ramp["actions"]
+    print("ramp", figures(ramp, STEP_AT + RAMP_S, up))
+
+
+def test_a_spike_that_ends_adds_nothing(spike):
+    # The spike queues (15 - 3 x 2.9) x 20 = ~126 requests, which the fleet's spare ~2.6 a second drains in under
+    # a minute: a queue that shrinks before it has been held through the rules' window, and no HPA window long.
+    assert needed(BASE_RATE) == NEEDED == 3
+    assert [what for _, what in spike["actions"] if what in ("add", "remove")] == [], spike["actions"]
+    asked = [(t, wanted) for t, _, _, wanted in spike["readings"] if wanted is not None and wanted > NEEDED]
+    print("spike", figures(spike, STEP_AT, NEEDED), "asked above", NEEDED, asked)
+
+
+def test_a_replica_that_crashes_and_restarts_is_starting_not_asked_for(spike):
+    # While the crashed replica refuses connections the two others get 3.05 a second each, above what a pool serves:
+    # their queue grows, and the replica starting again is what it needs. The rules saw it starting, asked for no
+    # replacement, and nothing was added (the spike test above: no add, no remove over the whole run).
+    crashed = next(t for t, what in spike["actions"] if what == "crash")
+    back = next(t for t, what in spike["actions"] if what == "ready" and t > crashed)
+    seen = [starting for t, starting, _ in spike["deltas"] if crashed < t <= back + 1 and starting is not None]
+    assert seen and max(seen) == 1, spike["deltas"]
+    assert all(wanted is None or wanted <= NEEDED for t, _, _, wanted in spike["readings"] if crashed < t), \
+        spike["readings"]

@@ -73,6 +73,15 @@ def test_the_scaled_object_validates_against_kedas_crd():
     assert any(e.startswith("spec/maxReplicaCount:") for e in errors), errors
 
 
+def test_prefill_and_decode_are_scaled_apart_on_their_own_roles_signal():
+    documents = [doc for doc in yaml.safe_load_all((MANIFESTS / "keda-scaledobjects-pd.yaml").read_text()) if doc]
+    assert [keda_errors(doc) for doc in documents] == [[], []]
+    targets = {doc["spec"]["scaleTargetRef"]["name"]: doc["spec"]["triggers"][0]["metadata"]["query"]
+               for doc in documents}
+    assert targets == {"vllm-llama-prefill": f'max({autoscaling.DESIRED}{{model="llama",role="prefill"}})',
+                       "vllm-llama-decode": f'max({autoscaling.DESIRED}{{model="llama",role="decode"}})'}
+
+
 def test_every_scaler_reads_the_recorded_replica_signal_with_stabilisation():
     recorded = {rule.get("record") for group in yaml.safe_load((REPO / "alerts" / "kvcache-rules.yml").read_text())
                 ["groups"] for rule in group["rules"]}

@@ -163,11 +163,11 @@ def test_compress_knows_every_threshold():
     compressed = generate.compress(DEFAULT, 4)
     unchanged = {f.name for f in dataclasses.fields(DEFAULT) if getattr(compressed, f.name) == getattr(DEFAULT, f.name)}
     # Seconds per token loaded and bytes per second of transfer are quotients of two counters of the engine's
-    # own: no clock enters them.
+    # own: no clock enters them. Standard deviations of a count are a number of them.
     assert unchanged == {"high_water_ratio", "low_water_ratio", "prefix_hit_drop_fraction", "queue_share_of_ttft",
                          "capacity_miss_share", "offload_load_max_seconds_per_token", "kv_transfer_failure_ratio",
                          "kv_transfer_link_bytes_per_second", "kv_transfer_bandwidth_low_fraction",
-                         "routing_imbalance_share", "routing_loss_share"}
+                         "routing_imbalance_share", "routing_loss_share", "flow_confidence_sigmas"}
     assert compressed.shortage_for == "30s" and compressed.window_seconds == 15
     assert compressed.thrashing_preemptions_per_second == pytest.approx(0.08)
     with pytest.raises(ValueError):
