@@ -12,7 +12,8 @@ PoolState (exporter/blocks.py); its projection for a pool `factor` times as larg
 kvcache:prefix_cache_hit_ratio:projected computes: C's hit tokens plus the capacity-miss blocks of the distance
 bucket le = factor - 1 times 512, over the prompt tokens looked up. Beside it, the same LRU with C x factor
 blocks gives the exact hit ratio. Output tokens and the prompt's partial last block take no room here (vLLM
-caches neither under the trace's hashes).
+caches neither under the trace's hashes). The last column replays the same blocks with each prompt cut to its
+whole blocks: the difference the exporter's rule for a store's last block makes on prompts that end inside one.
 """
 
 from __future__ import annotations
@@ -109,20 +110,31 @@ def compare(requests: list[Request], capacity: int, factors=WHAT_IF_FACTORS) -> 
     return rows
 
 
+def whole_blocks(requests: list[Request]) -> list[Request]:
+    """The requests with their prompts cut to their whole blocks: each ends on a block boundary, where the last
+    block of a store is one no pool serves (docs/kv-events.md, "Blocks no pool would have served")."""
+    return [Request(request.ts, len(request.blocks) * BLOCK_TOKENS, request.blocks) for request in requests
+            if request.blocks]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.whatif_trace", description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=None, help="the first N requests of each trace (all)")
     args = parser.parse_args(argv)
-    print("| trace | C (blocks) | factor | exact LRU hit ratio at C x factor | exporter's projection | difference |")
-    print("|---|---|---|---|---|---|")
+    print("| trace | C (blocks) | factor | exact LRU hit ratio at C x factor | exporter's projection | difference "
+          "| difference, prompts cut to whole blocks |")
+    print("|---|---|---|---|---|---|---|")
     for name, capacities in CAPACITIES.items():
         requests = load(name, args.requests)
+        cut = whole_blocks(requests)
         for capacity in capacities:
-            for factor, exact, projected in compare(requests, capacity):
+            for (factor, exact, projected), (_, exact_cut, projected_cut) in zip(compare(requests, capacity),
+                                                                                  compare(cut, capacity)):
                 if factor == 1.0:
-                    print(f"| {name} ({len(requests)} requests) | {capacity:,} | x1 | {exact:.2%} | | |")
+                    print(f"| {name} ({len(requests):,} requests) | {capacity:,} | x1 | {exact:.2%} | | | |")
                     continue
-                print(f"| | | x{factor:g} | {exact:.2%} | {projected:.2%} | {(projected - exact) * 100:+.2f} pp |")
+                print(f"| | | x{factor:g} | {exact:.2%} | {projected:.2%} | {(projected - exact) * 100:+.2f} pp "
+                      f"| {(projected_cut - exact_cut) * 100:+.2f} pp |")
     return 0
 
 
