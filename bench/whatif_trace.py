@@ -22,6 +22,7 @@ import argparse
 import gzip
 import json
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvcache_exporter.blocks import PoolState
@@ -30,17 +31,15 @@ from kvcache_exporter.sources.kvevents import REMOVED, STORED, BlockEvent
 
 TRACES = Path(__file__).parent / "traces"
 BLOCK_TOKENS = 512  # the traces' block size
-# Pools from a few request's worth (the longest prompt has 373 whole blocks) to most of a trace's distinct blocks.
+# Pools from a few requests' worth (the longest prompt has 373 whole blocks) to most of a trace's distinct blocks.
 CAPACITIES = {"conversation": (2_000, 8_000, 32_000), "synthetic": (1_000, 4_000, 10_000)}
 
 
+@dataclass(slots=True)
 class Request:
-    __slots__ = ("ts", "tokens", "blocks")
-
-    def __init__(self, ts: float, tokens: int, blocks: list[int]):
-        self.ts = ts  # seconds from the trace's start
-        self.tokens = tokens  # prompt tokens
-        self.blocks = blocks  # the hashes of its whole blocks
+    ts: float  # seconds from the trace's start
+    tokens: int  # prompt tokens
+    blocks: list[int]  # the hashes of its whole blocks
 
 
 def load(name: str, limit: int | None = None) -> list[Request]:
@@ -96,8 +95,8 @@ def serve(requests: list[Request], capacity: int, pool: PoolState | None = None)
 
 
 def compare(requests: list[Request], capacity: int, factors=WHAT_IF_FACTORS) -> list[tuple[float, float, float]]:
-    """Per factor: (the exact hit ratio of an LRU pool of capacity x factor blocks, the exporter's projection
-    from the pool of `capacity` blocks' events), and first the pool's own (its hit ratio, itself)."""
+    """(factor, the exact hit ratio of an LRU pool of capacity x factor blocks, the exporter's projection from the
+    pool of `capacity` blocks' events) per factor, after (1, the pool's own hit ratio twice)."""
     queried = sum(request.tokens for request in requests)
     pool = PoolState(capacity=capacity)
     hits = serve(requests, capacity, pool) * BLOCK_TOKENS
