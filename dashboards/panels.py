@@ -121,7 +121,7 @@ def _with_basics(panel, title: str, description: str, unit: str, queries: list[Q
     if len(queries) > len(REF_IDS):
         raise ValueError(f"{title}: at most {len(REF_IDS)} queries per panel")
     panel.title(title).description(description).unit(unit).datasource(DATASOURCE)
-    says = no_data_text(queries, no_value)
+    says = no_value if no_value is not None else no_data_text(queries, None)
     if says is not None:
         panel.no_value(says)
     panel.thresholds(bands.config(steps))
@@ -159,6 +159,7 @@ def stat(title: str, description: str, unit: str, queries: list[Query], steps: b
     panel.graph_mode(common.BigValueGraphMode.NONE if named else common.BigValueGraphMode.AREA)
     panel.text_mode(common.BigValueTextMode.VALUE_AND_NAME if len(queries) > 1 or named
                     else common.BigValueTextMode.AUTO)
+    no_value = no_data_text(queries, no_value)
     panel.mappings([*(mappings or []), missing_value(no_value or NO_DATA)])
     if min_max:
         panel.min(min_max[0]).max(min_max[1])
@@ -181,7 +182,8 @@ def timeseries(title: str, description: str, unit: str, queries: list[Query], st
         panel.thresholds_style(common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.LINE))
     if min_max:
         panel.min(min_max[0]).max(min_max[1])
-    return _with_basics(panel, title, description, unit, queries, steps, links, no_value=no_value)
+    return _with_basics(panel, title, description, unit, queries, steps, links,
+                        no_value=no_data_text(queries, no_value))
 
 
 def state_timeline(title: str, description: str, query: Query, mappings: list[models.ValueMapping],
