@@ -681,11 +681,11 @@ def test_queue_share_is_high_on_queueing_pools_and_low_on_steady_ones(run, fleet
         assert max(v for _, v in share[name]) > THRESHOLDS.queue_share_of_ttft, name
 
 
-@pytest.mark.usefixtures("artifacts_on_failure")
 # The bounds the exporter re-exports by default (docs/metrics.md, "Latency buckets"), and +Inf.
 KEPT_TTFT_BOUNDS = {*contract.DEFAULT_LATENCY_BUCKETS["time_to_first_token_seconds"], math.inf}
 
 
+@pytest.mark.usefixtures("artifacts_on_failure")
 def test_latency_quantiles_lie_in_the_bucket_the_engine_put_them_in(run, fleet_all, seen):
     """A fleet panel's per-target p90 TTFT sits in the bucket holding the engine's own 90th percentile, among the
     engine's bounds the exporter keeps."""
