@@ -206,10 +206,16 @@ def missing_values_dashboard() -> dict:
 def test_a_missing_value_reads_no_data_on_no_colour_not_in_a_band(built_page, empty_prometheus, tmp_path):
     """Without the dashboards' missing-value mapping Grafana paints an empty cell, and a stat's "No data", in the
     first band's colour (as "Absent" above): an empty green Preemptions/min reads "fine", an empty red Headroom
-    "short". With it a missing value reads "No data" on no colour, and a present one keeps its band."""
+    "short". With it a missing value reads "No data" (a stat: its noValue) on no colour, and a present one keeps
+    its band."""
     result, shown = render(empty_prometheus, missing_values_dashboard(), tmp_path)
     assert (result.returncode, result.stderr) == (0, ""), result.stdout
-    assert [(v["text"], v["colorName"]) for v in shown["Fullest pool's KV usage"]["values"]] == [("No data", None)]
+    # The stat says what its noValue says (that its group may be off, too), on no colour.
+    fleet = json.loads((grafana_render.GENERATED / "kvcache-fleet.json").read_text())
+    [says] = [panel["fieldConfig"]["defaults"]["noValue"] for panel in panels_of(fleet)
+              if panel["title"] == "Fullest pool's KV usage"]
+    assert says.startswith("No data")
+    assert [(v["text"], v["colorName"]) for v in shown["Fullest pool's KV usage"]["values"]] == [(says, None)]
     table = shown["Pools that need help now"]
     rows = {row[0]["text"]: {cell["column"]: (cell["text"], cell["colorName"]) for cell in row[1:]}
             for row in table["rows"]}
