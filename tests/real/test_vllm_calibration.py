@@ -57,7 +57,9 @@ def test_queries_count_each_request_once(runs):
 def test_both_fill_the_pool_queue_for_kv_and_preempt(runs, engine):
     samples = runs[0] if engine == "real" else runs[1]
     assert max(sample.usage for sample in samples) >= 0.95
-    assert max(sample.running for sample in samples) == WORKLOAD.max_num_seqs
+    # The cap is reached only between two steps of the burst's start (its prompts fit, their outputs do not): a
+    # sample may fall one admission short of it, never above it.
+    assert WORKLOAD.max_num_seqs - 1 <= max(sample.running for sample in samples) <= WORKLOAD.max_num_seqs
     assert max(sample.waiting for sample in samples) > 0
     assert samples[-1].preemptions - samples[0].preemptions > 0
 

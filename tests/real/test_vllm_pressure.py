@@ -279,7 +279,11 @@ def test_kv_bound_reads_saturated_or_thrashing_while_vllm_waits_for_capacity(kv_
     # also where vLLM preempted in between: the preempted requests' blocks are free until the next step
     # re-admits the queue, and a poll in that instant reads room (before the exporter counted a preemption
     # since its last poll as KV being short, such a poll read `capped` at usage 0.467).
-    assert [(r.state, r.exporter_usage, r.preemptions) for r in waiting if r.state not in SHORT] == []
+    # Left out: a poll at the burst's first instant, when vLLM's page showed nothing admitted yet (none running, no
+    # KV used): the queue there waits for the scheduler's first step, not for KV (seen once: `capped` at usage 0).
+    admitted = [r for r in waiting if r.running > 0 or r.usage > 0]
+    assert len(admitted) >= len(waiting) - 1
+    assert [(r.state, r.exporter_usage, r.preemptions) for r in admitted if r.state not in SHORT] == []
 
 
 def test_kv_bound_shortage_and_preemption_alerts_reach_the_webhook(kv_bound, stack):
