@@ -33,7 +33,8 @@ NO_KV_TRANSFER = frozenset(contract.names(group="transfer"))
 NO_RUNNING_CAP = frozenset({"requests_running_max"})
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # The bucket bounds (in the contract's unit, +Inf included) re-exported per histogram; a histogram not named keeps
-# every bound, one given no bound at all is not read. A bucket left out is passed over where its label set is first read, so it costs a lookup a poll.
+# every bound, one given no bound at all is not read. A bucket left out is passed over where its label set is first
+# read, so it costs a lookup a poll.
 KeptBounds = Mapping[str, frozenset[float]]
 
 
