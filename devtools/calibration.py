@@ -68,6 +68,7 @@ class Sample:
     preemptions: int
     prefix_hits: int
     prefix_queries: int
+    finished: int
 
 
 SERIES = tuple(field.name for field in fields(Sample))[1:]
@@ -88,7 +89,7 @@ def simulate(workload: Workload, config: EngineConfig | None = None) -> list[Sam
         counters = model.counters
         samples.append(Sample(counters.generation_tokens, model.pool.used / config.num_blocks, len(model.running),
                               len(model.waiting), counters.preemptions_rescheduled, counters.prefix_hit_tokens,
-                              counters.prefix_queried_tokens))
+                              counters.prefix_queried_tokens, counters.finished_requests))
     return samples
 
 
@@ -101,7 +102,7 @@ def page_sample(engine: vllm_engine.Engine) -> Sample:
     return Sample(int(get("vllm:generation_tokens_total")), get("vllm:kv_cache_usage_perc"),
                   int(get("vllm:num_requests_running")), int(get("vllm:num_requests_waiting")),
                   int(get("vllm:num_preemptions_total")), int(get("vllm:prefix_cache_hits_total")),
-                  int(get("vllm:prefix_cache_queries_total")))
+                  int(get("vllm:prefix_cache_queries_total")), int(get("vllm:request_success_total")))
 
 
 def run_real(workload: Workload, log_dir: Path) -> tuple[list[Sample], list[vllm_engine.Outcome], float]:
@@ -137,16 +138,21 @@ def _settled(engine: vllm_engine.Engine, workload: Workload) -> Sample | None:
 
 @dataclass(frozen=True)
 class Difference:
-    mean: float  # mean |real - simulated| over the real engine's samples under load
+    mean: float  # mean |real - simulated| over the real engine's samples under the whole burst
     worst: float
     real_final: float
     sim_final: float
+    compared: int  # real samples compared
 
 
-def compare(real: list[Sample], sim: list[Sample]) -> dict[str, Difference]:
-    """Each real sample against the simulator's state after the last step with no more generation tokens."""
+def compare(real: list[Sample], sim: list[Sample], requests: int) -> dict[str, Difference]:
+    """Each real sample under load against the simulator's state after the last step with no more generation
+    tokens. A sample counts once vLLM's scheduler holds the whole burst (running, waiting or finished): the HTTP
+    requests reach it one by one, and on a slow machine it runs steps on the first few while the rest are still
+    being tokenized, where the simulator has them all at step 0."""
     progress = [sample.generated for sample in sim]
-    under_load = [sample for sample in real if 0 < sample.generated and (sample.running or sample.waiting)]
+    under_load = [sample for sample in real if 0 < sample.generated and (sample.running or sample.waiting)
+                  and sample.running + sample.waiting + sample.finished == requests]
     out = {}
     for name in SERIES:
         gaps = []
@@ -154,14 +160,16 @@ def compare(real: list[Sample], sim: list[Sample]) -> dict[str, Difference]:
             at = sim[max(0, bisect.bisect_right(progress, sample.generated) - 1)]
             gaps.append(abs(getattr(sample, name) - getattr(at, name)))
         out[name] = Difference(sum(gaps) / len(gaps) if gaps else 0.0, max(gaps, default=0.0),
-                               getattr(real[-1], name) - getattr(real[0], name), getattr(sim[-1], name))
+                               getattr(real[-1], name) - getattr(real[0], name), getattr(sim[-1], name),
+                               len(gaps))
     return out
 
 
 def table(differences: dict[str, Difference]) -> str:
-    lines = [f"{'series':16}{'mean |diff|':>12}{'worst':>8}{'vLLM final':>12}{'sim final':>11}"]
+    lines = [f"{'series':16}{'mean |diff|':>12}{'worst':>8}{'vLLM final':>12}{'sim final':>11}{'reads':>7}"]
     for name, diff in differences.items():
-        lines.append(f"{name:16}{diff.mean:12.3f}{diff.worst:8.2f}{diff.real_final:12g}{diff.sim_final:11g}")
+        lines.append(f"{name:16}{diff.mean:12.3f}{diff.worst:8.2f}{diff.real_final:12g}{diff.sim_final:11g}"
+                     f"{diff.compared:7d}")
     return "\n".join(lines)
 
 
@@ -179,7 +187,7 @@ def main() -> None:
     failed = [outcome for outcome in outcomes if outcome.status != 200]
     print(f"{workload}\nvLLM {vllm_engine.VERSION}: {len(real)} page reads over {seconds:.1f} s, "
           f"{len(failed)} requests failed; {peaks(real)}\nsimulator: {len(sim)} steps; {peaks(sim)}")
-    print(table(compare(real, sim)))
+    print(table(compare(real, sim, workload.requests)))
 
 
 if __name__ == "__main__":

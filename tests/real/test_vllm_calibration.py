@@ -7,9 +7,11 @@ What must agree, and how closely:
 - Every request is answered in full, and both engines queried exactly requests x prompt tokens of prefix cache
   (vLLM counts a request once, at its first admission; re-admissions after preemption are not queries).
 - Both fill the pool (usage >= 0.95 at peak), run max_num_seqs at once, queue for KV and preempt.
-- Usage, running and waiting at the same progress: mean |difference| within 0.1, 1 and 1 request. Not exact:
-  vLLM's page is read every 0.1 s, between steps, and the HTTP requests reach it over a few ms, so it may run a
-  step or two before the last of the burst arrives; the simulator has them all at step 0.
+- Usage, running and waiting at the same progress: mean |difference| within 0.1, 1 and 1 request, over at least
+  MIN_COMPARED page reads. A read counts once vLLM's scheduler holds the whole burst (running + waiting + finished
+  = requests): the HTTP requests reach it one by one, and on a slow machine it runs steps on the first few while
+  the rest are still being tokenized (seen in CI: one request running where the simulator has 8 running and 8
+  waiting). Not exact: the page is read every 0.1 s, between steps.
 - Preemptions within 3 of each other: the same arrival skew can move a victim by a step.
 - Prefix hits within one prefix's worth per prefix (4 x 32 tokens): which requests share their first step, and so
   find each other's blocks, depends on the arrival order.
@@ -25,6 +27,7 @@ from devtools import calibration, vllm_engine
 
 WORKLOAD = calibration.Workload()
 MEAN_TOLERANCE = {"usage": 0.1, "running": 1.0, "waiting": 1.0}
+MIN_COMPARED = 5
 PREEMPTION_TOLERANCE = 3
 pytestmark = pytest.mark.timeout(900)
 
@@ -35,7 +38,7 @@ def runs(tmp_path_factory):
     started = time.monotonic()
     real, outcomes, seconds = calibration.run_real(WORKLOAD, tmp_path_factory.mktemp("calibration"))
     sim = calibration.simulate(WORKLOAD)
-    differences = calibration.compare(real, sim)
+    differences = calibration.compare(real, sim, WORKLOAD.requests)
     print(f"\ncalibration: {seconds:.0f} s under load, {time.monotonic() - started:.0f} s in all\n"
           f"vLLM: {calibration.peaks(real)}\nsimulator: {calibration.peaks(sim)}\n{calibration.table(differences)}")
     return real, sim, outcomes, differences
@@ -67,6 +70,7 @@ def test_both_fill_the_pool_queue_for_kv_and_preempt(runs, engine):
 @pytest.mark.parametrize("series", sorted(MEAN_TOLERANCE))
 def test_gauges_follow_vllm_over_progress(runs, series):
     difference = runs[3][series]
+    assert difference.compared >= MIN_COMPARED, difference
     assert difference.mean <= MEAN_TOLERANCE[series], difference
 
 
