@@ -351,8 +351,9 @@ _TABLE = (
            "Queued requests waiting for KV or batch capacity (vLLM num_requests_waiting_by_reason{reason="
            "\"capacity\"}, which also counts requests held back by the running-request cap). " + _POLLED),
     Family("requests_waiting_for_kv", "gauge", "pool", "requests",
-           "Queued requests that wait because the KV pool is short (usage at the low-water mark or above, or less "
-           "free than one typical live request): the queue the pressure state counts (vLLM's capacity reason, else "
+           "Queued requests that wait because the KV pool is short (preemptions at the thrashing rate, usage at "
+           "the low-water mark or above, less free than one typical live request, or a preemption since the last "
+           "poll): the queue the pressure state counts (vLLM's capacity reason, else "
            "the whole queue; on a decode pool never the transfers that hold their KV already) while KV is short, "
            "else 0; derived by the exporter for every engine."),
     Family("requests_waiting_with_kv_room", "gauge", "pool", "requests",

@@ -133,16 +133,21 @@ def preempted_since_last_poll(history: History) -> bool:
     return len(history) >= 2 and history[-1][1] > history[-2][1]
 
 
-def kv_short_reason(gauges: dict[str, float], thresholds: Thresholds, preempted: bool = False) -> str | None:
+def kv_short_reason(gauges: dict[str, float], thresholds: Thresholds, preempted: bool = False,
+                    preemption_rate: float | None = None) -> str | None:
     """Why the KV pool is what would hold a queued request back (a reason of contract.PRESSURE_REASONS), None
-    while it has room: usage at or above the low-water mark (the pool no longer has room to spare), fewer free
-    tokens than one typical live request holds, or the engine preempted since the last poll (it does so only
+    while it has room: preemptions at the thrashing rate over the window (between two preemptions the freed
+    blocks make the pool look roomy, and the queue waits for KV all the same: seen on the real vLLM tier at
+    40 % usage with 26 queued for capacity), usage at or above the low-water mark (the pool no longer has room
+    to spare), fewer free tokens than one typical live request holds, or the engine preempted since the last poll (it does so only
     when it cannot grow a running request's KV; the blocks it freed make the pool look roomy until the queue is
     readmitted). Not the high-water mark: engines admit a request only if its prompt fits next to a reserve
     for the running requests' future output (SGLang's new_token_ratio), so a queue waits for KV
     already at 80-89 % usage with several typical requests' worth free (the simulator's kv-saturation
     ramp shows it; a queue behind the running cap sits far lower). While nothing runs the typical
     request is unknown and only the mark decides."""
+    if preemption_rate is not None and preemption_rate >= thresholds.thrashing_preemptions_per_second:
+        return "preemptions"
     if gauges.get("usage_ratio", 0.0) >= thresholds.low_water_ratio:
         return "low_water"
     free, live = gauges.get("free_tokens"), gauges.get("live_tokens_per_request")
@@ -151,9 +156,10 @@ def kv_short_reason(gauges: dict[str, float], thresholds: Thresholds, preempted:
     return "preempted" if preempted else None
 
 
-def kv_is_short(gauges: dict[str, float], thresholds: Thresholds, preempted: bool = False) -> bool:
+def kv_is_short(gauges: dict[str, float], thresholds: Thresholds, preempted: bool = False,
+                preemption_rate: float | None = None) -> bool:
     """Whether the KV pool is what would hold a queued request back (kv_short_reason)."""
-    return kv_short_reason(gauges, thresholds, preempted) is not None
+    return kv_short_reason(gauges, thresholds, preempted, preemption_rate) is not None
 
 
 def decode_stages(labelled: dict[str, dict[tuple[str, ...], float]], role: str) -> dict[str, float]:
@@ -180,9 +186,10 @@ def _waiting_for_capacity(gauges: dict[str, float], stages: dict[str, float]) ->
     return queue, min(queue, stages.get("waiting_to_start", 0.0))
 
 
-def waiting_split(gauges: dict[str, float], thresholds: Thresholds, preempted: bool = False,
+def waiting_split(gauges: dict[str, float], kv_short: bool,
                   stages: dict[str, float] | None = None) -> dict[str, float]:
-    """The queue split by cause: waiting for KV (the queue for capacity while KV is short, else 0) and waiting
+    """The queue split by cause: waiting for KV (the queue for capacity while KV is short, `kv_short` as
+    kv_is_short decides, else 0) and waiting
     with KV room (the queue for capacity while KV has room, less a decode pool's transfers waiting to start:
     a transfer is never evidence of room). The rest of the queue waits for something else (vLLM's deferred
     reasons, transfers under way or done). Absent without a usage or a queue reading."""
@@ -190,21 +197,20 @@ def waiting_split(gauges: dict[str, float], thresholds: Thresholds, preempted: b
     if waiting is None or "usage_ratio" not in gauges:
         return {}
     queue, to_allocate = _waiting_for_capacity(gauges, stages or {})
-    if kv_is_short(gauges, thresholds, preempted):
+    if kv_short:
         return {"requests_waiting_for_kv": min(waiting, queue), "requests_waiting_with_kv_room": 0.0}
     return {"requests_waiting_for_kv": 0.0, "requests_waiting_with_kv_room": min(waiting, queue - to_allocate)}
 
 
-def transfer_waiting_for_kv(gauges: dict[str, float], stages: dict[str, float], thresholds: Thresholds,
-                            preempted: bool = False) -> dict[str, float]:
+def transfer_waiting_for_kv(gauges: dict[str, float], stages: dict[str, float], kv_short: bool) -> dict[str, float]:
     """A decode pool's transfers that cannot start for want of KV: its waiting_to_start stage while KV is
-    short (kv_is_short), else 0. The decode half of P/D backpressure: the prefill side holds those requests'
+    short (`kv_short`, as kv_is_short decides), else 0. The decode half of P/D backpressure: the prefill side holds those requests'
     KV (vLLM, until pulled) or waits to compute them (SGLang, until the decode side pre-allocates). Absent on
     other roles and without a stage or usage reading."""
     waiting = stages.get("waiting_to_start")
     if waiting is None or "usage_ratio" not in gauges:
         return {}
-    return {"kv_transfer_requests_waiting_for_kv": waiting if kv_is_short(gauges, thresholds, preempted) else 0.0}
+    return {"kv_transfer_requests_waiting_for_kv": waiting if kv_short else 0.0}
 
 
 def pressure_reason(gauges: dict[str, float], preemption_rate: float | None, thresholds: Thresholds,
@@ -278,10 +284,12 @@ def derive(
         gauges = kv_gauges(rank, bytes_per_token)
         preempted = preempted_since_last_poll(history)
         stages = decode_stages(rank.labelled, role)
-        gauges.update(waiting_split(gauges, thresholds, preempted, stages))
-        gauges.update(transfer_waiting_for_kv(gauges, stages, thresholds, preempted))
+        preemption_rate = rate(history)
+        kv_short = kv_is_short(gauges, thresholds, preempted, preemption_rate)
+        gauges.update(waiting_split(gauges, kv_short, stages))
+        gauges.update(transfer_waiting_for_kv(gauges, stages, kv_short))
         gauges.update(transfers_above_link(rank, thresholds))
-        reason = pressure_reason(gauges, rate(history), thresholds, preempted, stages)
+        reason = pressure_reason(gauges, preemption_rate, thresholds, preempted, stages)
         state = None if reason is None else PRESSURE_REASONS[reason].state
         if state in KV_SHORT_STATES and "headroom_requests" in gauges:
             gauges["headroom_requests"] = 0.0  # the queue waits for KV: what is free is no room it is admitted into

@@ -34,6 +34,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvcache_exporter import units
+from kvcache_exporter.contract import PRESSURE_REASONS
 from kvcache_exporter.alerts import generate
 from kvcache_exporter.thresholds import DEFAULT
 from devtools import harness, vllm_engine
@@ -46,6 +47,7 @@ POLL = 1.0  # exporter poll, Prometheus scrape and rule evaluation, seconds
 KV_TARGET, CAP_TARGET = "vllm-kv", "vllm-cap"
 KV_ALERTS = {"KVCacheShortageQueueing", "KVCachePreemptionStorm"}
 SHORT = {"saturated", "thrashing"}
+SHORT_REASONS = {name for name, reason in PRESSURE_REASONS.items() if reason.state in SHORT}
 KV_POOL = dict(blocks=16, max_num_seqs=16, max_model_len=256)
 KV_LOAD = dict(count=2000, prompt_tokens=32, output_tokens=200)  # the count only bounds it: stopped once alerted
 KV_IN_FLIGHT = 48
@@ -77,6 +79,8 @@ MIRRORED_WITH_LABELS = {
     "kvcache_kv_transfer_prompt_tokens_total": ("vllm:prompt_tokens_cached_by_source_total", {"source": "p2p"}),
 }
 HIT_SOURCES = vllm_engine.HIT_SOURCES
+# The gauges the pressure reasons' texts quote (exporter/contract.py PRESSURE_REASONS), read beside the reason.
+REASON_NUMBERS = ("requests_waiting_for_kv", "requests_waiting_with_kv_room", "headroom_requests", "usage_ratio")
 # Counters the exporter keeps of its own (polls) or folds from the KV event stream: no counterpart on the page.
 NOT_MIRRORED_PREFIXES = ("kvcache_exporter_", "kvcache_target_", "kvcache_events_", "kvcache_capacity_miss_",
                          "kvcache_block_residency_", "kvcache_adapter_", "kvcache_tenant_", "kvcache_recomputed_",
@@ -134,6 +138,9 @@ class Reading:
     exporter_usage: float | None
     healthy: bool  # vLLM's /health answered 200
     preemptions: tuple[float, float]  # vLLM's num_preemptions_total, first and second read
+    usage_after: float  # vLLM's kv_cache_usage_perc, second read
+    reason: str | None = None  # the exporter's kvcache_pressure_reason set to 1
+    reason_numbers: dict = dataclasses.field(default_factory=dict)  # the exporter's gauges its reason text quotes
 
     @property
     def engine_waits_for_capacity(self) -> bool:
@@ -160,12 +167,17 @@ def read_both(engine: vllm_engine.Engine, exporter_url: str, target: str) -> Rea
     states = [dict(key[1])["state"] for key, v in harness.series(ours, "kvcache_pressure_state", target=target).items()
               if v == 1]
     usage = harness.series(ours, "kvcache_usage_ratio", target=target)
+    reasons = [dict(key[1])["reason"] for key, v in
+               harness.series(ours, "kvcache_pressure_reason", target=target).items() if v == 1]
+    numbers = {name: next(iter(harness.series(ours, f"kvcache_{name}", target=target).values()), None)
+               for name in REASON_NUMBERS}
     waiting = "vllm:num_requests_waiting_by_reason"
     return Reading(
         (harness.value(before, waiting, reason="capacity"), harness.value(after, waiting, reason="capacity")),
         harness.value(before, "vllm:kv_cache_usage_perc"), harness.value(before, "vllm:num_requests_running"),
         states[0] if len(states) == 1 else None, next(iter(usage.values()), None), healthy,
-        (harness.value(before, "vllm:num_preemptions_total"), harness.value(after, "vllm:num_preemptions_total")))
+        (harness.value(before, "vllm:num_preemptions_total"), harness.value(after, "vllm:num_preemptions_total")),
+        harness.value(after, "vllm:kv_cache_usage_perc"), reasons[0] if len(reasons) == 1 else None, numbers)
 
 
 def watch(engine: vllm_engine.Engine, exporter_url: str, target: str, until: Callable[[], object],
@@ -284,6 +296,18 @@ def test_kv_bound_reads_saturated_or_thrashing_while_vllm_waits_for_capacity(kv_
     admitted = [r for r in waiting if r.running > 0 or r.usage > 0]
     assert len(admitted) >= len(waiting) - 1
     assert [(r.state, r.exporter_usage, r.preemptions) for r in admitted if r.state not in SHORT] == []
+
+
+def test_kv_bound_reason_is_a_kv_shortage_with_vllms_queue(kv_bound):
+    # The reason on-call reads (kvcache_pressure_reason, whose text quotes these gauges) on every poll the state
+    # test above checks: a reason of a KV-short state, the queue it quotes non-empty as on vLLM's page, and a
+    # low-water reason only at a usage at or above the mark.
+    admitted = [r for r in kv_bound.readings if r.engine_waits_for_capacity and (r.running > 0 or r.usage > 0)]
+    assert len(admitted) >= 10, kv_bound.diagnostics
+    wrong = [(r.reason, r.reason_numbers) for r in admitted
+             if r.reason not in SHORT_REASONS or not r.reason_numbers["requests_waiting_for_kv"]
+             or (r.reason == "low_water" and r.reason_numbers["usage_ratio"] < THRESHOLDS.low_water_ratio)]
+    assert wrong == []
 
 
 def test_kv_bound_shortage_and_preemption_alerts_reach_the_webhook(kv_bound, stack):
@@ -410,6 +434,26 @@ def test_cap_bound_reads_capped_with_kv_to_spare(cap_bound):
     assert [r.state for r in waiting if r.state != "capped"] == []
     assert [r for r in readings if r.state in SHORT] == []
     assert [r for r in readings if not r.healthy] == [] and cap_bound.engine_alive and no_oom(cap_bound.engine_log)
+
+
+def test_cap_bound_reason_quotes_vllms_queue_and_the_room_its_pool_has(cap_bound):
+    waiting = [r for r in cap_bound.readings if r.engine_waits_for_capacity]
+    assert len(waiting) >= 10, cap_bound.diagnostics
+    assert {r.reason for r in waiting} == {"cap"}
+    # "capped: N waiting with R requests of room": N is vLLM's queue for capacity between the two reads of its
+    # page; the load refills a finished request's place within milliseconds, so a poll in that instant may read
+    # the queue short by the requests that just left it (at most the running cap).
+    queue = [(r.waiting_for_capacity, r.reason_numbers["requests_waiting_with_kv_room"]) for r in waiting]
+    assert [(pages, ours) for pages, ours in queue
+            if not min(pages) - CAP_POOL["max_num_seqs"] <= ours <= max(pages)] == []
+    steady = [ours == pages[0] for pages, ours in queue if pages[0] == pages[1]]
+    assert len(steady) >= 10 and sum(steady) >= len(steady) / 2, queue
+    # R is no less than the requests of the workload's whole size (32 + 300 tokens: 11 blocks) that fit in what
+    # vLLM's page says is free of its 1,023 usable blocks.
+    request_blocks = math.ceil((CAP_LOAD["prompt_tokens"] + CAP_LOAD["output_tokens"]) / 32)
+    assert [(r.usage, r.usage_after, r.reason_numbers["headroom_requests"]) for r in waiting
+            if r.reason_numbers["headroom_requests"]
+            < (1 - max(r.usage, r.usage_after)) * (CAP_POOL["blocks"] - 1) // request_blocks] == []
 
 
 def test_cap_bound_shortage_alert_stays_silent(cap_bound, stack):

@@ -47,6 +47,23 @@ def test_without_a_preemption_counter_a_full_pool_never_reads_thrashing():
     assert histories["0"] == ()
 
 
+def test_a_thrashing_pool_queues_for_kv_between_two_preemptions():
+    """Preemptions at 6 in 30 s (0.2/s, the threshold 0.02/s) and none since the last poll: the blocks they freed
+    leave the pool at 40 % with room for a typical request, and the 26 queued for capacity still wait for KV (the
+    real vLLM tier read them as waiting with KV room beside a thrashing state)."""
+    histories: dict = {}
+    for now, preemptions in ((0.0, 0), (15.0, 6), (30.0, 6)):
+        pool = RankValues(gauges={"usage_ratio": 0.4, "capacity_blocks": 15.0, "block_size_tokens": 32.0,
+                                  "requests_running": 2.0, "requests_waiting": 26.0,
+                                  "requests_waiting_for_capacity": 26.0},
+                          counters={"preemptions_total": float(preemptions)})
+        derived, histories = derive.derive(Snapshot("vllm", "m", "", {"0": pool}), histories, now, T)
+    gauges = derived["0"].gauges
+    assert derived["0"].pressure == "thrashing"
+    assert (gauges["requests_waiting_for_kv"], gauges["requests_waiting_with_kv_room"]) == (26, 0)
+    assert gauges["headroom_requests"] == 0
+
+
 def test_sglang_tokens_from_raw_pool_gauges():
     gauges = derive.kv_gauges(rank(usage_ratio=0.31, capacity_tokens=100000, block_size_tokens=1,
                                    used_tokens=30500, evictable_tokens=20000, requests_running=5))
@@ -151,13 +168,13 @@ def test_pressure_state(gauges, preemption_rate, expected):
     ({"usage_ratio": 0.95, "requests_waiting": 0}, (0, 0)),
 ])
 def test_waiting_split(gauges, expected):
-    split = derive.waiting_split(gauges, T)
+    split = derive.waiting_split(gauges, derive.kv_is_short(gauges, T))
     assert (split["requests_waiting_for_kv"], split["requests_waiting_with_kv_room"]) == expected
 
 
 @pytest.mark.parametrize("gauges", [{"requests_waiting": 3.0}, {"usage_ratio": 0.5}])
 def test_waiting_split_needs_usage_and_queue(gauges):
-    assert derive.waiting_split(gauges, T) == {}
+    assert derive.waiting_split(gauges, kv_short=True) == {}
 
 
 def test_headroom_in_typical_requests():

@@ -111,5 +111,5 @@ def test_derived_pool_and_pressure_state():
     assert math.isclose(gauges["live_tokens_per_request"], 61 * 32 / 12)
     assert math.isclose(gauges["headroom_requests"], (63 - 61) * 32 / (61 * 32 / 12))
     # 15 requests wait for capacity with the pool at 96.8 %, above the low-water mark (0.75): short of KV.
-    assert derive.waiting_split(gauges, DEFAULT) == {"requests_waiting_for_kv": 15, "requests_waiting_with_kv_room": 0}
+    assert derive.waiting_split(gauges, derive.kv_is_short(gauges, DEFAULT)) == {"requests_waiting_for_kv": 15, "requests_waiting_with_kv_room": 0}
     assert derive.pressure_state(gauges, None, DEFAULT) == "saturated"
