@@ -94,7 +94,8 @@ KV_SHORT_STATES = ("saturated", "thrashing")
 PRESSURE_STATE_MEANINGS = {
     "ok": "KV has room and nothing waits for it",
     "tight": "usage at the high-water mark, nothing queued",
-    "capped": "requests queue while the KV pool has room: the running-request cap or token budget binds",
+    "capped": "requests queue while the KV pool has room: not KV but the running-request cap, the token budget, "
+              "or an engine that admits nothing",
     "saturated": "requests queue because KV is short",
     "thrashing": "the engine preempts or retracts requests to free KV",
 }
@@ -123,6 +124,9 @@ PRESSURE_REASONS = {
     "cap": Reason("capped", "capped: a concurrency or batch cap, not KV",
                   "capped: {requests_waiting_with_kv_room} waiting with {headroom_requests} requests of room: "
                   "a concurrency or batch cap, not KV"),
+    "admits_nothing": Reason("capped", "capped: none running, the engine admits nothing",
+                             "{requests_waiting_with_kv_room} waiting, none running, {free_tokens} tokens free: the "
+                             "engine admits nothing (not KV, not a cap); KVCacheAdmissionStalled if it lasts"),
     "preempted": Reason("saturated", "saturated: preempted just now for KV",
                         "{requests_waiting_for_kv} waiting, and the engine preempted since the last poll to free KV"),
     "free_below_request": Reason("saturated", "saturated: less KV free than one request holds",

@@ -228,7 +228,8 @@ def pressure_reason(gauges: dict[str, float], preemption_rate: float | None, thr
        running-request cap or the token budget binds, not KV. vLLM reports `capacity` for the running cap too
        (reference §7) and SGLang gives no reason at all, so for SGLang this state is what tells the two queues
        apart. A transfer waiting to start while KV has room is no evidence of a cap (vLLM counts one from its
-       arrival, before the scheduler has looked at it).
+       arrival, before the scheduler has looked at it). With none running no cap binds (admits_nothing): the
+       engine admits nothing, for one poll at a burst's first instant, for minutes when it is wedged.
     4. tight (high_water): usage at or above the high-water mark, nothing waiting for capacity.
     5. ok (room): otherwise. None when the engine reports no usage at all.
     capped needs usage below the low-water mark and tight at or above the high-water mark, so the
@@ -244,7 +245,7 @@ def pressure_reason(gauges: dict[str, float], preemption_rate: float | None, thr
     if short is not None:
         return short
     if queue - to_allocate > 0:
-        return "cap"
+        return "admits_nothing" if gauges.get("requests_running") == 0 else "cap"
     if usage >= thresholds.high_water_ratio:
         return "high_water"
     return "room"

@@ -990,7 +990,8 @@ FIRST_SCREEN = ("sglang-sat-dp2", "vllm-cap", "vllm-wedged", "trtllm-sat", "vllm
 
 def page_gives(reason: str, ranks: tuple[Rank, ...], preempted: float) -> bool:
     """Whether one page the poll read holds the numbers a reason's words state (contract.PRESSURE_REASONS), on the
-    rank it is about: a queue at or above the low-water mark, less free than one live request, a queue beside room,
+    rank it is about: a queue at or above the low-water mark, less free than one live request, a queue beside room
+    (with none running: one the engine does not admit),
     preemptions (`preempted`: the engine's own count over the window before), or none of these. Give or take a
     block or a rounding of usage (the engines' usage denominators differ by one, SGLang rounds to two decimals)."""
     slack = max(1.0 / ranks[0].num_blocks, max(USAGE_ROUNDING.values()))
@@ -1001,6 +1002,8 @@ def page_gives(reason: str, ranks: tuple[Rank, ...], preempted: float) -> bool:
         return not queues and max(r.usage for r in ranks) >= THRESHOLDS.high_water_ratio - slack
     if reason == "cap":
         return any(r.waiting_reason not in KV_BOUND or r.shows_room for r in queues)
+    if reason == "admits_nothing":
+        return any(not r.running and r.waiting_reason not in KV_BOUND for r in queues)
     if reason == "low_water":
         return any(r.usage >= THRESHOLDS.low_water_ratio - slack for r in queues)
     if reason == "free_below_request":

@@ -45,6 +45,7 @@ PER_RANK = {  # Sample field -> contract family, read per dp_rank
 class Sample(NamedTuple):
     """One read of /metrics for one target: every field maps dp_rank -> value."""
     states: dict
+    reasons: dict
     waiting: dict
     for_kv: dict
     with_room: dict
@@ -76,9 +77,10 @@ def run(tmp_path_factory):
                    or min(map(len, seen.values())) < MIN_READS and time.monotonic() - started < 4 * WALL_SECONDS):
                 samples = harness.scrape(exporter.url)
                 for name in RUNS:
-                    states = {dict(k[1])["dp_rank"]: dict(k[1])["state"] for k, v in harness.series(
-                        samples, "kvcache_pressure_state", target=name).items() if v == 1.0}
-                    seen[name].append(Sample(states, **{field: per_rank(samples, family, name)
+                    states, reasons = ({dict(k[1])["dp_rank"]: dict(k[1])[label] for k, v in harness.series(
+                        samples, f"kvcache_pressure_{label}", target=name).items() if v == 1.0}
+                        for label in ("state", "reason"))
+                    seen[name].append(Sample(states, reasons, **{field: per_rank(samples, family, name)
                                                         for field, family in PER_RANK.items()}))
                 time.sleep(SAMPLE_EVERY)
         yield seen, {name: engine.state() for name, engine in engines.items()}
@@ -125,7 +127,7 @@ def test_concurrency_cap_reads_capped_and_nothing_waits_for_kv(timeline, name):
                    if waiting >= 20]
     assert long_queues
     for sample, rank in long_queues:
-        assert sample.states[rank] == "capped"
+        assert (sample.states[rank], sample.reasons[rank]) == ("capped", "cap")  # the cap's requests run
         assert (sample.for_kv[rank], sample.with_room[rank]) == (0, sample.waiting[rank])
 
 
@@ -161,14 +163,16 @@ def test_data_parallel_vllm_capacity_is_each_engines_own(run, name):
         assert last.capacity_tokens[str(index)] == config.num_blocks * config.block_size
 
 
-def test_wedged_reads_capped_beside_a_growing_queue_while_its_counters_stand_still(timeline):
+def test_wedged_reads_capped_admitting_nothing_beside_a_growing_queue_while_its_counters_stand_still(timeline):
     """Once wedged (a queue no steady pool reaches: the engine serves as steady first, under 10 waiting), the prompt
-    counter the exporter mirrors stands still while the queue grows beside a free pool, which the pressure state reads
-    as capped, as it reads a running-request cap: only KVCacheAdmissionStalled tells the two apart."""
+    counter the exporter mirrors stands still while the queue grows beside a free pool with none running: the
+    pressure state reads capped (not KV), its reason says the engine admits nothing (no cap binds), and
+    KVCacheAdmissionStalled fires once it lasts."""
     wedged = [sample for sample in timeline["vllm-wedged"] if total(sample.waiting) >= 30]
     assert len(wedged) >= 20
     assert len({total(sample.prompts) for sample in wedged}) == 1  # nothing admitted
     assert {state for sample in wedged for state in sample.states.values()} == {"capped"}
+    assert {reason for sample in wedged for reason in sample.reasons.values()} == {"admits_nothing"}
     queue = [total(sample.waiting) for sample in wedged]
     assert queue == sorted(queue) and queue[-1] >= 100  # 3 arrivals a simulated second, none leaves
     assert all(sample.for_kv["0"] == 0 for sample in wedged)

@@ -360,12 +360,13 @@ def test_on_call_reads_the_worst_first_and_why():
     # One range per reason, mildest first, then down; each [code, code + 1) so the tie-break reads as its code.
     assert [(r["from"], r["result"]["text"]) for r in ranges] == [
         (0, "ok"), (1, "tight: at or above the high-water mark 90%"), (2, "capped: a concurrency or batch cap, not KV"),
-        (3, "saturated: preempted just now for KV"), (4, "saturated: less KV free than one request holds"),
-        (5, "saturated: queue at or above 75% used"), (6, "thrashing: preempting to free KV"),
-        (7, "down: the exporter cannot poll it")]
+        (3, "capped: none running, the engine admits nothing"),
+        (4, "saturated: preempted just now for KV"), (5, "saturated: less KV free than one request holds"),
+        (6, "saturated: queue at or above 75% used"), (7, "thrashing: preempting to free KV"),
+        (8, "down: the exporter cannot poll it")]
     assert all(r["to"] < r["from"] + 1 for r in ranges)
-    assert [r["result"]["color"] for r in ranges] == ["green", "yellow", "orange", "red", "red", "red", "dark-red",
-                                                      "purple"]
+    assert [r["result"]["color"] for r in ranges] == ["green", "yellow", "orange", "orange", "red", "red", "red",
+                                                      "dark-red", "purple"]
     assert properties["custom.width"] == triage.STATE_WIDTH
     # The stat beside it counts each target once, by its worst rank, and the down ones: its counts add up to the rows.
     states = panel(dashboard, "Targets per pressure state")

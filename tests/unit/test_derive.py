@@ -328,13 +328,17 @@ def test_transfers_the_engine_timed_above_the_link_are_counted(link, above):
     (0.5, 1, 999, 1000, False, "free_below_request"),  # under the mark, 999 free < 1000 per request
     (0.5, 2, 5000, 1000, True, "preempted"),  # under the mark with room, but a preemption since the last poll
     (0.5, 2, 5000, 1000, False, "cap"),
+    (0.1, 2, None, None, False, "cap"),  # no running reading: the queue with KV room is read as a cap's
+    (0.0, 2, 0, None, False, "admits_nothing"),  # the running reading (here the free slot) says none runs
     (0.93, 0, None, None, False, "high_water"),
     (0.3, 0, None, None, False, "room"),
 ])
 def test_pressure_reason_names_the_rule_that_decided(usage, waiting, free, live, preempted, expected):
     gauges = {"usage_ratio": usage, "requests_waiting": waiting}
-    if free is not None:
+    if free is not None and live is not None:
         gauges |= {"free_tokens": free, "live_tokens_per_request": live}
+    elif free is not None:  # nothing runs: no typical request
+        gauges |= {"free_tokens": 5000, "requests_running": 0}
     assert derive.pressure_reason(gauges, 0.0, T, preempted) == expected
     assert derive.pressure_reason(gauges, 0.02, T, preempted) == "preemptions"  # at the thrashing rate
 
