@@ -35,6 +35,8 @@ from devtools.harness import GOOD_PAGE, PageServer, page
      "kvcache-exporter: command line: --poll-interval: must be at least 100ms (the default is 5s), got '5ms'\n"),
     (["--demo", "--poll-interval", "5ms"],
      "kvcache-exporter: command line: --poll-interval: must be at least 100ms (the default is 5s), got '5ms'\n"),
+    (["--demo", "--listen", "127.0.0.1:99999"],  # was a traceback and exit 1
+     "kvcache-exporter: command line: --listen: expected HOST:PORT, got '127.0.0.1:99999'\n"),
 ])
 def test_the_process_prints_one_line_and_exits_2(tmp_path, argv, expected):
     (tmp_path / "exporter.yml").write_text("targets: [{name: x}]\n")
