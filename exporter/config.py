@@ -14,6 +14,7 @@ import ipaddress
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, NamedTuple
 from urllib.parse import urlsplit
@@ -651,6 +652,8 @@ def _pd_group_label(path: str, value: Any, settings: dict[str, Any]) -> str:
 def read_yaml(path: str) -> Any:
     """A YAML file's document (None if it is empty); raises ConfigError."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would hang the start, or a reload for good
+            raise ConfigError(path, "(file)", "not a regular file")
         with open(path, encoding="utf-8") as handle:
             return yaml.safe_load(handle)
     except OSError as err:

@@ -299,3 +299,24 @@ def test_a_reload_reads_the_web_configuration_and_a_bad_one_keeps_the_running_en
             assert answer.status_code == 200 and answer.headers["X-Frame-Options"] == "deny"
             assert "TLS on or off changes only at restart; still on" in exporter.log_path.read_text()
             assert "Traceback" not in exporter.log_path.read_text()
+
+
+def test_a_configuration_file_that_is_a_fifo_is_one_line_at_start_in_check_config_and_at_a_reload(tmp_path):
+    """Opened, a FIFO blocks until a writer comes: the start, check-config or a reload (and every reload after it,
+    behind its lock) would wait for good."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    line = f"kvcache-exporter: {fifo}: (file): not a regular file\n"
+    one_line_exit_2(run("--config.file", str(fifo), "--web.listen-address", f"127.0.0.1:{harness.free_port()}"), line)
+    one_line_exit_2(run("check-config", str(fifo)), line)
+    one_line_exit_2(run("--web.config.file", str(fifo), "--web.listen-address", f"127.0.0.1:{harness.free_port()}"),
+                    line)
+    config = tmp_path / "exporter.yml"
+    config.write_text("targets: []\n")
+    with harness.exporter(tmp_path, "--config.file", str(config)) as exporter:
+        config.unlink()
+        os.mkfifo(config)
+        assert post(exporter.url + "/-/reload") == (500, f"reload failed: {config}: (file): not a regular file\n")
+        config.unlink()
+        config.write_text("targets: []\n")
+        assert post(exporter.url + "/-/reload") == (200, "reloaded\n")
