@@ -220,8 +220,8 @@ def _static(body: bytes) -> Callable[[Request], Awaitable[Response]]:
 
 def serve(config: Config, listen_key: tuple[str, str], reload_config: Loader | None = None,
           web: WebConfig | None = None, on_listening=None) -> int:
-    """Run until SIGTERM or SIGINT; SIGHUP reloads the configuration file. `listen_key` is (where, key)
-    of the listen address, named if it cannot be bound; `on_listening` runs once it is bound."""
+    """Run until SIGTERM or SIGINT; SIGHUP reloads the configuration and web configuration files. `listen_key` is
+    (where, key) of the listen address, named if it cannot be bound; `on_listening` runs once it is bound."""
     logs.configure(config.log_level, config.log_format)
     exporter = Exporter(config, reload_config, web)
     try:
