@@ -14,6 +14,7 @@ import ipaddress
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, NamedTuple
 from urllib.parse import urlsplit
@@ -70,8 +71,14 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("logfmt", "json")  # the first is the default
 
 
+# A problem's words at most: a value an error quotes may be a whole section of the file.
+MAX_PROBLEM_CHARS = 400
+
+
 class ConfigError(Exception):
     def __init__(self, source: str, key: str, problem: str):
+        if len(problem) > MAX_PROBLEM_CHARS:
+            problem = problem[:MAX_PROBLEM_CHARS] + "..."
         # One line whatever a file holds: a key or a path may carry a line break.
         super().__init__(f"{source}: {key}: {problem}".replace("\r", "\\r").replace("\n", "\\n"))
 
@@ -651,8 +658,10 @@ def _pd_group_label(path: str, value: Any, settings: dict[str, Any]) -> str:
 def read_yaml(path: str) -> Any:
     """A YAML file's document (None if it is empty); raises ConfigError."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would hang the start, or a reload for good
+            raise ConfigError(path, "(file)", "not a regular file")
         with open(path, encoding="utf-8") as handle:
-            return yaml.safe_load(handle)
+            document = yaml.safe_load(handle)
     except OSError as err:
         raise ConfigError(path, "(file)", err.strerror or str(err)) from None
     except UnicodeDecodeError:
@@ -661,6 +670,31 @@ def read_yaml(path: str) -> Any:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "(file)"
         raise ConfigError(path, where, f"invalid YAML: {getattr(err, 'problem', None) or err}") from None
+    _check_values(path, document)
+    return document
+
+
+# Values a document may hold once its YAML aliases are expanded: far above a fleet's file (2,000 targets are some
+# 30,000), far below what a few lines of nested aliases make (nine levels of nine: 387 million), which every check
+# and error message would walk.
+MAX_DOCUMENT_VALUES = 1_000_000
+
+
+def _check_values(path: str, document: Any) -> None:
+    """Raises ConfigError for a document of over MAX_DOCUMENT_VALUES values, counted as aliases expand them (an
+    alias to itself never ends)."""
+    pending, counted = [document], 0
+    while pending:
+        node = pending.pop()
+        counted += 1
+        if counted > MAX_DOCUMENT_VALUES:
+            raise ConfigError(path, "(file)", f"holds over {MAX_DOCUMENT_VALUES:,} values once its YAML aliases "
+                                              "are expanded")
+        if isinstance(node, dict):
+            pending += node.keys()
+            pending += node.values()
+        elif isinstance(node, list):
+            pending += node
 
 
 def load_file(path: str, read_files: bool = True) -> dict[str, Any]:

@@ -66,7 +66,10 @@ def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | No
     from ..simulator.pd import start_pd_pair  # the simulator is loaded for the demo only
     from ..simulator.server import start_engine
 
-    listen = listen or DEMO_LISTEN
+    try:
+        listen = cfg.parse_listen(listen or DEMO_LISTEN)
+    except ValueError as err:
+        raise cfg.ConfigError(*listen_key, str(err)) from None
     settings = {}
     for setting, value, convert in (("poll_interval", poll_interval or "1s", cfg.parse_poll_interval),
                                     ("log_level", log_level or "info", cfg.parse_log_level),
@@ -94,7 +97,7 @@ def run(listen: str | None, listen_key: tuple[str, str], poll_interval: str | No
             events = cfg.KVEventsConfig(endpoint=real_vllm.kv_events_endpoint, replay_endpoint=real_vllm.replay_endpoint)
             targets.insert(0, cfg.TargetConfig(name=DEMO_ENGINES[0][2], url=real_vllm.url, engine="vllm",
                                                labels={"cluster": "demo"}, kv_events=events))
-        config = cfg.build("--demo", {"targets": targets, "listen": cfg.parse_listen(listen), **settings})
+        config = cfg.build("--demo", {"targets": targets, "listen": listen, **settings})
         host, _, port = listen.rpartition(":")
 
         width = max(len(target.name) for target in targets)

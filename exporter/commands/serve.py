@@ -87,11 +87,18 @@ def main(argv: list[str]) -> int:
             listen_key = listen[:2] if listen else ("--demo", cfg.flag_name("listen"))
             return demo.run(listen[2] if listen else None, listen_key, flags["poll_interval"], flags["log_level"],
                             log_format=flags["log_format"], flags=flags)
-        config = cfg.resolve(flags, environ)
-        web_config = flags["web_config_file"] or environ.get(cfg.ENVIRONMENT["web_config_file"])
-        web = webconfig.load(web_config) if web_config else None
+        config, web = load(flags, environ)
     except cfg.ConfigError as err:
         print(f"kvcache-exporter: {err}", file=sys.stderr)
         return 2
-    reload_config = (lambda: cfg.resolve(flags, environ)) if cfg.given(flags, environ, "config") else None
-    return app.serve(config, cfg.listen_origin(flags, environ), reload_config, web)
+    reloads = cfg.given(flags, environ, "config") or cfg.given(flags, environ, "web_config_file")
+    return app.serve(config, cfg.listen_origin(flags, environ), (lambda: load(flags, environ)) if reloads else None,
+                     web)
+
+
+def load(flags: dict, environ: dict[str, str]) -> tuple[cfg.Config, webconfig.WebConfig | None]:
+    """The configuration and the web configuration, with every file they name read and checked: at start and at
+    each reload alike. Raises ConfigError."""
+    config = cfg.resolve(flags, environ)
+    web_config = cfg.given(flags, environ, "web_config_file")
+    return config, webconfig.load(str(web_config[2])) if web_config else None

@@ -67,9 +67,13 @@ class ExporterState:
         return lines
 
 
+# What a reload reads: the configuration and the web configuration (None: no --web.config.file), each with the
+# files it names. Raises ConfigError.
+Loader = Callable[[], tuple[Config, WebConfig | None]]
+
+
 class Exporter:
-    def __init__(self, config: Config, reload_config: Callable[[], Config] | None = None,
-                 web: WebConfig | None = None):
+    def __init__(self, config: Config, reload_config: Loader | None = None, web: WebConfig | None = None):
         self.config = config
         self._reload_config = reload_config
         self._reload_lock = threading.Lock()
@@ -166,13 +170,13 @@ class Exporter:
         return Response(200 if ok else 500, message.encode() + b"\n")
 
     def reload(self) -> tuple[bool, str]:
-        """Re-read the configuration; on any problem keep the running one and say why."""
+        """Re-read the configuration and the web configuration; on any problem keep the running ones and say why."""
         if self._reload_config is None:
             return False, "nothing to reload: no configuration file"
         with self._reload_lock:
             try:
-                config = self._reload_config()
-                self._apply(config)
+                config, web = self._reload_config()
+                self._apply(config, web)
             except ConfigError as err:
                 return self._reload_failed(str(err))
             except Exception as err:  # the last resort: a fault of ours fails the reload, never ends the process
@@ -187,14 +191,21 @@ class Exporter:
         log.error("reload failed, keeping the running configuration: %s", reason)
         return False, f"reload failed: {reason}"
 
-    def _apply(self, config: Config) -> None:
-        """Every file the configuration names was read at load, so building its targets cannot fail on a file;
-        the shard builds its new targets before it changes a running one."""
+    def _apply(self, config: Config, web: WebConfig | None) -> None:
+        """Every file the configurations name was read at load, so building its targets cannot fail on a file;
+        the shard builds its new targets before it changes a running one. A new web configuration serves the
+        next connection (a renewed certificate, other users or headers)."""
         for key in ("listen", "workers", "shard"):
             if getattr(config, key) != getattr(self.config, key):
                 log.warning("%s changes only at restart; still %s", key, getattr(self.config, key))
                 config = replace(config, **{key: getattr(self.config, key)})
+        if web is not None and (web.tls is None) != (self.server.web.tls is None):
+            # A scraper's scheme is its own configuration: the endpoint does not switch it under Prometheus.
+            log.warning("TLS on or off changes only at restart; still %s", "on" if web.tls is None else "off")
+            web.tls = self.server.web.tls
         self.shard.apply(config)
+        if web is not None:
+            self.server.web = web
         self.config = config
         if self.workers is not None and self.scheduler.running:
             self.scheduler.run(self.workers.apply(config))
@@ -207,10 +218,10 @@ def _static(body: bytes) -> Callable[[Request], Awaitable[Response]]:
     return route
 
 
-def serve(config: Config, listen_key: tuple[str, str], reload_config=None,
+def serve(config: Config, listen_key: tuple[str, str], reload_config: Loader | None = None,
           web: WebConfig | None = None, on_listening=None) -> int:
-    """Run until SIGTERM or SIGINT; SIGHUP reloads the configuration file. `listen_key` is (where, key)
-    of the listen address, named if it cannot be bound; `on_listening` runs once it is bound."""
+    """Run until SIGTERM or SIGINT; SIGHUP reloads the configuration and web configuration files. `listen_key` is
+    (where, key) of the listen address, named if it cannot be bound; `on_listening` runs once it is bound."""
     logs.configure(config.log_level, config.log_format)
     exporter = Exporter(config, reload_config, web)
     try:

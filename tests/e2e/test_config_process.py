@@ -3,6 +3,7 @@ and problem, and exits 2; a good one starts (and `check-config` says OK, polling
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -34,6 +35,8 @@ from devtools.harness import GOOD_PAGE, PageServer, page
      "kvcache-exporter: command line: --poll-interval: must be at least 100ms (the default is 5s), got '5ms'\n"),
     (["--demo", "--poll-interval", "5ms"],
      "kvcache-exporter: command line: --poll-interval: must be at least 100ms (the default is 5s), got '5ms'\n"),
+    (["--demo", "--listen", "127.0.0.1:99999"],  # was a traceback and exit 1
+     "kvcache-exporter: command line: --listen: expected HOST:PORT, got '127.0.0.1:99999'\n"),
 ])
 def test_the_process_prints_one_line_and_exits_2(tmp_path, argv, expected):
     (tmp_path / "exporter.yml").write_text("targets: [{name: x}]\n")
@@ -203,3 +206,117 @@ def test_a_reload_naming_a_bad_file_keeps_the_process_and_the_running_configurat
                 config.write_text(good)  # the same file without the bad target: reloads
                 assert post(exporter.url + "/-/reload") == (200, "reloaded\n")
             assert "Traceback" not in exporter.log_path.read_text()
+
+
+# A web configuration a reload reads, and the line it fails with (after `reload failed: WEB: `); the TLS key kinds
+# a key cannot be read as: a directory, a FIFO (opened, it would block the reload) and another certificate's key.
+BAD_WEB_RELOADS = [
+    ("tls_server_config: {{cert_file: '{tmp}/server.crt', key_file: '{tmp}/directory'}}\n",
+     "tls_server_config.key_file: {tmp}/directory is not a regular file"),
+    ("tls_server_config: {{cert_file: '{tmp}/server.crt', key_file: '{tmp}/fifo'}}\n",
+     "tls_server_config.key_file: {tmp}/fifo is not a regular file"),
+    ("tls_server_config: {{cert_file: '{tmp}/server.crt', key_file: '{tmp}/client.key'}}\n",
+     "tls_server_config.key_file: {tmp}/client.key is not the PEM private key of {tmp}/server.crt: "),
+    ("tls_server_config: {{cert_file: '{tmp}/missing.crt', key_file: '{tmp}/server.key'}}\n",
+     "tls_server_config.cert_file: cannot read {tmp}/missing.crt: No such file or directory"),
+    ("tls_server_config: {{cert_file: '{tmp}/server.crt', key_file: '{tmp}/server.key'}}\nbasic_auth_users: [x]\n",
+     "basic_auth_users: must be a mapping of user names to bcrypt hashes"),
+    ("tls_server_config: [\n", "line 2: invalid YAML: "),
+]
+
+
+def test_a_reload_reads_the_web_configuration_and_a_bad_one_keeps_the_running_endpoint(tmp_path):
+    """SIGHUP and POST /-/reload read --web.config.file again: a good one serves the next connection (basic auth
+    added: 401 without it), a bad one (each of BAD_WEB_RELOADS) fails the reload with the gauge at 0 and the
+    reason in the answer, the process and its TLS endpoint live on and the running target is still polled."""
+    import bcrypt
+    import requests
+
+    tmp = named_files(tmp_path)
+    os.mkfifo(tmp / "fifo")
+    web = tmp / "web.yml"
+    good_web = GOOD_WEB.format(tmp=tmp)
+    web.write_text(good_web)
+    with PageServer({"/a": page(GOOD_PAGE)}) as server:
+        config = tmp / "exporter.yml"
+        config.write_text(f"poll_interval: 0.3s\ntargets:\n  - {{name: a, url: '{server.url('/a')}'}}\n")
+        port = harness.free_port()
+        argv = [sys.executable, "-m", "kvcache_exporter", "--config.file", str(config), "--web.config.file", str(web),
+                "--web.listen-address", f"127.0.0.1:{port}"]
+        base, ca = f"https://127.0.0.1:{port}", str(tmp / "ca.crt")
+        with harness.Process("exporter", argv, tmp, ready_url=None) as exporter:
+            harness.wait_until(lambda: requests.get(base + "/healthz", verify=ca, timeout=1).status_code == 200, 15,
+                               what="exporter listening")
+
+            def scrape(auth=None) -> dict:
+                answer = requests.get(base + "/metrics", verify=ca, auth=auth, timeout=10)
+                assert answer.status_code == 200, answer.status_code
+                return harness.samples_of(answer.text)
+
+            def reload() -> tuple[int, str]:
+                answer = requests.post(base + "/-/reload", verify=ca, timeout=10)
+                return answer.status_code, answer.text
+
+            def failures_logged() -> int:
+                return exporter.log_path.read_text().count("reload failed, keeping the running configuration")
+
+            users = {"prometheus": bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()}
+            web.write_text(good_web + f"basic_auth_users: {{prometheus: '{users['prometheus']}'}}\n")
+            assert reload() == (200, "reloaded\n")  # checked by the running configuration: no users yet
+            assert requests.get(base + "/metrics", verify=ca, timeout=10).status_code == 401
+            assert harness.value(scrape(("prometheus", "pw")), "kvcache_exporter_config_last_reload_successful") == 1
+            web.write_text(good_web)
+            exporter.signal(signal.SIGHUP)
+            harness.wait_until(lambda: requests.get(base + "/healthz", verify=ca, timeout=10).status_code == 200, 10,
+                               what="basic auth gone after SIGHUP")
+
+            for text, expected in BAD_WEB_RELOADS:
+                reason = f"{web}: {expected.format(tmp=tmp)}"
+                web.write_text(text.format(tmp=tmp))
+                logged = failures_logged()
+                exporter.signal(signal.SIGHUP)
+                harness.wait_until(lambda: failures_logged() == logged + 1, 10, what="the SIGHUP reload refused")
+                assert exporter.proc.poll() is None
+                assert f"reload failed, keeping the running configuration: {reason}" in exporter.log_path.read_text()
+                assert harness.value(scrape(), "kvcache_exporter_config_last_reload_successful") == 0.0
+
+                status, body = reload()
+                assert status == 500 and body.startswith(f"reload failed: {reason}") and body.count("\n") == 1, body
+                assert exporter.proc.poll() is None
+
+                polls = server.requests.get("/a", 0)
+                harness.wait_until(lambda: server.requests.get("/a", 0) >= polls + 2, 10, what="a still polled")
+                samples = scrape()  # over the running TLS endpoint, its certificate unchanged
+                assert harness.value(samples, "kvcache_target_up", target="a") == 1.0
+                assert harness.value(samples, "kvcache_exporter_config_last_reload_successful") == 0.0
+
+                web.write_text(good_web)
+                assert reload() == (200, "reloaded\n")
+
+            web.write_text("http_server_config: {headers: {X-Frame-Options: deny}}\n")  # TLS off: only at restart
+            assert reload() == (200, "reloaded\n")
+            answer = requests.get(base + "/metrics", verify=ca, timeout=10)
+            assert answer.status_code == 200 and answer.headers["X-Frame-Options"] == "deny"
+            assert "TLS on or off changes only at restart; still on" in exporter.log_path.read_text()
+            assert "Traceback" not in exporter.log_path.read_text()
+
+
+def test_a_configuration_file_that_is_a_fifo_is_one_line_at_start_in_check_config_and_at_a_reload(tmp_path):
+    """Opened, a FIFO blocks until a writer comes: the start, check-config or a reload (and every reload after it,
+    behind its lock) would wait for good."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    line = f"kvcache-exporter: {fifo}: (file): not a regular file\n"
+    one_line_exit_2(run("--config.file", str(fifo), "--web.listen-address", f"127.0.0.1:{harness.free_port()}"), line)
+    one_line_exit_2(run("check-config", str(fifo)), line)
+    one_line_exit_2(run("--web.config.file", str(fifo), "--web.listen-address", f"127.0.0.1:{harness.free_port()}"),
+                    line)
+    config = tmp_path / "exporter.yml"
+    config.write_text("targets: []\n")
+    with harness.exporter(tmp_path, "--config.file", str(config)) as exporter:
+        config.unlink()
+        os.mkfifo(config)
+        assert post(exporter.url + "/-/reload") == (500, f"reload failed: {config}: (file): not a regular file\n")
+        config.unlink()
+        config.write_text("targets: []\n")
+        assert post(exporter.url + "/-/reload") == (200, "reloaded\n")

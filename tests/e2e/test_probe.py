@@ -83,6 +83,19 @@ def test_probe_rejects_bad_parameters(tmp_path):
         assert "s3cret-pw" not in exporter.log_path.read_text()
 
 
+def test_probe_takes_every_registered_engine_and_lists_them_when_refusing_another(tmp_path):
+    from kvcache_exporter.adapters import ADAPTERS
+
+    with PageServer({"/metrics": page(GOOD_PAGE)}) as server, \
+            exporter_with(tmp_path, probe=LOOPBACK_PROBES) as exporter:
+        assert probe_answer(exporter, server.url("/metrics"), engine="tgi") == (
+            400, f"engine must be one of {', '.join(['auto', *ADAPTERS])}\n")
+        assert len(ADAPTERS) == 7 and "lmcache" in ADAPTERS
+        for engine in ADAPTERS:  # polled as that engine: an answer, whatever the adapter makes of the page
+            assert probe(exporter, server.url("/metrics"), engine=engine)[0] == 200, engine
+        assert server.requests["/metrics"] == len(ADAPTERS)
+
+
 def test_probe_allow_list_and_the_exporters_own_address(tmp_path):
     with PageServer({"/metrics": page(GOOD_PAGE)}) as server:
         allow = ["10.0.0.0/8", "*.engines.example", "127.0.0.1"]

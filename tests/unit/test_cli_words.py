@@ -26,6 +26,15 @@ def test_the_help_names_every_registered_engine():
     assert [title for title in (adapter.title for adapter in ADAPTERS.values()) if title not in description] == []
 
 
+def test_the_helps_engine_list_is_the_registrys_in_its_order():
+    """The list --help prints, read back as a reader reads it, is the registry's titles: none missing, none extra."""
+    text = " ".join(serve.parser().format_help().split())
+    (listed,) = re.findall(r"LLM serving engines \(([^)]*)\)", text)
+    *first, last = listed.split(" and ")
+    assert [name for part in first for name in part.split(", ")] + [last] == \
+        [adapter.title for adapter in ADAPTERS.values()]
+
+
 def test_the_demo_help_names_the_engines_the_demo_starts():
     words = help_of("--demo")
     started = [(ADAPTERS[demo.engine_of(flavor)].title, scenario) for flavor, scenario, _ in demo.DEMO_ENGINES]

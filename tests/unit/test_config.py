@@ -276,6 +276,37 @@ def test_missing_file(tmp_path):
         load(["--config", str(tmp_path / "nope.yml")])
 
 
+@pytest.mark.parametrize("text", [
+    # nine levels of nine aliases: 9**9 = 387,420,489 values, in ten short lines
+    "".join(f"l{level}: &l{level} [{', '.join([f'*l{level - 1}' if level else 'x'] * 9)}]\n" for level in range(10)),
+    "targets: &self [*self]\n",  # an alias to itself: never ends
+])
+def test_a_document_whose_aliases_expand_past_a_million_values_is_one_line(tmp_path, text):
+    """Every check and message would walk the expansion (a message quoting it was 226 MB at eight levels)."""
+    path = write(tmp_path, text)
+    with pytest.raises(cfg.ConfigError) as err:
+        cfg.load_file(str(path))
+    assert str(err.value) == f"{path}: (file): holds over 1,000,000 values once its YAML aliases are expanded"
+
+
+def test_the_values_are_counted_to_the_limit_and_no_further(tmp_path, monkeypatch):
+    monkeypatch.setattr(cfg, "MAX_DOCUMENT_VALUES", 100)
+    path = write(tmp_path, "x: &x [%s]\ntargets: *x\n" % ", ".join(["a"] * 47))  # 1 + 2 keys + 2 x (1 + 47) = 99
+    assert cfg.read_yaml(str(path))["targets"] == ["a"] * 47
+    path = write(tmp_path, "x: &x [%s]\ntargets: *x\n" % ", ".join(["a"] * 48))  # 101: the alias counts again
+    with pytest.raises(cfg.ConfigError, match=r"\(file\): holds over 100 values once its YAML aliases"):
+        cfg.read_yaml(str(path))
+
+
+def test_a_quoted_value_is_cut_to_keep_the_line_short(tmp_path):
+    path = write(tmp_path, "poll_interval: [%s]\n" % ", ".join(["'ten chars!'"] * 1000))
+    with pytest.raises(cfg.ConfigError) as err:
+        cfg.load_file(str(path))
+    problem = str(err.value).removeprefix(f"{path}: poll_interval: ")
+    assert problem.startswith("not a positive duration (e.g. 5s, 500ms, 1m): [")
+    assert len(problem) == cfg.MAX_PROBLEM_CHARS + 3 and problem.endswith("...")
+
+
 def test_shard_from_the_file_the_environment_and_the_command_line(tmp_path):
     path = write(tmp_path, "shard: 1/4\ntargets: [{url: 'http://f:1/metrics'}]\n")
     assert load(["--config", str(path)]).shard == (1, 4)

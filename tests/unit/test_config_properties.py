@@ -191,7 +191,8 @@ def running(files, tmp_path_factory):
     """An exporter (never started: nothing polled or bound) whose configuration file the examples rewrite."""
     path = tmp_path_factory.mktemp("reloaded") / "exporter.yml"
     path.write_text(yaml.safe_dump(base(files)))
-    exporter = Exporter(cfg.resolve({"config": str(path)}, {}), lambda: cfg.resolve({"config": str(path)}, {}))
+    exporter = Exporter(cfg.resolve({"config": str(path)}, {}),
+                        lambda: (cfg.resolve({"config": str(path)}, {}), None))
     yield exporter, path
     exporter.stop()
 
@@ -299,7 +300,8 @@ def test_a_fault_while_applying_a_reload_fails_it_and_changes_no_running_target(
     traceback; the new targets are built before any running one changes, so nothing half-applies."""
     path = tmp_path / "exporter.yml"
     path.write_text(yaml.safe_dump(base(files)))
-    exporter = Exporter(cfg.resolve({"config": str(path)}, {}), lambda: cfg.resolve({"config": str(path)}, {}))
+    exporter = Exporter(cfg.resolve({"config": str(path)}, {}),
+                        lambda: (cfg.resolve({"config": str(path)}, {}), None))
     try:
         running, labels = list(exporter.shard.targets), [target.labels for target in exporter.shard.targets]
         document = base(files)
