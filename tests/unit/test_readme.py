@@ -26,7 +26,7 @@ def test_check_mode_finds_a_changed_table(tmp_path, monkeypatch, capsys):
     assert "run `make docs`" in capsys.readouterr().err
 
 
-def test_an_alert_is_one_row_with_its_severities_most_severe_first():
+def test_an_alert_whose_severities_say_the_same_is_one_row_most_severe_first():
     rules = {"groups": [{"name": "g", "rules": [
         {"record": "r", "expr": "1"},
         {"alert": "Quiet", "expr": "1", "for": "30m", "labels": {"severity": "info"},
@@ -42,6 +42,26 @@ def test_an_alert_is_one_row_with_its_severities_most_severe_first():
         "| critical, warning | [Storm](alerts/runbook.md#storm) | the tier rains | 5m |",
         "| critical | [Gone](alerts/runbook.md#gone) | the exporter is gone | 5m |",
         "| info | [Quiet](alerts/runbook.md#quiet) | something to know | 30m |",
+    ]
+
+
+def test_a_page_whose_condition_differs_from_the_warnings_is_a_row_of_its_own():
+    """What pages is read apart from what warns: the critical rule's words (and duration) on the critical rows."""
+    rules = {"groups": [{"name": "g", "rules": [
+        {"alert": "Queue", "expr": "1", "for": "2m", "labels": {"severity": "warning"},
+         "annotations": {"summary": "{{ $labels.target }} (model {{ $labels.model }}): requests queue"}},
+        {"alert": "Queue", "expr": "2", "for": "2m", "labels": {"severity": "critical"},
+         "annotations": {"summary": "{{ $labels.target }} (model {{ $labels.model }}): requests queue, and users wait"}},
+        {"alert": "Storm", "expr": "1", "for": "5m", "labels": {"severity": "warning"},
+         "annotations": {"summary": "it rains"}},
+        {"alert": "Storm", "expr": "2", "for": "10m", "labels": {"severity": "critical"},
+         "annotations": {"summary": "it rains"}},
+    ]}]}
+    assert readme.alerts_table(yaml.safe_dump(rules)).splitlines()[2:] == [
+        "| critical | [Queue](alerts/runbook.md#queue) | requests queue, and users wait | 2m |",
+        "| critical | [Storm](alerts/runbook.md#storm) | it rains | 10m |",
+        "| warning | [Queue](alerts/runbook.md#queue) | requests queue | 2m |",
+        "| warning | [Storm](alerts/runbook.md#storm) | it rains | 5m |",
     ]
 
 
