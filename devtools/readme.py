@@ -6,8 +6,8 @@ Between its markers in README.md: the alerts (alerts/kvcache-rules.yml, as `make
 what fires in the words of each rule's summary, and for how long; a page's condition on a row of its own), the
 pressure states (exporter/contract.py's words, the rule of each from docs/metrics.md's generator with the
 thresholds' defaults) and the cost per engine (the first table of docs/performance.md that measures the whole
-monitoring path). `make docs` and `make alerts`
-run it; tests/unit/test_readme.py fails when the committed README differs.
+monitoring path). `make docs` and `make alerts` run it; tests/unit/test_readme.py fails when the committed README
+differs.
 """
 
 from __future__ import annotations
