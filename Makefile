@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo demo-real top test e2e check install deps docs dashboards dashboards-render dashboards-demo alerts kubernetes bench bench-paths fuzz
+.PHONY: demo demo-real top test e2e check install deps docs dashboards dashboards-render dashboards-demo alerts compose-thresholds kubernetes bench bench-paths fuzz
 
 demo: install
 	$(PY) -m kvcache_exporter --demo
@@ -66,7 +66,12 @@ $(VENV)/.installed: pyproject.toml exporter/sources/cparser.pyx Makefile | $(PY)
 
 $(VENV)/.installed-test: pyproject.toml exporter/sources/cparser.pyx | $(PY)
 	$(PY) -m pip install -q -e '.[test]'
-	@touch $@ $(VENV)/.installed
+	@touch $@ $(VENV)/.installed $(VENV)/.installed-dashboards
+
+# The dashboards' generator (grafana-foundation-sdk), which the test extra carries too.
+$(VENV)/.installed-dashboards: pyproject.toml exporter/sources/cparser.pyx | $(PY)
+	$(PY) -m pip install -q -e '.[dashboards]'
+	@touch $@
 
 docs: install
 	$(PY) -m devtools.contract_doc
@@ -78,13 +83,24 @@ dashboards: install
 
 # The compose stack's copy links each alert to the runbook its Prometheus serves as a console (docs/compose.md).
 COMPOSE_PROMETHEUS = deploy/compose/prometheus
+COMPOSE_RUNBOOK_URL_BASE = {{ $$externalURL }}/consoles/runbook.html
 alerts: install
 	$(PY) -m kvcache_exporter.alerts.generate
 	$(PY) -m kvcache_exporter.alerts.runbook
-	$(PY) -m kvcache_exporter.alerts.generate --runbook-url-base '{{ $$externalURL }}/consoles/runbook.html' \
+	$(PY) -m kvcache_exporter.alerts.generate --runbook-url-base '$(COMPOSE_RUNBOOK_URL_BASE)' \
 		--output $(COMPOSE_PROMETHEUS)/kvcache-rules.yml
 	$(PY) -m kvcache_exporter.alerts.runbook --html --output $(COMPOSE_PROMETHEUS)/consoles/runbook.html
 	$(PY) -m devtools.readme
+
+# The compose stack's rules, runbook console and dashboards (the copies it mounts) for the `pressure:` thresholds
+# and `labels:` of COMPOSE_CONFIG, its exporter's file, so that all three say the numbers the exporter runs with.
+COMPOSE_CONFIG ?= deploy/compose/exporter.yml
+compose-thresholds: install $(VENV)/.installed-dashboards
+	$(PY) -m kvcache_exporter.alerts.generate --config $(COMPOSE_CONFIG) \
+		--runbook-url-base '$(COMPOSE_RUNBOOK_URL_BASE)' --output $(COMPOSE_PROMETHEUS)/kvcache-rules.yml
+	$(PY) -m kvcache_exporter.alerts.runbook --config $(COMPOSE_CONFIG) --html \
+		--output $(COMPOSE_PROMETHEUS)/consoles/runbook.html
+	$(PY) -m devtools.build_dashboards --config $(COMPOSE_CONFIG) --out dashboards/generated
 
 # Both dashboards as Grafana 12.4's own frontend code draws them (devtools/grafana-render/, in Debian's
 # Chromium), from a running Prometheus: $(RENDER_DIR)/<dashboard>/<panel>.png, row-NN-<row>.png and

@@ -3,10 +3,11 @@
     python -m devtools.readme [--check]
 
 Between its markers in README.md: the alerts (alerts/kvcache-rules.yml, as `make alerts` writes it: severity,
-what fires in the words of each rule's summary, and for how long), the pressure states (exporter/contract.py's
-words, the rule of each from docs/metrics.md's generator with the thresholds' defaults) and the cost per engine
-(the first table of docs/performance.md that measures the whole monitoring path). `make docs` and `make alerts`
-run it; tests/unit/test_readme.py fails when the committed README differs.
+what fires in the words of each rule's summary, and for how long; a page's condition on a row of its own), the
+pressure states (exporter/contract.py's words, the rule of each from docs/metrics.md's generator with the
+thresholds' defaults) and the cost per engine (the first table of docs/performance.md that measures the whole
+monitoring path). `make docs` and `make alerts` run it; tests/unit/test_readme.py fails when the committed README
+differs.
 """
 
 from __future__ import annotations
@@ -48,24 +49,23 @@ def _without_templates(text: str) -> str:
 
 
 def alerts_table(rules_text: str) -> str:
-    """One row per alert (an alert at two severities is one row), most severe first, then in the file's order."""
-    rows: dict[str, dict] = {}
+    """One row per alert and condition, most severe first, then in the file's order: an alert's severities share a
+    row where their summaries and durations are the same, and each has its own where they differ (the page's
+    condition apart from the warning's)."""
+    rows: dict[tuple[str, str, str], list[str]] = {}
     for group in yaml.safe_load(rules_text)["groups"]:
         for rule in group["rules"]:
-            if "alert" not in rule:
-                continue
-            row = rows.setdefault(rule["alert"], {"severities": [], "summary": rule["annotations"]["summary"],
-                                                  "for": rule.get("for", "0s")})
-            row["severities"].append(rule["labels"]["severity"])
-    unknown = {s for row in rows.values() for s in row["severities"]} - set(SEVERITIES)
+            if "alert" in rule:
+                condition = (rule["alert"], _without_templates(rule["annotations"]["summary"]), rule.get("for", "0s"))
+                rows.setdefault(condition, []).append(rule["labels"]["severity"])
+    unknown = {s for severities in rows.values() for s in severities} - set(SEVERITIES)
     if unknown:
         raise LookupError(f"{RULES.name}: severities {sorted(unknown)} are not among {SEVERITIES}")
-    ordered = sorted(rows.items(), key=lambda item: min(SEVERITIES.index(s) for s in item[1]["severities"]))
+    ordered = sorted(rows.items(), key=lambda item: min(SEVERITIES.index(s) for s in item[1]))
     lines = ["| severity | alert | fires when | for |", "|---|---|---|---|"]
-    for name, row in ordered:
-        severities = sorted(set(row["severities"]), key=SEVERITIES.index)
-        lines.append(f"| {', '.join(severities)} | [{name}](alerts/runbook.md#{name.lower()}) "
-                     f"| {_without_templates(row['summary'])} | {row['for']} |")
+    for (name, summary, for_), severities in ordered:
+        shown = ", ".join(sorted(set(severities), key=SEVERITIES.index))
+        lines.append(f"| {shown} | [{name}](alerts/runbook.md#{name.lower()}) | {summary} | {for_} |")
     return "\n".join(lines)
 
 

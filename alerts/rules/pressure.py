@@ -66,7 +66,8 @@ def queue_alerts(t: Thresholds, runbook_base: str) -> list[dict]:
             f"{shortage}\nand on (target) (\n  kvcache:requests_waiting:deriv > 0\n"
             f"  or\n  kvcache:time_to_first_token_seconds:mean > {ttft}\n)",
             t.shortage_for,
-            f"{WHERE}: requests are queueing because the KV cache is full, and users wait",
+            f"{WHERE}: requests are queueing because the KV cache is full, and users wait (the queue grows, or mean "
+            f"TTFT above {ttft} s)",
             f"{{{{ $value | humanize }}}} requests wait for KV on {WHERE} while the engine answers, and the queue grew "
             f"over {w} or the mean time to first token is above {ttft} s: users wait longer the longer it lasts. "
             "GPU memory looks flat because the KV pool is reserved at start." + reasons(t, KV_SHORT_STATES),
@@ -98,7 +99,7 @@ def storm_alert(t: Thresholds, severity: str, per_second: float, runbook_base: s
         with_traffic(f"kvcache:preemptions:rate > {number(per_second)}", "kvcache:requests_finished:rate",
                      t.traffic_floor_requests_per_second),
         t.preemption_storm_for,
-        f"{WHERE}: the engine keeps preempting requests to free KV",
+        f"{WHERE}: the engine keeps preempting requests to free KV, more than {number(per_second)}/s",
         f"{WHERE} preempts {VALUE_PER_SECOND} requests/s over {w}, above {number(per_second)}/s, while "
         "requests still finish. Preempted requests lose their KV and are recomputed: throughput falls and latency climbs."
         + reasons(t, ("thrashing",)),

@@ -1,7 +1,7 @@
 """Write (or, with --check, compare) the Kubernetes manifests under deploy/kubernetes/.
 
     python -m deploy.kubernetes.generate [--namespace NS] [--replicas N] [--image IMAGE]
-        [--pod-selector SELECTOR] [--config exporter.yml] [--out DIR] [--check]
+        [--pod-selector SELECTOR] [--config exporter.yml] [--runbook-url-base URL] [--out DIR] [--check]
 
 base/ is a kustomize base (`kubectl apply -k deploy/kubernetes/base`): the exporter's StatefulSet,
 headless Service and configuration, a ScrapeConfig for probe mode, a ServiceMonitor for the
@@ -14,7 +14,9 @@ engine Deployment on the fleet rules' replica signal: a KEDA ScaledObject, or an
 The rules and dashboards are the files the compose stack mounts, alerts/kvcache-rules.yml and
 dashboards/generated/*.json. With `--config`, the exporter runs with that file, and the rules and
 dashboards are rebuilt from its `pressure:` and `labels:` as `python -m kvcache_exporter.alerts.generate` and
-`python -m devtools.build_dashboards` would, so exporter, alerts and panels agree.
+`python -m devtools.build_dashboards` would, so exporter, alerts and panels agree. `--runbook-url-base` is where
+you serve the runbook (`kvcache-exporter assets --config exporter.yml` writes it for the same thresholds): every
+alert's runbook_url is that address and `#<alert name>`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from kvcache_exporter import config as exporter_config
+from kvcache_exporter.alerts import generate as alerts
 
 from . import autoscaling, grafana, operator, probe, sharded, workload
 from .deployment import DEFAULT_POD_SELECTOR, PROBE_INTERVAL_SECONDS, REPO, Deployment, seconds
@@ -71,18 +74,18 @@ class Sources:
     dashboards: dict[str, str]  # file name -> dashboard JSON
 
 
-def committed_sources() -> Sources:
-    """The rule file and dashboards that the compose stack mounts."""
+def committed_sources(runbook_url_base: str | None = None) -> Sources:
+    """The rule file and dashboards that the compose stack mounts; the rules rebuilt for `runbook_url_base` if given."""
     return Sources(
         exporter_config=probe_mode_config(),
-        rules=yaml.safe_load(RULES.read_text()),
+        rules=yaml.safe_load(RULES.read_text()) if runbook_url_base is None else alerts.build(
+            runbook_base=runbook_url_base),
         dashboards={path.name: path.read_text() for path in sorted(DASHBOARDS.glob("*.json"))},
     )
 
 
-def sources_from_config(path: Path) -> Sources:
+def sources_from_config(path: Path, runbook_url_base: str | None = None) -> Sources:
     """Rules and dashboards rebuilt for an exporter configuration. Raises ConfigError."""
-    from kvcache_exporter.alerts import generate as alerts
     from kvcache_exporter.dashboards import build as dashboards
 
     settings = exporter_config.load_file(str(path))
@@ -92,7 +95,7 @@ def sources_from_config(path: Path) -> Sources:
     thresholds, static_labels, pd_group_label = dashboards.settings_from(path)
     return Sources(
         exporter_config=path.read_text(),
-        rules=alerts.build(thresholds, pd_group_label=pd_group_label),
+        rules=alerts.build(thresholds, runbook_url_base or alerts.RUNBOOK_URL_BASE, pd_group_label=pd_group_label),
         dashboards={name: dashboards.render(board) for name, board in dashboards.build_all(
             thresholds, static_labels, pd_group_label).items()},
     )
@@ -176,13 +179,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="label selector of the engine pods to probe (%(default)s)")
     parser.add_argument("--config", type=Path, help="exporter configuration to run with (no targets: probe mode); "
                                                     "its pressure: and labels: shape the rules and dashboards")
+    parser.add_argument("--runbook-url-base", metavar="URL",
+                        help="where you serve the runbook; each alert's runbook_url is URL#<alert name> "
+                             "(default: the project's runbook, which states the default thresholds)")
     parser.add_argument("--out", type=Path, default=HERE, help="output directory (%(default)s)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ")
     args = parser.parse_args(argv)
     try:
         deployment = Deployment(namespace=args.namespace, replicas=args.replicas, image=args.image,
                                 pod_selector=args.pod_selector)
-        sources = sources_from_config(args.config) if args.config else committed_sources()
+        sources = (sources_from_config(args.config, args.runbook_url_base) if args.config
+                   else committed_sources(args.runbook_url_base))
     except (ValueError, exporter_config.ConfigError) as err:
         print(f"deploy.kubernetes.generate: {err}", file=sys.stderr)
         return 2

@@ -93,7 +93,8 @@ def test_shortage_notification_for_kv_saturation_and_none_for_concurrency_cap(tm
         annotations = alert["annotations"]
         # kv-saturation's queue builds while the pool is full, so users wait: the page, not only the warning.
         assert annotations["summary"] == (f"llama-sat (model {model}): requests are queueing because the KV cache is "
-                                          "full, and users wait")
+                                          "full, and users wait (the queue grows, or mean TTFT above "
+                                          f"{COMPRESSED.shortage_critical_ttft_seconds:g} s)")
         waiting, rest = annotations["description"].split(" ", 1)
         assert float(waiting) >= 1
         assert rest.startswith(f"requests wait for KV on llama-sat (model {model}) while the engine answers, and the "

@@ -14,6 +14,7 @@ it from a wheel), so make only shows what it would run.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from devtools import harness
 from devtools.harness import PageServer, alternating, page
@@ -153,3 +155,40 @@ def test_make_top_shows_the_exporters_pools_with_what_make_install_installed(clo
     # the table needs; this checkout's venv has it from the test extra too).
     dry = run("make -n install VENV=.venv-new", clone)
     assert "install -q -e '.[top]'" in dry.stdout, dry.stdout
+
+
+COMPOSE_COPIES = ("deploy/compose/prometheus/kvcache-rules.yml", "deploy/compose/prometheus/consoles/runbook.html",
+                  "dashboards/generated/kvcache-fleet.json", "dashboards/generated/kvcache-target.json")
+
+
+def test_make_compose_thresholds_writes_the_stacks_copies_for_its_exporters_file(clone):
+    """docs/compose.md, "Thresholds": `make compose-thresholds` rewrites what the compose stack mounts (rules, runbook
+    console, dashboards) for the exporter's file. For the shipped file, which overrides nothing, that is what is
+    committed; for one with `high_water_ratio: 0.95`, all three say 95 % and none the default 90 %. `-o` keeps make
+    from installing into this checkout's venv again (it has the dashboards' generator from the test extra)."""
+    make = "make --no-print-directory -o .venv/.installed -o .venv/.installed-dashboards compose-thresholds"
+    shipped = run(make, clone)
+    assert shipped.returncode == 0, shipped.stderr
+    for copy in COMPOSE_COPIES:
+        assert (clone / copy).read_bytes() == (REPO / copy).read_bytes(), copy
+
+    (clone / "mine.yml").write_text("pressure:\n  high_water_ratio: 0.95\n")
+    mine = run(f"{make} COMPOSE_CONFIG=mine.yml", clone)
+    assert mine.returncode == 0, mine.stderr
+    rules = {rule["alert"]: rule for group in yaml.safe_load((clone / COMPOSE_COPIES[0]).read_text())["groups"]
+             for rule in group["rules"] if "alert" in rule}
+    assert rules["KVCacheNearlyFull"]["expr"].startswith("kvcache:usage_ratio:max >= 0.95\n")
+    assert rules["KVCacheNearlyFull"]["annotations"]["runbook_url"] == (
+        "{{ $externalURL }}/consoles/runbook.html#kvcachenearlyfull")
+    runbook = (clone / COMPOSE_COPIES[1]).read_text()
+    assert "high-water mark 95%" in runbook and "90%" not in runbook
+    for board in COMPOSE_COPIES[2:]:
+        steps = [step.get("value") for panel in _panels(json.loads((clone / board).read_text()))
+                 for step in panel.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get("steps", ())]
+        assert 0.95 in steps and 0.9 not in steps, board
+
+
+def _panels(dashboard: dict):
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", ())

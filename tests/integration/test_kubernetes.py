@@ -141,6 +141,22 @@ def test_config_option_runs_the_exporter_and_the_generators_on_one_file(tmp_path
     assert (rebuilt.rules, rebuilt.dashboards) == (committed.rules, committed.dashboards)
 
 
+@pytest.mark.parametrize("with_config", [False, True])
+def test_runbook_url_base_points_every_alert_at_the_runbook_you_serve(tmp_path, with_config):
+    """Without --config (the committed rules) and with one (rules rebuilt for its thresholds) alike."""
+    base = "https://wiki.example.org/kv/runbook"
+    config = tmp_path / "exporter.yml"
+    config.write_text("pressure: {high_water_ratio: 0.8}\n")
+    objects = generated(tmp_path / "out", "--runbook-url-base", base, *(["--config", str(config)] if with_config else []))
+    alerts = [rule for group in objects["PrometheusRule"]["spec"]["groups"] for rule in group["rules"] if "alert" in rule]
+    committed = yaml.safe_load((REPO / "alerts" / "kvcache-rules.yml").read_text())["groups"]
+    assert len(alerts) == sum("alert" in rule for group in committed for rule in group["rules"])
+    assert {rule["annotations"]["runbook_url"] for rule in alerts} == {
+        f"{base}#{rule['alert'].lower()}" for rule in alerts}
+    [nearly_full] = [rule for rule in alerts if rule["alert"] == "KVCacheNearlyFull"]
+    assert nearly_full["expr"].startswith(f"kvcache:usage_ratio:max >= {0.8 if with_config else 0.9}\n")
+
+
 def test_config_option_refuses_targets(tmp_path, capsys):
     config = tmp_path / "exporter.yml"
     config.write_text("targets: [{url: 'http://10.0.0.1:8000/metrics'}]\n")

@@ -26,22 +26,36 @@ def test_check_mode_finds_a_changed_table(tmp_path, monkeypatch, capsys):
     assert "run `make docs`" in capsys.readouterr().err
 
 
-def test_an_alert_is_one_row_with_its_severities_most_severe_first():
-    rules = {"groups": [{"name": "g", "rules": [
-        {"record": "r", "expr": "1"},
-        {"alert": "Quiet", "expr": "1", "for": "30m", "labels": {"severity": "info"},
-         "annotations": {"summary": "{{ $labels.model }}: something to know"}},
-        {"alert": "Storm", "expr": "1", "for": "5m", "labels": {"severity": "warning"},
-         "annotations": {"summary": "{{ $labels.target }} (model {{ $labels.model }}): the {{ $labels.tier }} tier rains"}},
-        {"alert": "Storm", "expr": "2", "for": "5m", "labels": {"severity": "critical"},
-         "annotations": {"summary": "{{ $labels.target }} (model {{ $labels.model }}): the {{ $labels.tier }} tier rains"}},
-        {"alert": "Gone", "expr": "1", "for": "5m", "labels": {"severity": "critical"},
-         "annotations": {"summary": "The exporter is gone"}},
-    ]}]}
-    assert readme.alerts_table(yaml.safe_dump(rules)).splitlines()[2:] == [
+def _rules(*alerts: tuple[str, str, str, str]) -> str:
+    """A rule file of (alert, severity, for, summary) alerts and a recording rule."""
+    return yaml.safe_dump({"groups": [{"name": "g", "rules": [{"record": "r", "expr": "1"}] + [
+        {"alert": name, "expr": "1", "for": for_, "labels": {"severity": severity}, "annotations": {"summary": summary}}
+        for name, severity, for_, summary in alerts]}]})
+
+
+def test_an_alert_whose_severities_say_the_same_is_one_row_most_severe_first():
+    storm = "{{ $labels.target }} (model {{ $labels.model }}): the {{ $labels.tier }} tier rains"
+    table = readme.alerts_table(_rules(("Quiet", "info", "30m", "{{ $labels.model }}: something to know"),
+                                       ("Storm", "warning", "5m", storm), ("Storm", "critical", "5m", storm),
+                                       ("Gone", "critical", "5m", "The exporter is gone")))
+    assert table.splitlines()[2:] == [
         "| critical, warning | [Storm](alerts/runbook.md#storm) | the tier rains | 5m |",
         "| critical | [Gone](alerts/runbook.md#gone) | the exporter is gone | 5m |",
         "| info | [Quiet](alerts/runbook.md#quiet) | something to know | 30m |",
+    ]
+
+
+def test_a_page_whose_condition_differs_from_the_warnings_is_a_row_of_its_own():
+    """What pages is read apart from what warns: the critical rule's words (and duration) on the critical rows."""
+    where = "{{ $labels.target }} (model {{ $labels.model }}): "
+    table = readme.alerts_table(_rules(("Queue", "warning", "2m", where + "requests queue"),
+                                       ("Queue", "critical", "2m", where + "requests queue, and users wait"),
+                                       ("Storm", "warning", "5m", "it rains"), ("Storm", "critical", "10m", "it rains")))
+    assert table.splitlines()[2:] == [
+        "| critical | [Queue](alerts/runbook.md#queue) | requests queue, and users wait | 2m |",
+        "| critical | [Storm](alerts/runbook.md#storm) | it rains | 10m |",
+        "| warning | [Queue](alerts/runbook.md#queue) | requests queue | 2m |",
+        "| warning | [Storm](alerts/runbook.md#storm) | it rains | 5m |",
     ]
 
 
