@@ -549,11 +549,11 @@ The KV transfer families are absent where the engine has no KV connector, never 
   load was planned for, at admission, failed and unfinished loads included: it is the `peer` source of
   `kvcache_cached_prompt_tokens_total` (not a storage tier), never the tokens received. Failed loads are
   `kvcache_kv_transfer_failures_total`, loads under way `kvcache_kv_transfer_requests{{stage="in_progress"}}`.
-- **A real pair here.** vLLM's CPU build (0.32) cannot start NIXL (its worker fails with "NIXL is not
-  available": no `nixl` package), so the NIXL and SGLang mappings are checked on golden pages written by the
-  engines' own metrics code (tests/fixtures/pd-golden/). A real pair with vLLM's ExampleConnector (shared
-  storage, no GPU library) runs in tests/real/test_vllm_pd_pair.py: its synchronous loads never enter the fetch
-  stages, and its received tokens show as the `other` source of `kvcache_cached_prompt_tokens_total`.
+- **A real pair here.** vLLM's CPU build (0.32) runs NIXL over UCX on host memory (the `nixl` and `nixl-cu12`
+  packages, which load without CUDA): tests/real/test_vllm_pd_pair.py runs a prefill and a decode engine, a
+  proxy and the exporter, and checks roles, received prompt tokens, transfer bytes and counts and the decode
+  queue against the engines' own pages. Every P/D mapping (vLLM NIXL pull and push, SGLang) is also checked on
+  golden pages written by the engines' own metrics code (tests/fixtures/pd-golden/).
 - **Unified pools.** A vLLM pool with an offload connector (a KV consumer too) exports the same stage gauge for
   its loads from the offload tier. The P/D dashboards' rows, the P/D rules and alerts and `top`'s ROLE column
   read pools whose role is prefill or decode only.

@@ -27,7 +27,7 @@ from typing import Iterator, Sequence
 
 import yaml
 
-from devtools import harness, tiny_model
+from devtools import harness, pd_proxy, tiny_model
 
 VENV = harness.REPO / ".venv-vllm"
 PYTHON = VENV / "bin" / "python"
@@ -302,11 +302,12 @@ def interleaved(lists: Sequence[Sequence[Completion]], seed: int) -> list[Comple
 
 @dataclass
 class Load:
-    """Completions sent by `concurrency` threads, each answered in full (`ignore_eos`: exactly `max_tokens`
-    tokens are generated), so that `concurrency` requests are in the engine until the list runs out or
-    `stop()` is called. Bounded: no request starts after `time_limit` seconds and none waits past it."""
+    """Completions sent to an engine (or a disaggregated pair's proxy) by `concurrency` threads, each answered in
+    full (`ignore_eos`: exactly `max_tokens` tokens are generated), so that `concurrency` requests are in the
+    engine until the list runs out or `stop()` is called. Bounded: no request starts after `time_limit` seconds
+    and none waits past it."""
 
-    engine: Engine
+    engine: Engine | pd_proxy.Proxy
     requests: Sequence[Completion]
     concurrency: int
     time_limit: float
