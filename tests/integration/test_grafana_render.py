@@ -11,11 +11,13 @@ import subprocess
 import pytest
 
 from devtools import grafana_render, harness
+from kvcache_exporter.contract import PRESSURE_REASONS
 from devtools.lint_dashboards import panels as panels_of
 
 RENDER = grafana_render.RENDER
 GENERATED = sorted(grafana_render.GENERATED.glob("*.json"))
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+LOW_WATER_CODE = list(PRESSURE_REASONS).index("low_water")  # the triage table's State code of the reason
 
 
 def node(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -190,7 +192,7 @@ def missing_values_dashboard() -> dict:
     stat["gridPos"] = {"h": 4, "w": 6, "x": 0, "y": 1}
     table = copy.deepcopy(by_title["Pools that need help now"])
     table["gridPos"] = {"h": 6, "w": 24, "x": 0, "y": 5}
-    values = {"State": (5.85, 0), "KV usage": (0.953, 0.5), "Headroom": (0.5, None), "Waiting for KV": (2, 0),
+    values = {"State": (LOW_WATER_CODE + 0.85, 0), "KV usage": (0.953, 0.5), "Headroom": (0.5, None), "Waiting for KV": (2, 0),
               "Waiting with KV room": (0, 0), "Running": (4, 0), "Preemptions/min": (3, None),
               "TTFT p90": (1.5, "NaN")}
     for query in table["targets"]:
@@ -223,7 +225,7 @@ def test_a_missing_value_reads_no_data_on_no_colour_not_in_a_band(built_page, em
     for column in ("Headroom", "Preemptions/min", "TTFT p90"):
         assert rows["b"][column] == ("No data", None), column
         assert rows["a"][column][0] != "No data" and rows["a"][column][1] is not None, column
-    # 5.85: reason 5 (low_water) with a tie-break, in the contract's words at the default low-water mark
+    # low_water's code with a tie-break, in the contract's words at the default low-water mark
     assert rows["a"]["State"] == ("saturated: queue at or above 75% used", "red")
     assert rows["b"]["State"] == ("ok", "green")
     assert rows["a"]["KV usage"] == ("95.3%", "red") and rows["b"]["KV usage"] == ("50%", "green")
