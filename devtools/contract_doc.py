@@ -441,47 +441,58 @@ PD_STAGE_SOURCES = (
 )
 
 
-# Where each engine's transfer series are filled (the same sources as PD_STAGE_SOURCES).
+# Where each engine's transfer series are filled (the same sources as PD_STAGE_SOURCES): family, vLLM NIXL,
+# vLLM Mooncake, SGLang.
 PD_SERIES_SOURCES = (
     ("kv_transfer_seconds, kv_transfer_bytes",
      "`nixl_xfer_time_seconds`, `nixl_bytes_transferred`: `NixlKVConnectorStats.record_transfer` (NIXL telemetry "
      "of each done transfer handle, per TP rank, in the worker's `_pop_done_transfers`: the reader's receives when "
      "pulling, the writer's sends when pushing), observed by `NixlPromMetrics.observe`",
+     "`mooncake_xfer_time_seconds`, `mooncake_bytes_transferred`: `MooncakeKVConnectorStats.record_transfer` in "
+     "the prefill worker's `MooncakeConnectorWorker._send_blocks` (each `batch_transfer_sync_write`, per TP rank: "
+     "Mooncake pushes, the decode side observes none), observed by `MooncakePromMetrics.observe`",
      "`kv_transfer_latency_ms`, `kv_transfer_total_mb`: `SchedulerReqTimeStats.compute_and_observe_kv_transfer_"
      "metrics`, once per request the prefill side finished sending (its inflight queue)"),
     ("kv_transfer_speed_bytes_per_second, kv_transfer_above_link_total",
+     "none (no speed of one transfer)",
      "none (no speed of one transfer)",
      "`kv_transfer_speed_gb_s`: the same function, MiB / 1024 over the latency"),
     ("kv_transfer_failures_total",
      "`nixl_num_failed_transfers_total` (`record_failed_transfer`, plus handshake and notification failures in "
      "`NixlPromMetrics.observe`), `nixl_num_failed_notifications_total` (`record_failed_notification`)",
+     "`mooncake_num_failed_transfers_total` (`record_failed_transfer`: a write that failed, on the prefill side) "
+     "plus `mooncake_num_failed_recvs_total` (`record_failed_recv`: a load the decode worker reports failed), "
+     "both kind transfer",
      "`num_transfer_failed_reqs_total`, `num_bootstrap_failed_reqs_total`: the collector's "
      "`increment_transfer_failed_reqs` / `increment_bootstrap_failed_reqs` when a sender or receiver fails"),
     ("kv_transfer_lease_expiries_total, kv_transfer_notifications_after_expiry_total",
      "`record_kv_expired_req` (the prefill worker frees KV not pulled within the lease), "
      "`record_notification_after_expiry`",
+     "`mooncake_num_kv_expired_reqs_total`: `record_kv_expired_req` (the prefill worker frees KV not sent within "
+     "`VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT`, 480 s); no notification after expiry",
      "none (no lease)"),
     ("kv_transfer_prompt_tokens_total",
      "`prompt_tokens_by_source_total{source=\"external_kv_transfer\"}`: `PromptTokenStats.update_from_output` at "
      "the request's first token; not `prompt_tokens_cached_by_source_total{source=\"p2p\"}` "
      "(`PrefixCacheStats.record` at admission, when the load is planned)",
+     "the same (Mooncake's hits are `p2p` too)",
      "none"),
 )
 
 
 def _series_table() -> str:
-    named = {name for names, _, _ in PD_SERIES_SOURCES for name in names.split(", ")}
+    named = {name for names, *_ in PD_SERIES_SOURCES for name in names.split(", ")}
     # The stages have their own table; the exporter derives the stage waiting for KV.
     missing = set(contract.names(group="transfer")) - named - {"kv_transfer_requests", "kv_transfer_requests_waiting_for_kv"}
     if missing:
         raise LookupError(f"PD_SERIES_SOURCES in devtools/contract_doc.py lacks {sorted(missing)}")
-    rows = "\n".join(f"| {', '.join(f'`{n}`' for n in names.split(', '))} | {vllm} | {sglang} |"
-                     for names, vllm, sglang in PD_SERIES_SOURCES)
+    rows = "\n".join(f"| {', '.join(f'`{n}`' for n in names.split(', '))} | {nixl} | {mooncake} | {sglang} |"
+                     for names, nixl, mooncake, sglang in PD_SERIES_SOURCES)
     return f"""\
 Where each engine fills the transfer series (families without their `kvcache_` prefix):
 
-| family | vLLM (NIXL; Mooncake alike) | SGLang |
-|---|---|---|
+| family | vLLM NIXL | vLLM Mooncake | SGLang |
+|---|---|---|---|
 {rows}"""
 
 
@@ -520,9 +531,10 @@ names the deployment: `model` alone merges clusters that serve the same model).
 The KV transfer families are absent where the engine has no KV connector, never 0. Caveats:
 
 - **Which side.** vLLM pulling (NixlConnector) and Dynamo's TensorRT-LLM time transfers on the decode side
-  (the reader); vLLM pushing (NixlPushConnector: the prefill worker's `_pop_done_transfers` over its sends)
-  and SGLang on the prefill side (the sender); lease expiries and notifications after expiry are the prefill
-  side's (vLLM). vLLM's stage gauge exists only on a KV consumer; SGLang exports every queue gauge on every role
+  (the reader); vLLM pushing (NixlPushConnector: the prefill worker's `_pop_done_transfers` over its sends),
+  vLLM's MooncakeConnector (it pushes: the prefill worker's `_send_blocks`; its decode side counts failed
+  receives only) and SGLang on the prefill side (the sender); lease expiries and notifications after expiry
+  are the prefill side's (vLLM). vLLM's stage gauge exists only on a KV consumer; SGLang exports every queue gauge on every role
   and the exporter reads each on its own role only.
 - **Units and granularity.** SGLang observes latency in ms and size in MiB (2^20 bytes): the exporter
   converts both, buckets included. vLLM appends one observation per TP rank, each of its shard: counts are

@@ -411,7 +411,10 @@ _TABLE = (
            + _TIER + _POLLED, ("tier",)),
     Family("cached_prompt_tokens_total", "counter", "offload", "tokens",
            "Prompt tokens served from a cache, by where they came from (`source` is " + ", ".join(HIT_SOURCES)
-           + "); the sum over sources is the engine's cached prompt tokens, GPU and offloaded. " + _POLLED,
+           + "); the sum over sources is the engine's cached prompt tokens, GPU and offloaded. Counted when the "
+           "engine counts the hit: vLLM at admission, before a load from an offload tier or a peer has run (a "
+           "load that fails later is still counted; `peer` counts the loads a P/D connector started, the tokens "
+           "received are kvcache_kv_transfer_prompt_tokens_total). " + _POLLED,
            ("source",)),
     Family("tier_transfer_bytes_total", "counter", "offload", "bytes",
            "Bytes moved between the GPU pool and an offload tier. " + _TRANSFER + _POLLED, ("tier", "direction")),
@@ -431,7 +434,7 @@ _TABLE = (
     # Per pool: KV moved between prefill and decode pools.
     Family("kv_transfer_seconds", "histogram", "transfer", "seconds",
            "Duration of KV transfers between a prefill and a decode pool, in the engine's own buckets (Triton: "
-           "sum and count only), on the side that times them (vLLM and TensorRT-LLM: decode; SGLang: prefill). "
+           "sum and count only), on the side that times them (vLLM's NixlConnector pulling and TensorRT-LLM: decode; vLLM's NixlPushConnector and MooncakeConnector, which push, and SGLang: prefill). "
            "vLLM observes one transfer per TP rank. " + _KV_TRANSFER + _POLLED),
     Family("kv_transfer_bytes", "histogram", "transfer", "bytes",
            "Bytes per KV transfer between a prefill and a decode pool (vLLM: each TP rank's shard), in the "

@@ -89,8 +89,9 @@ def transfer_time(v: View):
     return timeseries(
         f"Transfer time p90 {v.per}",
         describe(
-            "90th percentile of the KV transfers' duration over the window, on the side that times them (vLLM: "
-            "decode, one observation per TP rank; SGLang: prefill). Triton has no buckets: no line."
+            "90th percentile of the KV transfers' duration over the window, on the side that times them (vLLM "
+            "pulling with NIXL: decode; vLLM pushing, NIXL push or Mooncake: prefill; one observation per TP rank; "
+            "SGLang: prefill). Triton has no buckets: no line."
             + without_source(SECONDS_HISTOGRAM.removeprefix("kvcache_")),
             "no absolute red: compare it with the time to first token (Latency) and with the bytes it moves "
             "(Transfer bandwidth).",

@@ -15,7 +15,7 @@ _REQUEST_SLICES = ("priority",)
 # another instance; `external_unspecified` a connector that does not say where its hit came from.
 _HIT_SOURCES = {"device": "gpu", "host": "cpu", "cpu": "cpu", "disk": "disk", "p2p": "peer"}
 # The disaggregated-serving connectors (--kv-transfer-config): NIXL (0.11.1+), then Mooncake (0.33+), the same
-# shapes (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py); the first one on the page wins.
+# shapes (nixl/stats.py, mooncake/stats.py); the first one on the page wins.
 _CONNECTORS = ("nixl", "mooncake")
 
 
@@ -24,7 +24,8 @@ def _connector(name: str) -> tuple[str, ...]:
 
 
 _KV_TRANSFER = (
-    # One observation per TP rank's transfer, timed by the side that reads (decode).
+    # One observation per TP rank's transfer, timed by the side that drives it: the reader (decode) under
+    # NixlConnector, the writer (prefill) under NixlPushConnector and MooncakeConnector.
     Series("kv_transfer_seconds", _connector("xfer_time_seconds"), "histogram"),
     Series("kv_transfer_bytes", _connector("bytes_transferred"), "histogram"),
     # Since 0.31 NIXL's failed transfers include its handshake and notification failures.
