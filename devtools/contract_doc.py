@@ -442,7 +442,7 @@ PD_STAGE_SOURCES = (
 
 
 # Where each engine's transfer series are filled (the same sources as PD_STAGE_SOURCES): family, vLLM NIXL,
-# vLLM Mooncake, SGLang.
+# vLLM Mooncake, SGLang, TensorRT-LLM under Dynamo, Triton's TensorRT-LLM backend.
 PD_SERIES_SOURCES = (
     ("kv_transfer_seconds, kv_transfer_bytes",
      "`nixl_xfer_time_seconds`, `nixl_bytes_transferred`: `NixlKVConnectorStats.record_transfer` (NIXL telemetry "
@@ -452,11 +452,19 @@ PD_SERIES_SOURCES = (
      "the prefill worker's `MooncakeConnectorWorker._send_blocks` (each `batch_transfer_sync_write`, per TP rank: "
      "Mooncake pushes, the decode side observes none), observed by `MooncakePromMetrics.observe`",
      "`kv_transfer_latency_ms`, `kv_transfer_total_mb`: `SchedulerReqTimeStats.compute_and_observe_kv_transfer_"
-     "metrics`, once per request the prefill side finished sending (its inflight queue)"),
+     "metrics`, once per request the prefill side finished sending (its inflight queue)",
+     "`trtllm_kv_transfer_latency_seconds`, `trtllm_kv_transfer_bytes`: Dynamo's "
+     "`AdditionalMetricsCollector.record_kv_transfer_perf` on the decode worker, per request, from TensorRT-LLM's "
+     "timing metrics (`kv_cache_transfer_start` to `kv_cache_transfer_end`, `kv_cache_size`)",
+     "seconds only: `nv_trt_llm_disaggregated_serving_metrics{kv_cache_transfer_ms, request_count}`, counters the "
+     "backend's custom metrics reporter adds up from the executor's request stats "
+     "(`DisServingRequestStats.kvCacheTransferMS`)"),
     ("kv_transfer_speed_bytes_per_second, kv_transfer_above_link_total",
      "none (no speed of one transfer)",
      "none (no speed of one transfer)",
-     "`kv_transfer_speed_gb_s`: the same function, MiB / 1024 over the latency"),
+     "`kv_transfer_speed_gb_s`: the same function, MiB / 1024 over the latency",
+     "`trtllm_kv_transfer_speed_gb_s`: the same function, bytes / (seconds x 1e9)",
+     "none"),
     ("kv_transfer_failures_total",
      "`nixl_num_failed_transfers_total` (`record_failed_transfer`, plus handshake and notification failures in "
      "`NixlPromMetrics.observe`), `nixl_num_failed_notifications_total` (`record_failed_notification`)",
@@ -464,18 +472,24 @@ PD_SERIES_SOURCES = (
      "plus `mooncake_num_failed_recvs_total` (`record_failed_recv`: a load the decode worker reports failed), "
      "both kind transfer",
      "`num_transfer_failed_reqs_total`, `num_bootstrap_failed_reqs_total`: the collector's "
-     "`increment_transfer_failed_reqs` / `increment_bootstrap_failed_reqs` when a sender or receiver fails"),
+     "`increment_transfer_failed_reqs` / `increment_bootstrap_failed_reqs` when a sender or receiver fails",
+     "none",
+     "none"),
     ("kv_transfer_lease_expiries_total, kv_transfer_notifications_after_expiry_total",
      "`record_kv_expired_req` (the prefill worker frees KV not pulled within the lease), "
      "`record_notification_after_expiry`",
      "`mooncake_num_kv_expired_reqs_total`: `record_kv_expired_req` (the prefill worker frees KV not sent within "
      "`VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT`, 480 s); no notification after expiry",
-     "none (no lease)"),
+     "none (no lease)",
+     "none",
+     "none"),
     ("kv_transfer_prompt_tokens_total",
      "`prompt_tokens_by_source_total{source=\"external_kv_transfer\"}`: `PromptTokenStats.update_from_output` at "
      "the request's first token; not `prompt_tokens_cached_by_source_total{source=\"p2p\"}` "
      "(`PrefixCacheStats.record` at admission, when the load is planned)",
      "the same (Mooncake's hits are `p2p` too)",
+     "none",
+     "none",
      "none"),
 )
 
@@ -486,13 +500,13 @@ def _series_table() -> str:
     missing = set(contract.names(group="transfer")) - named - {"kv_transfer_requests", "kv_transfer_requests_waiting_for_kv"}
     if missing:
         raise LookupError(f"PD_SERIES_SOURCES in devtools/contract_doc.py lacks {sorted(missing)}")
-    rows = "\n".join(f"| {', '.join(f'`{n}`' for n in names.split(', '))} | {nixl} | {mooncake} | {sglang} |"
-                     for names, nixl, mooncake, sglang in PD_SERIES_SOURCES)
+    rows = "\n".join(f"| {', '.join(f'`{n}`' for n in names.split(', '))} | {' | '.join(sources)} |"
+                     for names, *sources in PD_SERIES_SOURCES)
     return f"""\
 Where each engine fills the transfer series (families without their `kvcache_` prefix):
 
-| family | vLLM NIXL | vLLM Mooncake | SGLang |
-|---|---|---|---|
+| family | vLLM NIXL | vLLM Mooncake | SGLang | TensorRT-LLM (Dynamo) | Triton (TensorRT-LLM backend) |
+|---|---|---|---|---|---|
 {rows}"""
 
 
@@ -550,7 +564,8 @@ The KV transfer families are absent where the engine has no KV connector, never 
   the reading is broken, not fast (SGLang counts every chunk's bytes over the last chunk's time with chunked
   prefill or early prefix send), and it is recorded apart as
   `kvcache:kv_transfer_bytes_per_second_above_link:ratio` instead. That quotient averages every transfer:
-  SGLang's per-transfer speed histogram (`kvcache_kv_transfer_speed_bytes_per_second`) says how many of them
+  the per-transfer speed histogram of SGLang and of Dynamo's TensorRT-LLM
+  (`kvcache_kv_transfer_speed_bytes_per_second`) says how many of them
   it timed faster than the link, counted by the exporter as `kvcache_kv_transfer_above_link_total` and, as a
   share of the transfers, `kvcache:kv_transfer_above_link:ratio`; the bandwidth panel shows the quotient and,
   next to the failures, those transfers.

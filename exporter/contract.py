@@ -441,7 +441,8 @@ _TABLE = (
            "engine's own buckets. " + _KV_TRANSFER + _POLLED),
     Family("kv_transfer_speed_bytes_per_second", "histogram", "transfer", "bytes",
            "Speed of each KV transfer as the engine computes it, in the engine's own buckets (SGLang's "
-           "kv_transfer_speed_gb_s: the transfer's bytes over its latency, in GiB/s). With chunked prefill or an "
+           "kv_transfer_speed_gb_s: the transfer's bytes over its latency, in GiB/s; Dynamo's TensorRT-LLM "
+           "trtllm_kv_transfer_speed_gb_s, in GB/s). With chunked prefill or an "
            "early prefix send SGLang's latency covers the last chunk while the bytes cover every chunk, so the speed "
            "can exceed the link's: kvcache_kv_transfer_above_link_total counts those. " + _KV_TRANSFER + _POLLED),
     Family("kv_transfer_above_link_total", "counter", "transfer", "",
