@@ -37,7 +37,6 @@ INFO_LABEL_SOURCES = {
                            "vLLM; the first engine's value, not summed)",
         "tier_capacity_tokens": "`vllm:kv_offload_config_info{cpu_kv_cache_size_tokens}` (tier=cpu; each engine "
                                 "its own)",
-        "kv_transfer_failures_total": "plus `vllm:mooncake_num_failed_recvs_total` under kind=transfer",
         "kv_transfer_prompt_tokens_total": "`vllm:prompt_tokens_by_source_total{source=\"external_kv_transfer\"}` "
                                            "where the page has a P/D connector's (NIXL's, Mooncake's) transfer "
                                            "series",
@@ -468,9 +467,9 @@ PD_SERIES_SOURCES = (
     ("kv_transfer_failures_total",
      "`nixl_num_failed_transfers_total` (`record_failed_transfer`, plus handshake and notification failures in "
      "`NixlPromMetrics.observe`), `nixl_num_failed_notifications_total` (`record_failed_notification`)",
-     "`mooncake_num_failed_transfers_total` (`record_failed_transfer`: a write that failed, on the prefill side) "
-     "plus `mooncake_num_failed_recvs_total` (`record_failed_recv`: a load the decode worker reports failed), "
-     "both kind transfer",
+     "`mooncake_num_failed_transfers_total` (`record_failed_transfer`: a write that failed, on the prefill side, "
+     "kind transfer); `mooncake_num_failed_recvs_total` (`record_failed_recv`: a load the decode worker gave up "
+     "on, kind receive)",
      "`num_transfer_failed_reqs_total`, `num_bootstrap_failed_reqs_total`: the collector's "
      "`increment_transfer_failed_reqs` / `increment_bootstrap_failed_reqs` when a sender or receiver fails",
      "none",
@@ -556,8 +555,9 @@ The KV transfer families are absent where the engine has no KV connector, never 
   (transfer milliseconds, requests), exposed as a histogram with its `+Inf` bucket alone.
 - **Failure kinds** (`kind`) overlap where the engine counts one failure twice: since vLLM 0.31 NIXL's
   failed transfers include handshake and notification failures, and its notification counter is kept "for
-  compatibility". The failure ratio counts kinds `{FAILED_KINDS}` only. SGLang's counters appear at their
-  first failure; Dynamo's TensorRT-LLM series have none.
+  compatibility". The failure ratio counts kinds `{FAILED_KINDS}` only, on the side that times the transfers:
+  not `receive` (vLLM Mooncake's decode side times none, and its writer may count the same transfer). SGLang's
+  counters appear at their first failure; Dynamo's TensorRT-LLM series have none.
 - **Bandwidth.** `kvcache:kv_transfer_bytes_per_second:ratio` is bytes over seconds of the same transfers
   (`rate()` of the two histograms' sums), believed up to the configured link rate
   (`kv_transfer_link_bytes_per_second`, default {T.kv_transfer_link_bytes_per_second / 1e9:g} GB/s); above it

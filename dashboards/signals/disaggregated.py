@@ -135,11 +135,13 @@ def failures_and_expiries(v: View):
     return timeseries(
         f"Transfer failures and lease expiries {v.per}",
         describe(
-            "Per second: failed KV transfers by kind (transfer, handshake, notification: they may overlap, vLLM "
-            "NIXL counts every failure under transfer since 0.31), prefill KV freed at lease expiry before the "
-            "decode side pulled it, transfers completed after their lease (the KV may have been reused), and "
-            "transfers the engine reported faster than the link (broken readings the bandwidth averages in; the "
-            "speed histograms of SGLang and Dynamo's TensorRT-LLM)." + without_source(FAILURES.removeprefix("kvcache_")),
+            "Per second: failed KV transfers by kind (transfer, handshake, notification, receive: they may overlap, "
+            "vLLM NIXL counts every failure under transfer since 0.31, vLLM Mooncake's decode side counts the "
+            "receives it gave up on, whose writes its prefill side may count), prefill KV freed at lease expiry "
+            "before the decode side pulled it, transfers completed after their lease (the KV may have been reused), "
+            "and transfers the engine reported faster than the link (broken readings the bandwidth averages in; the "
+            "speed histograms of SGLang and Dynamo's TensorRT-LLM)."
+            + without_source(FAILURES.removeprefix("kvcache_")),
             "any transfer completed after its lease (KVCacheTransferNotificationsAfterExpiry, critical); "
             "expiries all along (KVCacheTransferLeaseExpiries: decode too slow or too full); failures above "
             f"{percent(v.thresholds.kv_transfer_failure_ratio)} of the transfers (KVCacheTransfersFailing).",

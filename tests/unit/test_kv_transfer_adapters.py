@@ -89,8 +89,8 @@ def test_dynamos_tensorrt_llm_speeds_above_the_link_are_counted():
     labels = 'disaggregation_mode="decode",engine_type="trtllm",model_name="m"'
     cumulative = {"0.1": 0, "0.5": 1, "1.0": 1, "5.0": 2, "10.0": 2, "25.0": 3, "50.0": 3, "100.0": 3, "250.0": 4,
                   "500.0": 5, "+Inf": 5}
-    text = "".join(["# TYPE trtllm_kv_transfer_speed_gb_s histogram\n",
-                    *(f'trtllm_kv_transfer_speed_gb_s_bucket{{{labels},le="{le}"}} {n}\n' for le, n in cumulative.items()),
+    buckets = (f'trtllm_kv_transfer_speed_gb_s_bucket{{{labels},le="{le}"}} {n}\n' for le, n in cumulative.items())
+    text = "".join(["# TYPE trtllm_kv_transfer_speed_gb_s histogram\n", *buckets,
                     f"trtllm_kv_transfer_speed_gb_s_count{{{labels}}} 5\n",
                     f"trtllm_kv_transfer_speed_gb_s_sum{{{labels}}} 723.4\n"])
     snapshot = adapt(text)
