@@ -471,7 +471,8 @@ PD_SERIES_SOURCES = (
      "kind transfer); `mooncake_num_failed_recvs_total` (`record_failed_recv`: a load the decode worker gave up "
      "on, kind receive)",
      "`num_transfer_failed_reqs_total`, `num_bootstrap_failed_reqs_total`: the collector's "
-     "`increment_transfer_failed_reqs` / `increment_bootstrap_failed_reqs` when a sender or receiver fails",
+     "`increment_transfer_failed_reqs` / `increment_bootstrap_failed_reqs` when a sender (the prefill side's "
+     "inflight queue: kind transfer) or a receiver (the decode side's transfer queue: kind receive) fails",
      "none",
      "none"),
     ("kv_transfer_lease_expiries_total, kv_transfer_notifications_after_expiry_total",
@@ -556,7 +557,7 @@ The KV transfer families are absent where the engine has no KV connector, never 
 - **Failure kinds** (`kind`) overlap where the engine counts one failure twice: since vLLM 0.31 NIXL's
   failed transfers include handshake and notification failures, and its notification counter is kept "for
   compatibility". The failure ratio counts kinds `{FAILED_KINDS}` only, on the side that times the transfers:
-  not `receive` (vLLM Mooncake's decode side times none, and its writer may count the same transfer). SGLang's
+  not `receive` (a decode side that times none, and its sender may count the same transfer). SGLang's
   counters appear at their first failure; Dynamo's TensorRT-LLM series have none.
 - **Bandwidth.** `kvcache:kv_transfer_bytes_per_second:ratio` is bytes over seconds of the same transfers
   (`rate()` of the two histograms' sums), believed up to the configured link rate

@@ -175,8 +175,8 @@ TRANSFER_FAILURE_KINDS = {
     "transfer": "the KV transfer itself (vLLM NIXL since 0.31 also counts handshake and notification failures here)",
     "handshake": "setting the transfer up with the peer (SGLang's bootstrap)",
     "notification": "telling the peer the transfer is done (vLLM NIXL)",
-    "receive": "the receiving side gave up on a transfer whose sender times it (vLLM Mooncake's decode side); the "
-               "sender may count the same transfer as failed",
+    "receive": "the receiving side gave up on a transfer whose sender times it (the decode side of vLLM Mooncake "
+               "and of SGLang); the sender may count the same transfer as failed",
 }
 # kvcache_target_scrape_failures_total{reason}, and what each means.
 FAILURE_REASONS = {

@@ -136,11 +136,11 @@ def failures_and_expiries(v: View):
         f"Transfer failures and lease expiries {v.per}",
         describe(
             "Per second: failed KV transfers by kind (transfer, handshake, notification, receive: they may overlap, "
-            "vLLM NIXL counts every failure under transfer since 0.31, vLLM Mooncake's decode side counts the "
-            "receives it gave up on, whose writes its prefill side may count), prefill KV freed at lease expiry "
-            "before the decode side pulled it, transfers completed after their lease (the KV may have been reused), "
-            "and transfers the engine reported faster than the link (broken readings the bandwidth averages in; the "
-            "speed histograms of SGLang and Dynamo's TensorRT-LLM)."
+            "vLLM NIXL counts every failure under transfer since 0.31; the decode side of vLLM Mooncake and SGLang "
+            "counts the receives it gave up on, which its prefill side may count too), prefill KV freed at lease "
+            "expiry before the decode side pulled it, transfers completed after their lease (the KV may have been "
+            "reused), and transfers the engine reported faster than the link (broken readings the bandwidth averages "
+            "in; the speed histograms of SGLang and Dynamo's TensorRT-LLM)."
             + without_source(FAILURES.removeprefix("kvcache_")),
             "any transfer completed after its lease (KVCacheTransferNotificationsAfterExpiry, critical); "
             "expiries all along (KVCacheTransferLeaseExpiries: decode too slow or too full); failures above "

@@ -100,3 +100,14 @@ def test_dynamos_tensorrt_llm_speeds_above_the_link_are_counted():
     assert speed.sum == pytest.approx(723.4e9) and speed.count == 5
     assert dict(speed.buckets)[50e9] == 3
     assert ranks["0"].gauges["kv_transfer_above_link_total"] == 2
+
+
+@pytest.mark.parametrize("role, kind", [("prefill", "transfer"), ("decode", "receive")])
+def test_sglangs_failed_transfers_are_the_senders_or_the_receivers(role, kind):
+    """Both SGLang servers count a failed transfer in num_transfer_failed_reqs_total: the prefill side (the sender,
+    which times it) as kind transfer, the decode side (the receiver, which times none) as kind receive."""
+    labels = f'engine_type="{role}",model_name="m",tp_rank="0"'
+    text = (f"# TYPE sglang:num_transfer_failed_reqs_total counter\n"
+            f"sglang:num_transfer_failed_reqs_total{{{labels}}} 3.0\n"
+            f"# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{{{labels}}} 1.0\n")
+    assert adapt(text).ranks["0"].labelled["kv_transfer_failures_total"] == {(kind,): 3.0}
