@@ -465,8 +465,10 @@ PD_SERIES_SOURCES = (
      "`trtllm_kv_transfer_speed_gb_s`: the same function, bytes / (seconds x 1e9)",
      "none"),
     ("kv_transfer_failures_total",
-     "`nixl_num_failed_transfers_total` (`record_failed_transfer`, plus handshake and notification failures in "
-     "`NixlPromMetrics.observe`), `nixl_num_failed_notifications_total` (`record_failed_notification`)",
+     "`nixl_num_failed_transfers_total` (`record_failed_transfer` from `_pop_done_transfers` / "
+     "`_handle_failed_transfer` on the side that drives the transfer: the reader pulling, the writer pushing; plus "
+     "handshake and notification failures in `NixlPromMetrics.observe`), `nixl_num_failed_notifications_total` "
+     "(`record_failed_notification`)",
      "`mooncake_num_failed_transfers_total` (`record_failed_transfer`: a write that failed, on the prefill side, "
      "kind transfer); `mooncake_num_failed_recvs_total` (`record_failed_recv`: a load the decode worker gave up "
      "on, kind receive)",
