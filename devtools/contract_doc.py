@@ -37,7 +37,6 @@ INFO_LABEL_SOURCES = {
                            "vLLM; the first engine's value, not summed)",
         "tier_capacity_tokens": "`vllm:kv_offload_config_info{cpu_kv_cache_size_tokens}` (tier=cpu; each engine "
                                 "its own)",
-        "kv_transfer_failures_total": "plus `vllm:mooncake_num_failed_recvs_total` under kind=transfer",
         "kv_transfer_prompt_tokens_total": "`vllm:prompt_tokens_by_source_total{source=\"external_kv_transfer\"}` "
                                            "where the page has a P/D connector's (NIXL's, Mooncake's) transfer "
                                            "series",
@@ -441,47 +440,75 @@ PD_STAGE_SOURCES = (
 )
 
 
-# Where each engine's transfer series are filled (the same sources as PD_STAGE_SOURCES).
+# Where each engine's transfer series are filled (the same sources as PD_STAGE_SOURCES): family, vLLM NIXL,
+# vLLM Mooncake, SGLang, TensorRT-LLM under Dynamo, Triton's TensorRT-LLM backend.
 PD_SERIES_SOURCES = (
     ("kv_transfer_seconds, kv_transfer_bytes",
      "`nixl_xfer_time_seconds`, `nixl_bytes_transferred`: `NixlKVConnectorStats.record_transfer` (NIXL telemetry "
      "of each done transfer handle, per TP rank, in the worker's `_pop_done_transfers`: the reader's receives when "
      "pulling, the writer's sends when pushing), observed by `NixlPromMetrics.observe`",
+     "`mooncake_xfer_time_seconds`, `mooncake_bytes_transferred`: `MooncakeKVConnectorStats.record_transfer` in "
+     "the prefill worker's `MooncakeConnectorWorker._send_blocks` (each `batch_transfer_sync_write`, per TP rank: "
+     "Mooncake pushes, the decode side observes none), observed by `MooncakePromMetrics.observe`",
      "`kv_transfer_latency_ms`, `kv_transfer_total_mb`: `SchedulerReqTimeStats.compute_and_observe_kv_transfer_"
-     "metrics`, once per request the prefill side finished sending (its inflight queue)"),
+     "metrics`, once per request the prefill side finished sending (its inflight queue)",
+     "`trtllm_kv_transfer_latency_seconds`, `trtllm_kv_transfer_bytes`: Dynamo's "
+     "`AdditionalMetricsCollector.record_kv_transfer_perf` on the decode worker, per request, from TensorRT-LLM's "
+     "timing metrics (`kv_cache_transfer_start` to `kv_cache_transfer_end`, `kv_cache_size`)",
+     "seconds only: `nv_trt_llm_disaggregated_serving_metrics{kv_cache_transfer_ms, request_count}`, counters the "
+     "backend's custom metrics reporter adds up from the executor's request stats "
+     "(`DisServingRequestStats.kvCacheTransferMS`)"),
     ("kv_transfer_speed_bytes_per_second, kv_transfer_above_link_total",
      "none (no speed of one transfer)",
-     "`kv_transfer_speed_gb_s`: the same function, MiB / 1024 over the latency"),
+     "none (no speed of one transfer)",
+     "`kv_transfer_speed_gb_s`: the same function, MiB / 1024 over the latency",
+     "`trtllm_kv_transfer_speed_gb_s`: the same function, bytes / (seconds x 1e9)",
+     "none"),
     ("kv_transfer_failures_total",
-     "`nixl_num_failed_transfers_total` (`record_failed_transfer`, plus handshake and notification failures in "
-     "`NixlPromMetrics.observe`), `nixl_num_failed_notifications_total` (`record_failed_notification`)",
+     "`nixl_num_failed_transfers_total` (`record_failed_transfer` from `_pop_done_transfers` / "
+     "`_handle_failed_transfer` on the side that drives the transfer: the reader pulling, the writer pushing; plus "
+     "handshake and notification failures in `NixlPromMetrics.observe`), `nixl_num_failed_notifications_total` "
+     "(`record_failed_notification`)",
+     "`mooncake_num_failed_transfers_total` (`record_failed_transfer`: a write that failed, on the prefill side, "
+     "kind transfer); `mooncake_num_failed_recvs_total` (`record_failed_recv`: a load the decode worker gave up "
+     "on, kind receive)",
      "`num_transfer_failed_reqs_total`, `num_bootstrap_failed_reqs_total`: the collector's "
-     "`increment_transfer_failed_reqs` / `increment_bootstrap_failed_reqs` when a sender or receiver fails"),
+     "`increment_transfer_failed_reqs` / `increment_bootstrap_failed_reqs` when a sender (the prefill side's "
+     "inflight queue: kind transfer) or a receiver (the decode side's transfer queue: kind receive) fails",
+     "none",
+     "none"),
     ("kv_transfer_lease_expiries_total, kv_transfer_notifications_after_expiry_total",
      "`record_kv_expired_req` (the prefill worker frees KV not pulled within the lease), "
      "`record_notification_after_expiry`",
-     "none (no lease)"),
+     "`mooncake_num_kv_expired_reqs_total`: `record_kv_expired_req` (the prefill worker frees KV not sent within "
+     "`VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT`, 480 s); no notification after expiry",
+     "none (no lease)",
+     "none",
+     "none"),
     ("kv_transfer_prompt_tokens_total",
      "`prompt_tokens_by_source_total{source=\"external_kv_transfer\"}`: `PromptTokenStats.update_from_output` at "
      "the request's first token; not `prompt_tokens_cached_by_source_total{source=\"p2p\"}` "
      "(`PrefixCacheStats.record` at admission, when the load is planned)",
+     "the same (Mooncake's hits are `p2p` too)",
+     "none",
+     "none",
      "none"),
 )
 
 
 def _series_table() -> str:
-    named = {name for names, _, _ in PD_SERIES_SOURCES for name in names.split(", ")}
+    named = {name for names, *_ in PD_SERIES_SOURCES for name in names.split(", ")}
     # The stages have their own table; the exporter derives the stage waiting for KV.
     missing = set(contract.names(group="transfer")) - named - {"kv_transfer_requests", "kv_transfer_requests_waiting_for_kv"}
     if missing:
         raise LookupError(f"PD_SERIES_SOURCES in devtools/contract_doc.py lacks {sorted(missing)}")
-    rows = "\n".join(f"| {', '.join(f'`{n}`' for n in names.split(', '))} | {vllm} | {sglang} |"
-                     for names, vllm, sglang in PD_SERIES_SOURCES)
+    rows = "\n".join(f"| {', '.join(f'`{n}`' for n in names.split(', '))} | {' | '.join(sources)} |"
+                     for names, *sources in PD_SERIES_SOURCES)
     return f"""\
 Where each engine fills the transfer series (families without their `kvcache_` prefix):
 
-| family | vLLM (NIXL; Mooncake alike) | SGLang |
-|---|---|---|
+| family | vLLM NIXL | vLLM Mooncake | SGLang | TensorRT-LLM (Dynamo) | Triton (TensorRT-LLM backend) |
+|---|---|---|---|---|---|
 {rows}"""
 
 
@@ -520,9 +547,10 @@ names the deployment: `model` alone merges clusters that serve the same model).
 The KV transfer families are absent where the engine has no KV connector, never 0. Caveats:
 
 - **Which side.** vLLM pulling (NixlConnector) and Dynamo's TensorRT-LLM time transfers on the decode side
-  (the reader); vLLM pushing (NixlPushConnector: the prefill worker's `_pop_done_transfers` over its sends)
-  and SGLang on the prefill side (the sender); lease expiries and notifications after expiry are the prefill
-  side's (vLLM). vLLM's stage gauge exists only on a KV consumer; SGLang exports every queue gauge on every role
+  (the reader); vLLM pushing (NixlPushConnector: the prefill worker's `_pop_done_transfers` over its sends),
+  vLLM's MooncakeConnector (it pushes: the prefill worker's `_send_blocks`; its decode side counts failed
+  receives only) and SGLang on the prefill side (the sender); lease expiries and notifications after expiry
+  are the prefill side's (vLLM). vLLM's stage gauge exists only on a KV consumer; SGLang exports every queue gauge on every role
   and the exporter reads each on its own role only.
 - **Units and granularity.** SGLang observes latency in ms and size in MiB (2^20 bytes): the exporter
   converts both, buckets included. vLLM appends one observation per TP rank, each of its shard: counts are
@@ -530,15 +558,17 @@ The KV transfer families are absent where the engine has no KV connector, never 
   (transfer milliseconds, requests), exposed as a histogram with its `+Inf` bucket alone.
 - **Failure kinds** (`kind`) overlap where the engine counts one failure twice: since vLLM 0.31 NIXL's
   failed transfers include handshake and notification failures, and its notification counter is kept "for
-  compatibility". The failure ratio counts kinds `{FAILED_KINDS}` only. SGLang's counters appear at their
-  first failure; Dynamo's TensorRT-LLM series have none.
+  compatibility". The failure ratio counts kinds `{FAILED_KINDS}` only, on the side that times the transfers:
+  not `receive` (a decode side that times none, and its sender may count the same transfer). SGLang's
+  counters appear at their first failure; Dynamo's TensorRT-LLM series have none.
 - **Bandwidth.** `kvcache:kv_transfer_bytes_per_second:ratio` is bytes over seconds of the same transfers
   (`rate()` of the two histograms' sums), believed up to the configured link rate
   (`kv_transfer_link_bytes_per_second`, default {T.kv_transfer_link_bytes_per_second / 1e9:g} GB/s); above it
   the reading is broken, not fast (SGLang counts every chunk's bytes over the last chunk's time with chunked
   prefill or early prefix send), and it is recorded apart as
   `kvcache:kv_transfer_bytes_per_second_above_link:ratio` instead. That quotient averages every transfer:
-  SGLang's per-transfer speed histogram (`kvcache_kv_transfer_speed_bytes_per_second`) says how many of them
+  the per-transfer speed histogram of SGLang and of Dynamo's TensorRT-LLM
+  (`kvcache_kv_transfer_speed_bytes_per_second`) says how many of them
   it timed faster than the link, counted by the exporter as `kvcache_kv_transfer_above_link_total` and, as a
   share of the transfers, `kvcache:kv_transfer_above_link:ratio`; the bandwidth panel shows the quotient and,
   next to the failures, those transfers.

@@ -8,8 +8,9 @@ kv_producer: prefill) the engine's config is built by EngineArgs.create_engine_c
 devtools/tiny_model.py, nothing is served), and each poll of the story is recorded through
 PrometheusStatLogger.record: a SchedulerStats with the scheduler's counts (num_waiting_reqs not deferred,
 num_skipped_waiting_reqs deferred, num_kv_fetch_reqs_by_stage), its connector_prefix_cache_stats (the hits of
-the loads planned) and the NixlKVConnectorStats data of the transfers (on the side that times them: decode when
-pulling, prefill when pushing), and an IterationStats whose prompt tokens came from external_kv_transfer. The
+the loads planned) and the NixlKVConnectorStats data of the transfers and their failures (on the side that
+drives them: decode when pulling, prefill when pushing), and an IterationStats whose prompt tokens came from
+external_kv_transfer. The
 page is prometheus_client's generate_latest of vLLM's registry, as /metrics serves it.
 
 SGLang is not installed here: its page is rendered by prometheus_client from the names, HELP, label names and
@@ -79,8 +80,6 @@ def _vllm_pages(mode: str, role: str, polls: list[dict], model: str) -> list[str
             scheduler.connector_prefix_cache_stats = PrefixCacheStats()
             scheduler.connector_prefix_cache_stats.record(num_tokens=planned, num_hits=planned, preempted=False,
                                                           hits_by_source={NixlConnector._cache_hit_source: planned})
-            for _ in range(poll["failed_transfers"]):
-                connector.record_failed_transfer()
         else:
             scheduler = SchedulerStats(num_running_reqs=poll["running"], num_waiting_reqs=poll["waiting"],
                                        kv_cache_usage=poll["usage"])
@@ -88,7 +87,11 @@ def _vllm_pages(mode: str, role: str, polls: list[dict], model: str) -> list[str
                 connector.record_kv_expired_req()
             for _ in range(poll["notifications_after_expiry"]):
                 connector.record_notification_after_expiry()
-        if times_transfers:  # the story lists the transfers on both sides' polls
+        if times_transfers:  # the story lists the transfers and their failures on both sides' polls
+            # The side that drives the transfers counts their failures too (NixlBaseConnectorWorker.
+            # _pop_done_transfers / _handle_failed_transfer: the reader's when pulling, the writer's when pushing).
+            for _ in range(poll["failed_transfers"]):
+                connector.record_failed_transfer()
             for seconds, nbytes in poll["transfers"]:
                 connector.data["transfer_duration"].append(seconds)
                 connector.data["post_duration"].append(seconds / 10)
@@ -109,9 +112,9 @@ def write_vllm() -> None:
     data = story()
     for mode in CONNECTORS:
         decode = _vllm_pages(mode, "decode", data["vllm"]["decode"], data["model"])
-        # The prefill side of a push pair times the transfers the decode side's polls list.
-        prefill_polls = [{**p, "transfers": d["transfers"]} for p, d in zip(data["vllm"]["prefill"],
-                                                                          data["vllm"]["decode"])]
+        # The prefill side of a push pair times the transfers the decode side's polls list, and counts their failures.
+        prefill_polls = [{**p, "transfers": d["transfers"], "failed_transfers": d["failed_transfers"]}
+                         for p, d in zip(data["vllm"]["prefill"], data["vllm"]["decode"])]
         prefill = _vllm_pages(mode, "prefill", prefill_polls, data["model"])
         for index, (d, p) in enumerate(zip(decode, prefill), 1):
             page_path(index, f"vllm-{mode}", "decode").write_text(d)

@@ -179,6 +179,8 @@ TRANSFER_FAILURE_KINDS = {
     "transfer": "the KV transfer itself (vLLM NIXL since 0.31 also counts handshake and notification failures here)",
     "handshake": "setting the transfer up with the peer (SGLang's bootstrap)",
     "notification": "telling the peer the transfer is done (vLLM NIXL)",
+    "receive": "the receiving side gave up on a transfer whose sender times it (the decode side of vLLM Mooncake "
+               "and of SGLang); the sender may count the same transfer as failed",
 }
 # kvcache_target_scrape_failures_total{reason}, and what each means.
 FAILURE_REASONS = {
@@ -416,7 +418,10 @@ _TABLE = (
            + _TIER + _POLLED, ("tier",)),
     Family("cached_prompt_tokens_total", "counter", "offload", "tokens",
            "Prompt tokens served from a cache, by where they came from (`source` is " + ", ".join(HIT_SOURCES)
-           + "); the sum over sources is the engine's cached prompt tokens, GPU and offloaded. " + _POLLED,
+           + "); the sum over sources is the engine's cached prompt tokens, GPU and offloaded. Counted when the "
+           "engine counts the hit: vLLM at admission, before a load from an offload tier or a peer has run (a "
+           "load that fails later is still counted; `peer` counts the loads a P/D connector started, the tokens "
+           "received are kvcache_kv_transfer_prompt_tokens_total). " + _POLLED,
            ("source",)),
     Family("tier_transfer_bytes_total", "counter", "offload", "bytes",
            "Bytes moved between the GPU pool and an offload tier. " + _TRANSFER + _POLLED, ("tier", "direction")),
@@ -436,14 +441,15 @@ _TABLE = (
     # Per pool: KV moved between prefill and decode pools.
     Family("kv_transfer_seconds", "histogram", "transfer", "seconds",
            "Duration of KV transfers between a prefill and a decode pool, in the engine's own buckets (Triton: "
-           "sum and count only), on the side that times them (vLLM and TensorRT-LLM: decode; SGLang: prefill). "
+           "sum and count only), on the side that times them (vLLM's NixlConnector pulling and TensorRT-LLM: decode; vLLM's NixlPushConnector and MooncakeConnector, which push, and SGLang: prefill). "
            "vLLM observes one transfer per TP rank. " + _KV_TRANSFER + _POLLED),
     Family("kv_transfer_bytes", "histogram", "transfer", "bytes",
            "Bytes per KV transfer between a prefill and a decode pool (vLLM: each TP rank's shard), in the "
            "engine's own buckets. " + _KV_TRANSFER + _POLLED),
     Family("kv_transfer_speed_bytes_per_second", "histogram", "transfer", "bytes",
            "Speed of each KV transfer as the engine computes it, in the engine's own buckets (SGLang's "
-           "kv_transfer_speed_gb_s: the transfer's bytes over its latency, in GiB/s). With chunked prefill or an "
+           "kv_transfer_speed_gb_s: the transfer's bytes over its latency, in GiB/s; Dynamo's TensorRT-LLM "
+           "trtllm_kv_transfer_speed_gb_s, in GB/s). With chunked prefill or an "
            "early prefix send SGLang's latency covers the last chunk while the bytes cover every chunk, so the speed "
            "can exceed the link's: kvcache_kv_transfer_above_link_total counts those. " + _KV_TRANSFER + _POLLED),
     Family("kv_transfer_above_link_total", "counter", "transfer", "",

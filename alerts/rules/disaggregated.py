@@ -45,8 +45,8 @@ def recording_rules(t: Thresholds, group: str) -> list[dict]:
         {"record": "kvcache:kv_transfer_bytes_per_second:ratio", "expr": f"(\n  {bandwidth}\n) <= {link}"},
         # Faster than the link: a broken reading (SGLang's chunked prefill times the last chunk only), not a link.
         {"record": "kvcache:kv_transfer_bytes_per_second_above_link:ratio", "expr": f"(\n  {bandwidth}\n) > {link}"},
-        # The transfers the engine itself timed faster than the link (SGLang's speed histogram), as a share of
-        # those it timed: how much of the quotient above is broken readings.
+        # The transfers the engine itself timed faster than the link (the speed histograms of SGLang and Dynamo's
+        # TensorRT-LLM), as a share of those it timed: how much of the quotient above is broken readings.
         {"record": "kvcache:kv_transfer_above_link:ratio", "expr": (
             f"{rate('kvcache_kv_transfer_above_link_total')}\n/\n"
             f"({rate('kvcache_kv_transfer_speed_bytes_per_second_count')} > 0)")},

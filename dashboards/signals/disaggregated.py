@@ -89,8 +89,9 @@ def transfer_time(v: View):
     return timeseries(
         f"Transfer time p90 {v.per}",
         describe(
-            "90th percentile of the KV transfers' duration over the window, on the side that times them (vLLM: "
-            "decode, one observation per TP rank; SGLang: prefill). Triton has no buckets: no line."
+            "90th percentile of the KV transfers' duration over the window, on the side that times them (vLLM "
+            "pulling with NIXL: decode; vLLM pushing, NIXL push or Mooncake: prefill; one observation per TP rank; "
+            "SGLang: prefill). Triton has no buckets: no line."
             + without_source(SECONDS_HISTOGRAM.removeprefix("kvcache_")),
             "no absolute red: compare it with the time to first token (Latency) and with the bytes it moves "
             "(Transfer bandwidth).",
@@ -134,11 +135,13 @@ def failures_and_expiries(v: View):
     return timeseries(
         f"Transfer failures and lease expiries {v.per}",
         describe(
-            "Per second: failed KV transfers by kind (transfer, handshake, notification: they may overlap, vLLM "
-            "NIXL counts every failure under transfer since 0.31), prefill KV freed at lease expiry before the "
-            "decode side pulled it, transfers completed after their lease (the KV may have been reused), and "
-            "transfers the engine reported faster than the link (broken readings the bandwidth averages in; "
-            "SGLang's speed histogram)." + without_source(FAILURES.removeprefix("kvcache_")),
+            "Per second: failed KV transfers by kind (transfer, handshake, notification, receive: they may overlap, "
+            "vLLM NIXL counts every failure under transfer since 0.31; the decode side of vLLM Mooncake and SGLang "
+            "counts the receives it gave up on, which its prefill side may count too), prefill KV freed at lease "
+            "expiry before the decode side pulled it, transfers completed after their lease (the KV may have been "
+            "reused), and transfers the engine reported faster than the link (broken readings the bandwidth averages "
+            "in; the speed histograms of SGLang and Dynamo's TensorRT-LLM)."
+            + without_source(FAILURES.removeprefix("kvcache_")),
             "any transfer completed after its lease (KVCacheTransferNotificationsAfterExpiry, critical); "
             "expiries all along (KVCacheTransferLeaseExpiries: decode too slow or too full); failures above "
             f"{percent(v.thresholds.kv_transfer_failure_ratio)} of the transfers (KVCacheTransfersFailing).",

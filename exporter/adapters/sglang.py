@@ -59,8 +59,13 @@ _KV_TRANSFER = (
     Series("kv_transfer_bytes", ("sglang:kv_transfer_total_mb",), "histogram", scale=2**20),
     # SchedulerReqTimeStats.compute_and_observe_kv_transfer_metrics: MiB / 1024 over seconds, i.e. GiB/s.
     Series("kv_transfer_speed_bytes_per_second", ("sglang:kv_transfer_speed_gb_s",), "histogram", scale=2**30),
-    # Created at their first failure.
-    Series("kv_transfer_failures_total", ("sglang:num_transfer_failed_reqs_total",), "counter", labels=("transfer",)),
+    # Created at their first failure. Both sides count a failed transfer: the sender, which times it, when its
+    # inflight queue polls it failed (prefill.py), the receiver when its transfer queue does (decode.py): the
+    # decode side's are its receives given up, as vLLM Mooncake's.
+    Series("kv_transfer_failures_total", ("sglang:num_transfer_failed_reqs_total",), "counter",
+           match={"engine_type": ("prefill", "unified", "")}, labels=("transfer",)),
+    Series("kv_transfer_failures_total", ("sglang:num_transfer_failed_reqs_total",), "counter", match=_DECODE,
+           labels=("receive",)),
     Series("kv_transfer_failures_total", ("sglang:num_bootstrap_failed_reqs_total",), "counter",
            labels=("handshake",)),
     # Decode: DecodePreallocQueue (the handshake, then KV pre-allocated once the pool has room), then

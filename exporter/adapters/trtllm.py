@@ -33,7 +33,9 @@ class TrtllmAdapter(Adapter):
     role_label = ("disaggregation_mode", {"prefill": "prefill", "decode": "decode", "prefill_and_decode": "unified"})
     # No preemption counter (paused requests are a gauge, read as such): never `thrashing`. Dynamo's KV transfer
     # series have no failure, lease or stage counterpart; trtllm-serve itself exports no transfer series.
-    not_reported = NO_POOL_DETAIL | (NO_KV_TRANSFER - {"kv_transfer_seconds", "kv_transfer_bytes"})
+    not_reported = NO_POOL_DETAIL | (NO_KV_TRANSFER - {"kv_transfer_seconds", "kv_transfer_bytes",
+                                                       "kv_transfer_speed_bytes_per_second",
+                                                       "kv_transfer_above_link_total"})
     extra_names = ("trtllm_kv_cache_config_info",)
     series = (
         Series("usage_ratio", ("trtllm_kv_cache_utilization",)),
@@ -54,9 +56,12 @@ class TrtllmAdapter(Adapter):
         Series("queue_time_seconds", ("trtllm_request_queue_time_seconds",), "histogram"),
         Series("e2e_request_latency_seconds", ("trtllm_e2e_request_latency_seconds",), "histogram"),
         # Dynamo's additions for disaggregated TensorRT-LLM (components/src/dynamo/trtllm, prometheus_names.rs
-        # trtllm_additional): observed on the decode side, per request.
+        # trtllm_additional): AdditionalMetricsCollector.record_kv_transfer_perf observes them on the decode side,
+        # per request, from TRT-LLM's timing metrics (kv_cache_transfer_start to _end, kv_cache_size); the speed
+        # is bytes / (seconds x 1e9), GB/s.
         Series("kv_transfer_seconds", ("trtllm_kv_transfer_latency_seconds",), "histogram"),
         Series("kv_transfer_bytes", ("trtllm_kv_transfer_bytes",), "histogram"),
+        Series("kv_transfer_speed_bytes_per_second", ("trtllm_kv_transfer_speed_gb_s",), "histogram", scale=1e9),
     )
 
     def variants_of(self, names: tuple[str, ...]) -> list[str]:

@@ -15,7 +15,7 @@ _REQUEST_SLICES = ("priority",)
 # another instance; `external_unspecified` a connector that does not say where its hit came from.
 _HIT_SOURCES = {"device": "gpu", "host": "cpu", "cpu": "cpu", "disk": "disk", "p2p": "peer"}
 # The disaggregated-serving connectors (--kv-transfer-config): NIXL (0.11.1+), then Mooncake (0.33+), the same
-# shapes (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py); the first one on the page wins.
+# shapes (nixl/stats.py, mooncake/stats.py); the first one on the page wins.
 _CONNECTORS = ("nixl", "mooncake")
 
 
@@ -24,13 +24,17 @@ def _connector(name: str) -> tuple[str, ...]:
 
 
 _KV_TRANSFER = (
-    # One observation per TP rank's transfer, timed by the side that reads (decode).
+    # One observation per TP rank's transfer, timed by the side that drives it: the reader (decode) under
+    # NixlConnector, the writer (prefill) under NixlPushConnector and MooncakeConnector.
     Series("kv_transfer_seconds", _connector("xfer_time_seconds"), "histogram"),
     Series("kv_transfer_bytes", _connector("bytes_transferred"), "histogram"),
     # Since 0.31 NIXL's failed transfers include its handshake and notification failures.
     Series("kv_transfer_failures_total", _connector("num_failed_transfers_total"), "counter", labels=("transfer",)),
     Series("kv_transfer_failures_total", ("vllm:nixl_num_failed_notifications_total",), "counter",
            labels=("notification",)),
+    # Mooncake's decode worker gives up on a load (record_failed_recv): the writer, on the prefill side, may count
+    # the same transfer as failed, and the decode side times none to judge a ratio by.
+    Series("kv_transfer_failures_total", ("vllm:mooncake_num_failed_recvs_total",), "counter", labels=("receive",)),
     Series("kv_transfer_lease_expiries_total", _connector("num_kv_expired_reqs_total"), "counter"),
     Series("kv_transfer_notifications_after_expiry_total", ("vllm:nixl_num_notifications_after_expiry_total",),
            "counter"),
@@ -41,8 +45,6 @@ _KV_TRANSFER = (
     Series("kv_transfer_requests", ("vllm:num_requests_kv_fetch_by_stage",), label_from=(
         "stage", {stage: stage for stage in TRANSFER_STAGES})),
 )
-# Mooncake's receive failures (the decode side's), added to its transfer failures.
-_MOONCAKE_RECV_FAILURES = "vllm:mooncake_num_failed_recvs_total"
 # Prompt tokens whose KV a connector supplied, counted when the request's first token comes out
 # (PromptTokenStats.update_from_output, from the PrefillStats of its admission): a peer's where a P/D connector
 # runs. Not `prompt_tokens_cached_by_source_total{source="p2p"}`: that counts the hits a load was planned for,
@@ -67,8 +69,7 @@ class VllmAdapter(Adapter):
     # NIXL and Mooncake time and size each transfer in two histograms: no speed of one transfer.
     not_reported = frozenset({"evictable_tokens", "requests_paused", "tier_transfer_tokens_total",
                               "kv_transfer_speed_bytes_per_second", "kv_transfer_above_link_total"}) | NO_RUNNING_CAP
-    extra_names = ("vllm:cache_config_info", "vllm:kv_offload_config_info", _MOONCAKE_RECV_FAILURES,
-                   _EXTERNAL_PROMPT_TOKENS)
+    extra_names = ("vllm:cache_config_info", "vllm:kv_offload_config_info", _EXTERNAL_PROMPT_TOKENS)
     series = (
         Series("usage_ratio", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
         Series("requests_running", ("vllm:num_requests_running",)),
@@ -105,15 +106,11 @@ class VllmAdapter(Adapter):
 
     def complete(self, samples: Samples, snapshot: Snapshot) -> None:
         self._capacity(samples, snapshot)
-        self._connector_extras(samples, snapshot)
+        self._received_prompt_tokens(samples, snapshot)
 
-    def _connector_extras(self, samples: Samples, snapshot: Snapshot) -> None:
-        """Mooncake's receive failures under kind transfer; the prompt tokens a P/D connector supplied
-        (`external_kv_transfer`) where the page has a P/D connector's series."""
-        for sample in samples.get(self.first_present((_MOONCAKE_RECV_FAILURES,), samples) or "", ()):
-            failures = snapshot.ranks.setdefault(self.rank_of(sample.labels), RankValues()).labelled.setdefault(
-                "kv_transfer_failures_total", {})
-            failures[("transfer",)] = failures.get(("transfer",), 0.0) + sample.value
+    def _received_prompt_tokens(self, samples: Samples, snapshot: Snapshot) -> None:
+        """The prompt tokens a P/D connector supplied (`external_kv_transfer`) where the page has a P/D
+        connector's series."""
         connector = any(self.first_present(_connector(name), samples, "_count")
                         for name in ("xfer_time_seconds", "bytes_transferred"))
         name = self.first_present((_EXTERNAL_PROMPT_TOKENS,), samples)

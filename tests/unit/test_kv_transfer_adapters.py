@@ -1,14 +1,15 @@
 """The KV transfer families where a table cannot say it all: vLLM's prompt tokens from a peer (received, not the
-`p2p` loads planned), SGLang's queue gauges read on their own role only, TP ranks' histograms taken whole, and the
-same numbers under both spellings."""
+`p2p` loads planned), SGLang's queue gauges read on their own role only, TP ranks' histograms taken whole, the
+same numbers under both spellings, and speeds reported above the link counted."""
 
 from __future__ import annotations
 
 import pytest
 
 from devtools import harness
-from kvcache_exporter import adapters
+from kvcache_exporter import adapters, derive
 from kvcache_exporter.sources import parser
+from kvcache_exporter.thresholds import DEFAULT as T
 
 
 def adapt(text: str):
@@ -79,3 +80,34 @@ def test_tp_ranks_histograms_are_taken_whole_from_one_rank(ranks, expected):
     *buckets, total, count = expected
     assert histogram.buckets == list(buckets)
     assert histogram.sum == pytest.approx(total, rel=1e-12) and histogram.count == count
+
+
+def test_dynamos_tensorrt_llm_speeds_above_the_link_are_counted():
+    """Dynamo's TensorRT-LLM worker observes each transfer's bytes / (seconds x 1e9) in GB/s: of 5 transfers, 3 at
+    or below 25 GB/s and 2 in the 250 and 500 GB/s buckets, beyond the 50 GB/s link: the exporter reads the speed in
+    bytes/s and counts those 2 (above the 50 GB/s bound), never averaging them in silently."""
+    labels = 'disaggregation_mode="decode",engine_type="trtllm",model_name="m"'
+    cumulative = {"0.1": 0, "0.5": 1, "1.0": 1, "5.0": 2, "10.0": 2, "25.0": 3, "50.0": 3, "100.0": 3, "250.0": 4,
+                  "500.0": 5, "+Inf": 5}
+    buckets = (f'trtllm_kv_transfer_speed_gb_s_bucket{{{labels},le="{le}"}} {n}\n' for le, n in cumulative.items())
+    text = "".join(["# TYPE trtllm_kv_transfer_speed_gb_s histogram\n", *buckets,
+                    f"trtllm_kv_transfer_speed_gb_s_count{{{labels}}} 5\n",
+                    f"trtllm_kv_transfer_speed_gb_s_sum{{{labels}}} 723.4\n"])
+    snapshot = adapt(text)
+    ranks, _ = derive.derive(snapshot, {}, 0.0, T, role=snapshot.role)
+    speed = ranks["0"].values.histograms["kv_transfer_speed_bytes_per_second"]
+    assert snapshot.role == "decode"
+    assert speed.sum == pytest.approx(723.4e9) and speed.count == 5
+    assert dict(speed.buckets)[50e9] == 3
+    assert ranks["0"].gauges["kv_transfer_above_link_total"] == 2
+
+
+@pytest.mark.parametrize("role, kind", [("prefill", "transfer"), ("decode", "receive")])
+def test_sglangs_failed_transfers_are_the_senders_or_the_receivers(role, kind):
+    """Both SGLang servers count a failed transfer in num_transfer_failed_reqs_total: the prefill side (the sender,
+    which times it) as kind transfer, the decode side (the receiver, which times none) as kind receive."""
+    labels = f'engine_type="{role}",model_name="m",tp_rank="0"'
+    text = (f"# TYPE sglang:num_transfer_failed_reqs_total counter\n"
+            f"sglang:num_transfer_failed_reqs_total{{{labels}}} 3.0\n"
+            f"# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{{{labels}}} 1.0\n")
+    assert adapt(text).ranks["0"].labelled["kv_transfer_failures_total"] == {(kind,): 3.0}

@@ -66,10 +66,10 @@ def vllm_truth(index: int, mode: str, role: str) -> tuple[dict, dict]:
     observed = [t for poll in decode_polls for t in poll["transfers"]] if times else []
     family = {"kv_transfer_seconds": histogram([s for s, _ in observed], NIXL_SECONDS),
               "kv_transfer_bytes": histogram([b for _, b in observed], NIXL_BYTES),
-              # registered per engine at start on every side: a side that counts none reads 0
-              "kv_transfer_failures_total": {("transfer",): float(sum(p.get("failed_transfers", 0)
-                                                                      for p in (decode_polls if role == "decode"
-                                                                                else ()))),
+              # registered per engine at start on every side: a side that counts none reads 0; failures are
+              # counted where the transfers are timed (the reader pulling, the writer pushing)
+              "kv_transfer_failures_total": {("transfer",): float(sum(p["failed_transfers"] for p in decode_polls)
+                                                                  if times else 0),
                                              ("notification",): 0.0},
               "kv_transfer_lease_expiries_total": float(sum(p["expired_leases"] for p in prefill_polls)
                                                         if role == "prefill" else 0),
@@ -169,7 +169,8 @@ def test_every_pd_family_equals_the_storys_truth(index, engine, role):
 
 def test_the_story_crosses_every_rule():
     """The story is worth checking: transfers waiting to start with KV room and short of it, a prefill queue
-    with room (capped), a transfer above the link, failures created mid-story, push and pull timing apart."""
+    with room (capped), a transfer above the link, failures created mid-story, push and pull timing (and counting
+    failures) apart."""
     states = {(engine, role, index): read(index, engine, role).pressure for engine, role in PAGES for index in POLLS}
     assert states["vllm-pull", "decode", 1] == states["sglang", "decode", 1] == "ok"
     assert states["vllm-pull", "decode", 3] == states["sglang", "decode", 3] == "saturated"
@@ -177,3 +178,8 @@ def test_the_story_crosses_every_rule():
     assert read(3, "sglang", "prefill").gauges["kv_transfer_above_link_total"] == 1
     assert read(3, "vllm-push", "decode").values.histograms["kv_transfer_seconds"].count == 0
     assert read(3, "vllm-push", "prefill").values.histograms["kv_transfer_seconds"].count == 10
+    # the failed transfer is counted where it was driven: the reader's when pulling, the writer's when pushing
+    failures = {(engine, role): read(3, engine, role).labelled["kv_transfer_failures_total"][("transfer",)]
+                for engine in ("vllm-pull", "vllm-push") for role in ("decode", "prefill")}
+    assert failures == {("vllm-pull", "decode"): 1, ("vllm-pull", "prefill"): 0, ("vllm-push", "decode"): 0,
+                        ("vllm-push", "prefill"): 1}
