@@ -34,10 +34,12 @@ def build(thresholds: Thresholds, static_labels: tuple[str, ...], pd_group_label
     v = View(Scope(labels), split=("target", "dp_rank"), per="per rank", legend="{{target}} dp{{dp_rank}}",
              thresholds=thresholds, latency_quantiles=(0.5, 0.9, 0.99))
     rows = [
-        # Four stats a line at most, as on the fleet dashboard.
-        Row("Overview", ((exporter_health.targets_up(v), pressure.state_now(v), kv.usage_now(v), kv.headroom_now(v)),
-                         (pressure.preemptions_per_minute(v), prefix_cache.hit_ratio_now(v), pressure.waiting_now(v),
-                          memory.bytes_per_token(v)))),
+        # Four stats a line at most, as on the fleet dashboard. The state first and half the width: its reason's
+        # words are the longest value on the page (a quarter drew them in a 6 px font), beside the queue they quote.
+        Row("Overview", ((pressure.state_now(v), pressure.waiting_now(v)),
+                         (exporter_health.targets_up(v), kv.usage_now(v), kv.headroom_now(v),
+                          pressure.preemptions_per_minute(v)),
+                         (prefix_cache.hit_ratio_now(v), memory.bytes_per_token(v)))),
         Row("KV", ((kv.usage(v), kv.headroom(v), kv.time_until_full(v)),
                    (kv.free_tokens(v), kv.free_blocks(v), kv.live_tokens_per_request(v), kv.capacity(v)))),
         Row("Pressure", ((pressure.states_over_time(v), pressure.running(v)),
