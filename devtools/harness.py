@@ -121,12 +121,17 @@ def port_free(port: int) -> bool:
     return True
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+def http_get(url: str | urllib.request.Request, timeout: float = 5.0) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode(errors="replace")
+
+
+def http_post(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    """An empty POST (`/-/reload`): the status and the body, an error status's too."""
+    return http_get(urllib.request.Request(url, method="POST", data=b""), timeout)
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.2, what: str = "condition"):

@@ -264,6 +264,11 @@ _TABLE = (
            "poll loop's CPU per interval) and a margin. The data a scrape reads is up to this much of an interval "
            "old; above " + f"{SHARD_LEAD_RATIO:g}" + " it is more than a second older than a direct scrape's at 5 s "
            "(docs/scaling.md): add a replica (`--shard`) or a worker.", stable=False),
+    Family("exporter_pressure_threshold", "gauge", "exporter", "",
+           "The thresholds the pressure state and the waiting split are derived with (exporter/thresholds.py, "
+           "overridden by the configuration's `pressure:`), by name: the marks as ratios, the preemption rate per "
+           "second, the window in seconds. `top --exporter` reads them, so its reasons and per-minute figures "
+           "quote what the exporter used.", ("name",), stable=False),
     Family("exporter_group_enabled", "gauge", "exporter", "",
            "1 for each group of families the exporter exposes, 0 for one its configuration turned off (`families:`): "
            "a dashboard panel over a group that is off says so instead of showing no data.", ("group",),

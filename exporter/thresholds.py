@@ -123,6 +123,10 @@ class Thresholds:
 
 DEFAULT = Thresholds()
 
+# The thresholds the exporter derives with that its page publishes (kvcache_exporter_pressure_threshold{name}), so
+# that a reader of the page (`top --exporter`) quotes the marks and the window the state was derived with.
+PUBLISHED = ("high_water_ratio", "low_water_ratio", "thrashing_preemptions_per_second", "window_seconds")
+
 # The poll lead (kvcache_exporter_poll_lead_ratio: how early the earliest poll starts before a scrape, over the poll
 # interval) above which one exporter process reads its fleet too slowly to keep its data within a second of a direct
 # scrape's at a 5 s interval, ingestion included (docs/performance.md): the point to add a replica (`--shard`).

@@ -15,6 +15,7 @@ from typing import Awaitable, Callable
 from .. import __version__, contract, exposition
 from ..config import Config, ConfigError
 from ..sources import parser
+from ..thresholds import DEFAULT, PUBLISHED, Thresholds
 from . import logs, process_series
 from .probe import SCRAPE_TIMEOUT_HEADER, Prober
 from .server import MetricsServer, Request, Response
@@ -43,7 +44,7 @@ class ExporterState:
 
     def lines(self, probed_targets: int, probe_evictions: int, scrape_interval: float = 0.0,
               phase_locked: bool = False, lead_ratio: float = 0.0, workers: Workers | None = None,
-              groups_off: frozenset[str] = frozenset()) -> dict[str, str]:
+              groups_off: frozenset[str] = frozenset(), thresholds: Thresholds = DEFAULT) -> dict[str, str]:
         """Its series by family: one line each, for every family of the contract's `exporter` group."""
         values = {
             "exporter_build_info": (exposition.label_text({"version": __version__, "reader": parser.READER}), 1.0),
@@ -60,6 +61,9 @@ class ExporterState:
         }
         lines = {name: exposition.line(contract.FAMILIES[name].metric, labels, value)
                  for name, (labels, value) in values.items()}
+        threshold = contract.FAMILIES["exporter_pressure_threshold"].metric
+        lines["exporter_pressure_threshold"] = "".join(
+            exposition.line(threshold, f'name="{name}"', float(getattr(thresholds, name))) for name in PUBLISHED)
         enabled = contract.FAMILIES["exporter_group_enabled"].metric
         lines["exporter_group_enabled"] = "".join(
             exposition.line(enabled, f'group="{group}"', float(group not in groups_off))
@@ -150,7 +154,7 @@ class Exporter:
             texts += await self.workers.scrape(seen if request.method == "GET" else None, self.config.timeout)
             phase_state = self.workers.phase_state()
         own = self.state.lines(self.prober.probed(), self.prober.evictions, *phase_state, self.workers,
-                               self.config.groups_off)
+                               self.config.groups_off, self.config.thresholds)
         # Joining every target's text takes milliseconds at a large fleet, and the process series read /proc: in a
         # worker thread, not the poll loop.
         body = await asyncio.to_thread(

@@ -44,8 +44,10 @@ class Reader(threading.Thread):
             while not self.stop.is_set():
                 try:
                     frame = read_frame(self.source.read(), time.time())
+                    thresholds = frame.thresholds_or(self.source.thresholds)
+                    self.window.window = thresholds.window_seconds
                     self.window.add(frame)
-                    self.latest = (frame, build_rows(frame, self.window, self.source.thresholds), None)
+                    self.latest = (frame, build_rows(frame, self.window, thresholds), None)
                 except (SourceError, parser.ParseError) as err:
                     # Nothing from before is shown as if it were current.
                     self.latest = (None, [], f"read failed at {time.strftime('%H:%M:%S')}: {err}")
@@ -114,6 +116,7 @@ def run(source, interval: float, state: ViewState) -> int:
             while not stop.is_set():
                 if not state.paused and reader.latest is not None:
                     state.frame, state.rows, state.error = reader.latest
+                    state.window_seconds = reader.window.window
                 live.refresh()
                 if not handle(state, keys.read(REDRAW_SECONDS)):
                     break

@@ -19,10 +19,12 @@ def output(source, interval: float, sort: str, text_filter: str, as_json: bool) 
             if read:
                 time.sleep(interval)
             frame = read_frame(source.read(), time.time())
+            thresholds = frame.thresholds_or(source.thresholds)
+            window.window = thresholds.window_seconds
             window.add(frame)
     finally:
         source.close()
-    every_pool = build_rows(frame, window, source.thresholds)
+    every_pool = build_rows(frame, window, thresholds)
     rows = sort_rows(filter_rows(every_pool, text_filter), sort)
     fleet = totals(frame, every_pool, window.window)  # the filter narrows the table, never the fleet
     if as_json:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from .. import contract, exposition
@@ -18,7 +18,7 @@ from ..config import Config
 from ..runtime.direct import DirectPolls
 from ..sources import parser
 from ..thresholds import DEFAULT as DEFAULT_THRESHOLDS
-from ..thresholds import Thresholds
+from ..thresholds import PUBLISHED, Thresholds
 
 # The families `top` reads, all in the contract (tests/unit/test_contract_table.py): a pool's polled gauges
 # and counters, its state and TTFT buckets, the capacity misses where a KV event stream is read (their
@@ -27,14 +27,15 @@ P = contract.PREFIX
 TTFT = "time_to_first_token_seconds"
 STATE = "pressure_state"
 REASON = "pressure_reason"
+THRESHOLD = "exporter_pressure_threshold"  # an exporter's page: the thresholds its states were derived with
 CAPACITY_MISSES = "capacity_miss_blocks_total"
 HOLDERS = ("adapter", "tenant")  # who holds a pool's blocks: kvcache_{adapter,tenant}_blocks_resident
 _RESIDENT = {holder: f"{holder}_blocks_resident" for holder in HOLDERS}
 _GAUGES = contract.names(group="pool", type="gauge")
 _COUNTERS = contract.names(group="pool", type="counter") + (CAPACITY_MISSES,)
 _LAST_SUCCESS = "target_last_success_timestamp_seconds"
-WANTED = frozenset(P + name for name in (*_GAUGES, *_COUNTERS, STATE, REASON, "target_up", _LAST_SUCCESS, TTFT + "_bucket",
-                                         *_RESIDENT.values()))
+WANTED = frozenset(P + name for name in (*_GAUGES, *_COUNTERS, STATE, REASON, THRESHOLD, "target_up", _LAST_SUCCESS,
+                                         TTFT + "_bucket", *_RESIDENT.values()))
 _IDENTITY = contract.GROUPS["pool"].identity
 
 
@@ -72,6 +73,13 @@ class Frame:
     read_at: float
     pools: dict[tuple[str, ...], Pool]  # by the pool's identity labels (contract GROUPS["pool"])
     targets_up: dict[str, bool]
+    # The thresholds the page says its states were derived with (an exporter's); none on a page without them
+    # (engines polled directly, an exporter from before they were published).
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+    def thresholds_or(self, fallback: Thresholds) -> Thresholds:
+        """The thresholds the page was derived with, the source's own (`fallback`) where it does not say."""
+        return replace(fallback, **self.thresholds)
 
 
 def read_frame(text: str, read_at: float) -> Frame:
@@ -108,7 +116,9 @@ def read_frame(text: str, read_at: float) -> Frame:
             pool_of(sample.labels).holders.setdefault(holder, {})[sample.labels.get(holder, "")] = sample.value
     for pool in pools.values():
         pool.ttft.sort()
-    return Frame(read_at, pools, targets_up)
+    thresholds = {sample.labels["name"]: sample.value for sample in samples.get(P + THRESHOLD, ())
+                  if sample.labels.get("name") in PUBLISHED}
+    return Frame(read_at, pools, targets_up, thresholds)
 
 
 def metrics_url(url: str) -> str:
@@ -120,8 +130,8 @@ def metrics_url(url: str) -> str:
 
 
 class ExporterSource:
-    """A running exporter's /metrics. Its page does not say the exporter's thresholds: top assumes the defaults
-    (a `pressure:` override of window_seconds makes top's window differ from the state's)."""
+    """A running exporter's /metrics. Its page says the thresholds it derived with (Frame.thresholds); the defaults
+    stand for an exporter that does not."""
 
     thresholds: Thresholds = DEFAULT_THRESHOLDS
 

@@ -7,8 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -156,15 +154,6 @@ def test_check_config_usage(tmp_path):
     assert "check-config FILE" in run("--help").stdout
 
 
-def post(url: str) -> tuple[int, str]:
-    request = urllib.request.Request(url, method="POST", data=b"")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-
-
 def test_a_reload_naming_a_bad_file_keeps_the_process_and_the_running_configuration(tmp_path):
     """Each bad file a new target names, by SIGHUP and by POST /-/reload: the process lives on, the gauge reads 0,
     the endpoint answers 500 with the reason, the running target is still polled and the new one never is."""
@@ -192,7 +181,7 @@ def test_a_reload_naming_a_bad_file_keeps_the_process_and_the_running_configurat
                 assert reload_gauge() == 0.0
                 assert f"reload failed, keeping the running configuration: {reason}" in exporter.log_path.read_text()
 
-                status, body = post(exporter.url + "/-/reload")
+                status, body = harness.http_post(exporter.url + "/-/reload")
                 assert status == 500 and body.startswith(f"reload failed: {reason}") and body.count("\n") == 1, body
                 assert exporter.proc.poll() is None and reload_gauge() == 0.0
 
@@ -204,7 +193,7 @@ def test_a_reload_naming_a_bad_file_keeps_the_process_and_the_running_configurat
                 assert "/b" not in server.requests
 
                 config.write_text(good)  # the same file without the bad target: reloads
-                assert post(exporter.url + "/-/reload") == (200, "reloaded\n")
+                assert harness.http_post(exporter.url + "/-/reload") == (200, "reloaded\n")
             assert "Traceback" not in exporter.log_path.read_text()
 
 
@@ -316,7 +305,8 @@ def test_a_configuration_file_that_is_a_fifo_is_one_line_at_start_in_check_confi
     with harness.exporter(tmp_path, "--config.file", str(config)) as exporter:
         config.unlink()
         os.mkfifo(config)
-        assert post(exporter.url + "/-/reload") == (500, f"reload failed: {config}: (file): not a regular file\n")
+        assert harness.http_post(exporter.url + "/-/reload") == (
+            500, f"reload failed: {config}: (file): not a regular file\n")
         config.unlink()
         config.write_text("targets: []\n")
-        assert post(exporter.url + "/-/reload") == (200, "reloaded\n")
+        assert harness.http_post(exporter.url + "/-/reload") == (200, "reloaded\n")

@@ -150,3 +150,28 @@ def test_an_error_names_the_flag_as_it_was_typed(tmp_path, argv, env, named):
                             capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", **env})
     assert (result.returncode, result.stdout, result.stderr.count("\n")) == (2, "", 1), result.stderr
     assert result.stderr.startswith("kvcache-exporter: " + named.format(tmp=tmp_path)), result.stderr
+
+
+def test_the_page_publishes_the_thresholds_its_states_are_derived_with_and_top_quotes_them(tmp_path):
+    def published(samples: dict) -> dict[str, float]:
+        return {dict(labels)["name"]: value
+                for (name, labels), value in samples.items() if name == "kvcache_exporter_pressure_threshold"}
+
+    with PageServer({"/t": page(harness.vllm_page(0.5, preemptions=0))}) as server:
+        config = tmp_path / "exporter.yml"
+        config.write_text(yaml.safe_dump({"poll_interval": "1s", "targets": [{"name": "t", "url": server.url("/t")}],
+                                          "pressure": {"window_seconds": 120, "low_water_ratio": 0.6}}))
+        with harness.exporter(tmp_path, "--config", str(config)) as exporter:
+            harness.wait_until(lambda: harness.http_get(exporter.url + "/ready")[0] == 200, 20, what="ready")
+            # The configured two, and the defaults of the others (exporter/thresholds.py: 0.90 and 0.02/s).
+            assert published(harness.scrape(exporter.url)) == {
+                "window_seconds": 120.0, "low_water_ratio": 0.6, "high_water_ratio": 0.9,
+                "thrashing_preemptions_per_second": 0.02}
+            top = subprocess.run([sys.executable, "-m", "kvcache_exporter", "top", "--exporter", exporter.url,
+                                  "--interval", "0.2s", "--once"], capture_output=True, text=True, timeout=60)
+            assert top.returncode == 0 and "of 2m" in top.stdout and "/min 2m" in top.stdout, top.stdout + top.stderr
+            # A reload publishes the new ones.
+            config.write_text(yaml.safe_dump({"poll_interval": "1s", "pressure": {"window_seconds": 30},
+                                              "targets": [{"name": "t", "url": server.url("/t")}]}))
+            assert harness.http_post(exporter.url + "/-/reload")[0] == 200
+            assert published(harness.scrape(exporter.url))["window_seconds"] == 30.0

@@ -16,15 +16,6 @@ from devtools.harness import PageServer, hang_before_headers, page
 from devtools.harness import GOOD_PAGE
 
 
-def post(url: str) -> int:
-    request = urllib.request.Request(url, method="POST", data=b"")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status
-    except urllib.error.HTTPError as err:
-        return err.code
-
-
 def test_sigterm_and_sigint_stop_within_two_seconds_even_with_a_poll_hanging(tmp_path):
     with PageServer({"/hang": hang_before_headers()}) as server:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -66,14 +57,14 @@ def test_reload_keeps_unchanged_targets_and_rejects_a_bad_file(tmp_path):
             assert value(samples, "kvcache_exporter_config_last_reload_successful") == 1.0
 
             config.write_text("targets: [{url: 'not a url'}]\n")
-            assert post(exporter.url + "/-/reload") == 500
+            assert harness.http_post(exporter.url + "/-/reload")[0] == 500
             samples = scrape(exporter.url)
             assert value(samples, "kvcache_exporter_config_last_reload_successful") == 0.0
             assert {dict(k[1])["target"] for k in harness.series(samples, "kvcache_target_up")} == {"a", "down", "c"}
             assert "reload failed" in exporter.log_path.read_text()
 
             write(["a"])
-            assert post(exporter.url + "/-/reload") == 200
+            assert harness.http_post(exporter.url + "/-/reload")[0] == 200
             samples = scrape(exporter.url)
             assert value(samples, "kvcache_exporter_config_last_reload_successful") == 1.0
             assert {dict(k[1])["target"] for k in harness.series(samples, "kvcache_target_up")} == {"a"}

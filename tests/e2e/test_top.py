@@ -85,6 +85,19 @@ def test_json_gives_the_same_rows_as_numbers():
                          "live_tokens_per_request": None, "reason": "room", "why": None}
 
 
+def test_the_exporters_published_thresholds_set_the_window_and_the_marks_top_quotes():
+    """An exporter configured with `pressure: {window_seconds: 120, low_water_ratio: 0.6}` says so on its page:
+    the per-minute figures' window and the reason's low-water mark are the exporter's, not top's defaults."""
+    published = ('# TYPE kvcache_exporter_pressure_threshold gauge\n'
+                 'kvcache_exporter_pressure_threshold{name="window_seconds"} 120\n'
+                 'kvcache_exporter_pressure_threshold{name="low_water_ratio"} 0.6\n')
+    with PageServer({"/metrics": alternating(page(PAGES[0] + published), page(PAGES[1] + published))}) as server:
+        result = top("--exporter", server.url(""), "--interval", "0.1s", "--once")
+    assert result.returncode == 0, result.stderr
+    assert "window 30s of 2m" in result.stdout and "/min 2m" in result.stdout, result.stdout
+    assert "40 waiting at 95% used (low-water 60%)" in result.stdout, result.stdout
+
+
 def test_filter_and_sort_narrow_the_table_not_the_fleet():
     result = top_on_recorded_pages("--json", "--filter", "LLAMA", "--sort", "free")
     out = json.loads(result.stdout)
