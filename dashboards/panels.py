@@ -150,13 +150,14 @@ def missing_value(text: str = NO_DATA) -> models.ValueMapping:
 
 def stat(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
          mappings: list[models.ValueMapping] | None = None, min_max: tuple[float, float] | None = None,
-         named: bool = False, links: tuple[Link, ...] = (), no_value: str | None = None):
+         named: bool = False, links: tuple[Link, ...] = (), no_value: str | None = None, trend: bool = True):
     """A current value (the last one in range), coloured by its band. `named`: the value now, from an instant
-    query, with the name its legend gives it (which pool it is). `no_value`: what it says without any value."""
+    query, with the name its legend gives it (which pool it is). `no_value`: what it says without any value.
+    `trend`: the range drawn under the value (not for a code a mapping names: its words get the whole panel)."""
     panel = stat_builders.Panel().height(STAT_HEIGHT)
     panel.reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     panel.color_mode(common.BigValueColorMode.BACKGROUND)
-    panel.graph_mode(common.BigValueGraphMode.NONE if named else common.BigValueGraphMode.AREA)
+    panel.graph_mode(common.BigValueGraphMode.AREA if trend and not named else common.BigValueGraphMode.NONE)
     panel.text_mode(common.BigValueTextMode.VALUE_AND_NAME if len(queries) > 1 or named
                     else common.BigValueTextMode.AUTO)
     no_value = no_data_text(queries, no_value)

@@ -84,6 +84,7 @@ def state_now(v: View):
         bands.neutral(),
         mappings=reason_names(v.thresholds),
         no_value="No data: no pool polled (see Targets up)",
+        trend=False,
     )
 
 
