@@ -21,8 +21,6 @@ from devtools.harness import GOOD_PAGE, PageServer, page
 from kvcache_exporter import config as cfg
 from tests.unit.test_config_properties import base, files, write_mutated  # noqa: F401 (files: the fixture)
 
-from .test_config_process import post
-
 OUTCOMES = ("configuration reloaded", "reload failed, keeping the running configuration")
 
 
@@ -104,7 +102,7 @@ def start(path: Path, port: int, directory: Path) -> tuple[int, str, str]:
 def reload(exporter: harness.Process, by_signal: bool) -> tuple[int, str] | None:
     """Reload by POST /-/reload ((status, body)) or by SIGHUP (None, once the log has the outcome)."""
     if not by_signal:
-        return post(exporter.url + "/-/reload")
+        return harness.http_post(exporter.url + "/-/reload")
     outcomes = lambda: sum(map(exporter.log_path.read_text().count, OUTCOMES))  # noqa: E731
     before = outcomes()
     exporter.signal(signal.SIGHUP)
