@@ -139,9 +139,9 @@ def kv_short_reason(gauges: dict[str, float], thresholds: Thresholds, preempted:
     while it has room: preemptions at the thrashing rate over the window (between two preemptions the freed
     blocks make the pool look roomy, and the queue waits for KV all the same: seen on the real vLLM tier at
     40 % usage with 26 queued for capacity), usage at or above the low-water mark (the pool no longer has room
-    to spare), fewer free tokens than one typical live request holds, or the engine preempted since the last poll (it does so only
-    when it cannot grow a running request's KV; the blocks it freed make the pool look roomy until the queue is
-    readmitted). Not the high-water mark: engines admit a request only if its prompt fits next to a reserve
+    to spare), fewer free tokens than one typical live request holds, or the engine preempted since the last
+    poll (it does so only when it cannot grow a running request's KV; the blocks it freed make the pool look
+    roomy until the queue is readmitted). Not the high-water mark: engines admit a request only if its prompt fits next to a reserve
     for the running requests' future output (SGLang's new_token_ratio), so a queue waits for KV
     already at 80-89 % usage with several typical requests' worth free (the simulator's kv-saturation
     ramp shows it; a queue behind the running cap sits far lower). While nothing runs the typical
@@ -204,9 +204,9 @@ def waiting_split(gauges: dict[str, float], kv_short: bool,
 
 def transfer_waiting_for_kv(gauges: dict[str, float], stages: dict[str, float], kv_short: bool) -> dict[str, float]:
     """A decode pool's transfers that cannot start for want of KV: its waiting_to_start stage while KV is
-    short (`kv_short`, as kv_is_short decides), else 0. The decode half of P/D backpressure: the prefill side holds those requests'
-    KV (vLLM, until pulled) or waits to compute them (SGLang, until the decode side pre-allocates). Absent on
-    other roles and without a stage or usage reading."""
+    short (`kv_short`, as kv_is_short decides), else 0. The decode half of P/D backpressure: the prefill side
+    holds those requests' KV (vLLM, until pulled) or waits to compute them (SGLang, until the decode side
+    pre-allocates). Absent on other roles and without a stage or usage reading."""
     waiting = stages.get("waiting_to_start")
     if waiting is None or "usage_ratio" not in gauges:
         return {}
