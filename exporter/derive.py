@@ -141,8 +141,8 @@ def kv_short_reason(gauges: dict[str, float], thresholds: Thresholds, preempted:
     40 % usage with 26 queued for capacity), usage at or above the low-water mark (the pool no longer has room
     to spare), fewer free tokens than one typical live request holds, or the engine preempted since the last
     poll (it does so only when it cannot grow a running request's KV; the blocks it freed make the pool look
-    roomy until the queue is readmitted). Not the high-water mark: engines admit a request only if its prompt fits next to a reserve
-    for the running requests' future output (SGLang's new_token_ratio), so a queue waits for KV
+    roomy until the queue is readmitted). Not the high-water mark: engines admit a request only if its prompt
+    fits next to a reserve for the running requests' future output (SGLang's new_token_ratio), so a queue waits for KV
     already at 80-89 % usage with several typical requests' worth free (the simulator's kv-saturation
     ramp shows it; a queue behind the running cap sits far lower). While nothing runs the typical
     request is unknown and only the mark decides."""
