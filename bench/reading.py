@@ -12,11 +12,13 @@ page) is measured by path `replay` of bench.paths; docs/performance.md puts the 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 
 from kvcache_exporter import adapters, derive, exposition
 from kvcache_exporter.contract import FAILURE_REASONS
+from kvcache_exporter.runtime import collector
 from kvcache_exporter.runtime.target import PollOutcome
 from kvcache_exporter.sources import parser
 from kvcache_exporter.thresholds import DEFAULT
@@ -76,20 +78,50 @@ def histograms_still(text: str, first: str) -> str:
                      for new, old in zip(text.split("\n"), first.split("\n")))
 
 
-def fleet_read(text: str, targets: int, rounds: int = 3, histograms_change: bool = True) -> float:
+class CollectorTime:
+    """CPU time the cyclic garbage collector takes while in use (gc.callbacks)."""
+
+    def __init__(self):
+        self.seconds, self._began = 0.0, 0.0
+
+    def __call__(self, phase: str, _info: dict) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._began
+
+    def __enter__(self) -> "CollectorTime":
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *_) -> None:
+        gc.callbacks.remove(self)
+
+
+def fleet_read(text: str, targets: int, rounds: int = 3, histograms_change: bool = True,
+               tuned_collector: bool = True) -> tuple[float, float]:
     """µs of CPU per read, reading `targets` targets in turn, `rounds` times after one warm-up round; every
-    value changing from one read of a target to the next, or all but the histograms' values."""
+    value changing from one read of a target to the next, or all but the histograms' values. With the
+    collector as the exporter tunes it once its targets exist (exporter/runtime/collector.py), or the
+    interpreter's default. Also the share of that CPU the collector took."""
     variants = [body.decode() for body in page_server.variants(text)]
     if not histograms_change:
         variants = [histograms_still(variant, variants[0]) for variant in variants]
     readers = [Reader(f"t-{i}") for i in range(targets)]
     texts = [None] * targets  # kept, as the exporter keeps every target's text
-    for turn in range(rounds + 1):
-        if turn == 1:
-            start = time.process_time()
-        for i, reader in enumerate(readers):
-            texts[i] = reader.read(variants[(turn + i) % len(variants)])
-    return (time.process_time() - start) / (rounds * targets) * 1e6
+    default_threshold = gc.get_threshold()
+    if tuned_collector:  # as the exporter does once its targets exist, before their first poll
+        collector.tune()
+    with CollectorTime() as collected:
+        for turn in range(rounds + 1):
+            if turn == 1:
+                collected.seconds, start = 0.0, time.process_time()
+            for i, reader in enumerate(readers):
+                texts[i] = reader.read(variants[(turn + i) % len(variants)])
+        spent = time.process_time() - start
+    gc.unfreeze()
+    gc.set_threshold(*default_threshold)
+    return spent / (rounds * targets) * 1e6, collected.seconds / spent
 
 
 def main(argv: list[str]) -> int:
@@ -106,11 +138,13 @@ def main(argv: list[str]) -> int:
         reference = best_of(lambda: parser.reference_parse(text, adapter.wanted), repeat=5, number=500) * 1e6
         rows.append([name, f"{len(text.encode()) / 1000:.0f} KB", str(wanted),
                      *(f"{by_step[step]:.0f}" for step in by_step), f"{sum(by_step.values()):.0f}",
-                     f"{fleet_read(text, args.targets):.0f}",
-                     f"{fleet_read(text, args.targets, histograms_change=False):.0f}", f"{reference:.0f}"])
+                     *(f"{micros:.0f} ({share:.0%})" for micros, share in (
+                         fleet_read(text, args.targets, tuned_collector=False), fleet_read(text, args.targets))),
+                     f"{fleet_read(text, args.targets, histograms_change=False)[0]:.0f}", f"{reference:.0f}"])
     print(f"Reader: {parser.READER}")
     print(table(["page", "size", "lines read", "detect µs", "parse µs", "adapt µs", "derive µs", "render µs",
-                 "sum µs", f"a read among {args.targets:,} targets, µs",
+                 "sum µs", f"a read among {args.targets:,} targets, default collector µs (its share)",
+                 "the same, the collector as the exporter tunes it µs (its share)",
                  "the same, histograms unchanged since the target's last read, µs",
                  "parse by the pure-Python reader µs"],
                 rows))

@@ -237,6 +237,7 @@ def serve(config: Config, listen_key: tuple[str, str], reload_config: Loader | N
         return 2
     if on_listening is not None:
         on_listening()
+    collector.tune()
     stop, hangup = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

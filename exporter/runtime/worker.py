@@ -12,7 +12,7 @@ import sys
 import time
 
 from .. import exposition
-from . import logs, process_series
+from . import collector, logs, process_series
 from .shard import Shard, polled_by
 from .workers import read_frame, write_frame
 
@@ -55,6 +55,7 @@ def main(argv: list[str]) -> int:
     logs.configure(config.log_level, config.log_format, worker=index)
     shard = Shard(config, polled_by(config, index, count))
     shard.start()
+    collector.tune()
     write_frame(answers, (ident, True))
     try:
         while (request := read_frame(requests)) is not None:
