@@ -16,7 +16,7 @@ from .. import __version__, contract, exposition
 from ..config import Config, ConfigError
 from ..sources import parser
 from ..thresholds import DEFAULT, PUBLISHED, Thresholds
-from . import logs, process_series
+from . import collector, logs, process_series
 from .probe import SCRAPE_TIMEOUT_HEADER, Prober
 from .server import MetricsServer, Request, Response
 from .shard import Shard, polled_by
