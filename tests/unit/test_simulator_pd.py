@@ -7,10 +7,12 @@ import time
 import urllib.request
 
 import pytest
+from prometheus_client import generate_latest
 
 from kvcache_exporter import adapters, derive
 from kvcache_exporter.simulator.exposition import FLAVORS
-from kvcache_exporter.simulator.pd import PDModel, ScenarioError, load_pd_scenario, parse_pd_scenario, start_pd_pair
+from kvcache_exporter.simulator.pd import (PDModel, ScenarioError, load_pd_scenario, parse_pd_scenario, side_registry,
+                                           side_state, start_pd_pair)
 from kvcache_exporter.sources import parser
 from kvcache_exporter.thresholds import DEFAULT
 
@@ -145,3 +147,65 @@ def test_the_pairs_pages_read_as_the_engines_series():
     assert seconds.count > 0 and seconds.sum <= timed.sum / 1000  # polled before the state was read
     assert vllm_decode.values.histograms["kv_transfer_seconds"].count > 0
     assert vllm_decode.values.counters["kv_transfer_prompt_tokens_total"] > 0
+
+
+# Prompts of whole blocks (64 of 16 tokens) and a decode pool that runs short of KV (pd-decode-short's), on a link
+# slow enough (0.34 s a transfer, 88 % busy at 2.6 a second) that SGLang's prefill side sends one prompt after another.
+HELD = {"prefill": {"num_blocks": 32768, "max_num_seqs": 64, "max_num_batched_tokens": 8192},
+        "decode": {"num_blocks": 1536, "max_num_seqs": 64}, "link": {"lease_s": 600, "bytes_per_s": 4e8},
+        "phases": [{"name": "decode-short", "duration_s": 600, "arrival_rate": 2.6, "prompt_len": 1024,
+                    "output_len": 400, "prefix_share": 0}]}
+
+
+def derived_side(pd: PDModel, engine: str, role: str) -> derive.DerivedRank:
+    """One side's page as the model's last tick shows it, read by the exporter's adapter and derived with its role."""
+    text = generate_latest(side_registry(engine, lambda: side_state(pd, role, "m", 0.0), 7)).decode()
+    adapter = adapters.ADAPTERS[engine]
+    ranks, _ = derive.derive(adapter.adapt(parser.parse(text, adapter.wanted)), {}, 0.0, DEFAULT, None, role)
+    return ranks["0"]
+
+
+@pytest.mark.parametrize("engine", PULL)
+def test_prefill_kv_held_for_export_is_the_models_held_blocks(engine):
+    """kvcache_kv_transfer_held_tokens on the prefill side is the blocks the model holds for the decode side (vLLM:
+    computed, not pulled; SGLang: being sent) x the block size, at every poll: with every prompt 1,024 tokens the
+    running or in-flight requests' prompts are the mean exactly. The prefill side's live tokens per request are the
+    running prompts' own; the decode side reports none held."""
+    pd = PDModel(parse_pd_scenario(HELD, "held", "held"), PULL[engine], FLAVORS["vllm-v1" if engine == "vllm"
+                                                                                  else "sglang"].reporting.buckets, 7)
+    block = pd.prefill.config.block_size
+    held_polls = running_polls = 0
+    while pd.now < 300:
+        pd.advance_to(pd.now + 0.5)
+        prefill = derived_side(pd, engine, "prefill")
+        truth = pd.held_blocks() * block
+        if "kv_transfer_held_tokens" not in prefill.gauges:  # nothing finished yet: no mean prompt to count by
+            assert pd.prefill.counters.finished_requests == 0 and (pd.computing or pd.held)
+            continue
+        assert prefill.gauges["kv_transfer_held_tokens"] == truth, pd.now
+        assert prefill.gauges["used_tokens"] == pd.prefill.used * block
+        held_polls += truth > 0
+        if pd.computing:
+            running_polls += 1
+            assert prefill.gauges["live_tokens_per_request"] == 1024
+        assert "kv_transfer_held_tokens" not in derived_side(pd, engine, "decode").gauges
+    # The decode pool short of KV made the vLLM prefill side hold prompts at most polls; SGLang's slow link some.
+    assert held_polls >= (400 if engine == "vllm" else 100) and running_polls >= 10, (held_polls, running_polls)
+
+
+def test_prefill_kv_held_for_export_is_exact_while_nothing_runs():
+    """vLLM with prompts of many lengths (pd-decode-short): while the prefill side computes nothing its used tokens
+    are all held for export; while it computes, each running prompt is taken at the mean, off by at most the longest
+    prompt (4,000 tokens) and a block each."""
+    pd = model("pd-decode-short", "vllm", 60)
+    block = pd.prefill.config.block_size
+    idle = 0
+    while pd.now < 300:
+        pd.advance_to(pd.now + 0.5)
+        held, truth = derived_side(pd, "vllm", "prefill").gauges["kv_transfer_held_tokens"], pd.held_blocks() * block
+        if not pd.computing:
+            idle += truth > 0
+            assert held == truth
+        else:
+            assert abs(held - truth) <= len(pd.computing) * (4000 + block)
+    assert idle >= 300
