@@ -259,26 +259,10 @@ class PDModel:
         self.decodes.append(replica)
         return replica
 
-    # A pair's one decode replica (the first of a fleet's).
     @property
     def decode(self) -> Side:
+        """A pair's one decode engine (the first of a fleet's)."""
         return self.decodes[0].side
-
-    @property
-    def waiting_to_start(self) -> deque[Transfer]:
-        return self.decodes[0].waiting_to_start
-
-    @property
-    def receiving(self) -> list[Transfer]:
-        return self.decodes[0].receiving
-
-    @property
-    def received(self) -> deque[Transfer]:
-        return self.decodes[0].received
-
-    @property
-    def running(self) -> list[Transfer]:
-        return self.decodes[0].running
 
     def _blocks(self, tokens: int, config: EngineConfig) -> int:
         return -(-tokens // config.block_size)

@@ -29,7 +29,9 @@ def model(scenario: str, engine: str, until: float, seed: int = 7) -> PDModel:
 
 def assert_blocks_add_up(pd: PDModel) -> None:
     assert pd.prefill.used == sum(t.prefill_blocks for t in (*pd.computing, *pd.held.values()))
-    assert pd.decode.used == sum(t.decode_blocks for t in (*pd.receiving, *pd.received, *pd.running))
+    for replica in pd.decodes:
+        assert replica.side.used == sum(t.decode_blocks for t in (*replica.receiving, *replica.received,
+                                                                  *replica.running))
     assert 0 <= pd.prefill.used <= pd.prefill.config.num_blocks and 0 <= pd.decode.used <= pd.decode.config.num_blocks
 
 
@@ -44,13 +46,13 @@ def test_steady_moves_every_prompt_once_at_the_links_speed(engine):
     assert timer.failed_transfers == pd.prefill.lease_expiries == pd.prefill.notifications_after_expiry == 0
     moved_bytes = pd.decode.counters.prompt_tokens * BYTES_PER_TOKEN  # counted as each transfer completes
     # vLLM counts a load's tokens when it plans it (p2p) and again once the request has run (external_kv_transfer)
-    in_flight = sum(t.request.prompt_len for t in (*pd.receiving, *pd.received))
-    not_first = sum(t.request.prompt_len for t in pd.running if t.request.generated == 0)
+    in_flight = sum(t.request.prompt_len for t in (*pd.decodes[0].receiving, *pd.decodes[0].received))
+    not_first = sum(t.request.prompt_len for t in pd.decodes[0].running if t.request.generated == 0)
     assert pd.decode.peer_tokens == pd.decode.counters.prompt_tokens - not_first - sum(
-        t.request.prompt_len for t in pd.received)
+        t.request.prompt_len for t in pd.decodes[0].received)
     if engine == "vllm":
         assert pd.decode.peer_tokens_planned == pd.decode.counters.prompt_tokens + sum(
-            t.request.prompt_len for t in pd.receiving)
+            t.request.prompt_len for t in pd.decodes[0].receiving)
         assert pd.decode.peer_tokens_planned - pd.decode.peer_tokens == in_flight + not_first
     seconds = link.latency_s * count + moved_bytes / link.bytes_per_s
     if engine == "vllm":
@@ -59,7 +61,7 @@ def test_steady_moves_every_prompt_once_at_the_links_speed(engine):
     else:  # SGLang counts MiB and ms
         assert timer.transfer_bytes.sum == pytest.approx(moved_bytes / 2**20, rel=1e-9)
         assert timer.transfer_seconds.sum == pytest.approx(seconds * 1000, rel=1e-9)
-    assert len(pd.waiting_to_start) == 0
+    assert len(pd.decodes[0].waiting_to_start) == 0
 
 
 def test_decode_short_holds_prefill_kv_in_vllm_and_the_handshake_in_sglang():
@@ -70,14 +72,15 @@ def test_decode_short_holds_prefill_kv_in_vllm_and_the_handshake_in_sglang():
             pd.advance_to(pd.now + 0.5)
             assert_blocks_add_up(pd)
             if pd.now > 100:
-                assert pd.waiting_to_start  # the decode pool never catches up
+                assert pd.decodes[0].waiting_to_start  # the decode pool never catches up
                 shortest = min(shortest, pd.decode.used / pd.decode.config.num_blocks)
         assert shortest >= DEFAULT.low_water_ratio  # short of KV all along: the exporter's kv_is_short holds
         held = sum(t.prefill_blocks for t in pd.held.values())
         if engine == "vllm":  # computed, waiting to be pulled
             assert held == pd.prefill.used and held >= 50 * 16 and pd.stages()["prefill"] == {}
         else:  # not computed before the decode side pre-allocates: the bootstrap queue is the prefill side's
-            assert pd.prefill.used < 2000 and pd.stages()["prefill"]["waiting_to_start"] == len(pd.waiting_to_start)
+            bootstrap = pd.stages()["prefill"]["waiting_to_start"]
+            assert pd.prefill.used < 2000 and bootstrap == len(pd.decodes[0].waiting_to_start)
         assert pd.prefill.lease_expiries == 0
 
 
@@ -86,10 +89,11 @@ def test_lease_expiry_frees_prefill_kv_and_counts_the_transfers_that_complete_la
     assert_blocks_add_up(pd)
     assert pd.prefill.lease_expiries > 100
     # Every expired request is still waiting for the decode side, or its transfer completed after the expiry.
-    expired_waiting = sum(t.expired for t in (*pd.waiting_to_start, *pd.receiving))
+    expired_waiting = sum(t.expired for t in (*pd.decodes[0].waiting_to_start, *pd.decodes[0].receiving))
     assert pd.prefill.notifications_after_expiry + expired_waiting == pd.prefill.lease_expiries
     assert pd.prefill.notifications_after_expiry > 0
-    assert all(not t.expired for t in pd.held.values()) and len(pd.running) <= 2  # the decode side's cap
+    assert all(not t.expired for t in pd.held.values())
+    assert len(pd.decodes[0].running) <= 2  # the decode side's cap
 
 
 @pytest.mark.parametrize("engine", PULL)
