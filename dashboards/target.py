@@ -49,7 +49,8 @@ def build(thresholds: Thresholds, static_labels: tuple[str, ...], pd_group_label
                         (latency.ttft_heatmap(v), latency.queue_time_heatmap(v), latency.queue_share_of_ttft(v)))),
         Row("KV memory", ((memory.kv_bytes(v),),)),
         # The target's own side of P/D (its peers are on other targets: backpressure is the fleet's).
-        Row("Disaggregated prefill/decode", ((disaggregated.transfer_stages(v), disaggregated.transfer_time(v)),
+        Row("Disaggregated prefill/decode", ((disaggregated.transfer_stages(v), disaggregated.held_for_export(v),
+                                              disaggregated.transfer_time(v)),
                                              (disaggregated.bandwidth(v), disaggregated.failures_and_expiries(v)))),
         Row("Exporter health", ((exporter_health.target_up_over_time(v), exporter_health.poll_duration(v),
                                  exporter_health.poll_failures(v), exporter_health.since_last_good_poll(v)),)),

@@ -64,7 +64,6 @@ DERIVED = {
     "free_blocks": "capacity blocks - used blocks",
     "used_tokens": "used blocks x block size, or usage x capacity tokens",
     "free_tokens": "capacity tokens - used tokens",
-    "live_tokens_per_request": "used tokens / running requests",
     "bytes_per_token": "the target's configured `model_architecture` ([kv-math.md](kv-math.md))",
     "capacity_bytes": "capacity tokens x bytes per token",
     "used_bytes": "used tokens x bytes per token",
@@ -80,6 +79,12 @@ DERIVED = {
                                     "at or above `kv_transfer_link_bytes_per_second`",
     "kv_transfer_requests_waiting_for_kv": "on a decode pool, its waiting_to_start stage while KV is short (as for "
                                            "requests waiting for KV), else 0",
+    "kv_transfer_held_tokens": "on a prefill pool, by how the engine holds it (" + "; ".join(
+        f"{hold}: {meaning}" for hold, meaning in contract.EXPORT_HOLDS.items()) + "): used tokens less running "
+        "requests x prompt tokens per finished request (finished; exact, the used tokens, while nothing runs), or "
+        "the in_progress stage x prompt tokens per finished request, at most the used tokens (inflight); the "
+        "transfer table below says where",
+    "live_tokens_per_request": "(used tokens - KV held for export on a prefill pool) / running requests",
 }
 # Families an engine has no source for (the adapters' `not_reported`): absent for its targets.
 NOT_REPORTED = {engine: set(adapter.not_reported) for engine, adapter in ADAPTERS.items()}
@@ -483,6 +488,22 @@ PD_SERIES_SOURCES = (
      "`mooncake_num_kv_expired_reqs_total`: `record_kv_expired_req` (the prefill worker frees KV not sent within "
      "`VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT`, 480 s); no notification after expiry",
      "none (no lease)",
+     "none",
+     "none"),
+    ("kv_transfer_held_tokens",
+     "derived (the prefill side): `Scheduler._free_request` -> `_connector_finished` -> NIXL's `request_finished` "
+     "returns delay_free_blocks for a finished request with `do_remote_decode` (its blocks stay in "
+     "`kv_cache_usage_perc`, the request leaves `num_requests_running`), freed by `_update_from_kv_xfer_finished` once "
+     "the worker reports it sent (pulled, or its lease expired): the used tokens beyond running requests x prompt "
+     "tokens per finished request (`prompt_tokens_total` / `e2e_request_latency_seconds_count`, both counted at the "
+     "request's one token). Exact while nothing runs; else off by the running prompts' difference from the mean "
+     "(at most one prompt and one block each)",
+     "the same (Mooncake's `request_finished` delays the free until its sends are done)",
+     "derived (the prefill side): `num_prefill_inflight_queue_reqs` (`process_batch_result_disagg_prefill` queues a "
+     "computed request with its KV allocated, `process_disagg_prefill_inflight_queue` releases it when the transfer "
+     "is done) x prompt tokens per finished request (`prompt_tokens_total` / `e2e_request_latency_seconds_count`, "
+     "both counted when the tokenizer sees the request finish, after its transfer), at most the used tokens. Off by "
+     "the inflight prompts' difference from the mean, by their last partial page, and by what prefixes they share",
      "none",
      "none"),
     ("kv_transfer_prompt_tokens_total",

@@ -4,7 +4,8 @@ Each completion goes to the prefill engine with max_tokens=1 and `kv_transfer_pa
 prompt's KV for a remote decode (NIXL's `do_remote_decode`), then to the decode engine with the parameters the
 prefill engine answered (where its KV is: engine, host, port, block ids), which pulls it and generates. This is
 the logic of vLLM's own disaggregated-serving example proxy. Every request's answers are kept as the pair's
-ground truth: the prompt tokens, the blocks the prefill engine holds for it, the status of each step.
+ground truth: the prompt tokens, the blocks the prefill engine holds for it, the status of each step. A gate, where
+given, holds the decode requests back (a decode side slow to pull): the prefill engine keeps their KV meanwhile.
 """
 
 from __future__ import annotations
@@ -35,11 +36,19 @@ class Handed:
     completion_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class Prefilled:
+    """A prefill engine's answer, before the decode request: the prompt tokens it computed, the blocks it holds."""
+    prompt_tokens: int
+    remote_blocks: int
+
+
 @dataclass
 class Proxy:
     url: str
     model: str
     handed: list[Handed] = field(default_factory=list)
+    prefilled: list[Prefilled] = field(default_factory=list)  # grows as each prefill answers, gate or not
 
 
 def _post(url: str, body: dict, timeout: float) -> tuple[int, dict]:
@@ -53,8 +62,10 @@ def _post(url: str, body: dict, timeout: float) -> tuple[int, dict]:
 
 
 @contextlib.contextmanager
-def serve(prefill_url: str, decode_url: str, model: str, timeout: float = 300.0) -> Iterator[Proxy]:
-    """The proxy on a free loopback port until the context exits; `.handed` grows by one per request."""
+def serve(prefill_url: str, decode_url: str, model: str, timeout: float = 300.0,
+          decode_gate: threading.Event | None = None) -> Iterator[Proxy]:
+    """The proxy on a free loopback port until the context exits; `.handed` grows by one per request. With
+    `decode_gate`, a request goes to the decode engine only once the gate is set."""
     lock = threading.Lock()
     proxy = Proxy("", model)
 
@@ -67,10 +78,14 @@ def serve(prefill_url: str, decode_url: str, model: str, timeout: float = 300.0)
                 self._answer(status, prefilled, Handed(status))
                 return
             params = prefilled.get("kv_transfer_params") or {}
+            blocks = sum(map(len, params.get("remote_block_ids") or []))
+            with lock:
+                proxy.prefilled.append(Prefilled(prefilled.get("usage", {}).get("prompt_tokens", 0), blocks))
+            if decode_gate is not None:
+                decode_gate.wait(timeout)
             status, decoded = _post(decode_url, {**request, "kv_transfer_params": params}, timeout)
             usage = decoded.get("usage", {})
-            self._answer(status, decoded, Handed(200, status, usage.get("prompt_tokens", 0),
-                                                 sum(map(len, params.get("remote_block_ids") or [])),
+            self._answer(status, decoded, Handed(200, status, usage.get("prompt_tokens", 0), blocks,
                                                  usage.get("completion_tokens", 0)))
 
         def _answer(self, status: int, body: dict, handed: Handed) -> None:

@@ -175,6 +175,13 @@ TRANSFER_STAGES = {
     "completed_waiting": "transfer done and waiting to run: the decode pool has the KV, the request is not "
                          "running yet (vLLM's completed_waiting, SGLang's waiting queue on a decode server)",
 }
+# How an engine's prefill pool holds a computed prompt's KV until the decode side has it (an adapter's
+# `export_hold`; exporter/derive.py's held_for_export reads each).
+EXPORT_HOLDS = {
+    "finished": "the request is finished and counted nowhere, its blocks kept until the decode side pulls them "
+                "(vLLM)",
+    "inflight": "the request waits in a queue of its own while its KV is sent (SGLang's inflight queue)",
+}
 TRANSFER_FAILURE_KINDS = {
     "transfer": "the KV transfer itself (vLLM NIXL since 0.31 also counts handshake and notification failures here)",
     "handshake": "setting the transfer up with the peer (SGLang's bootstrap)",
@@ -339,7 +346,8 @@ _TABLE = (
     Family("evictable_tokens", "gauge", "pool", "tokens",
            "Free KV tokens that still hold reusable prefix-cache content (SGLang kv_evictable_tokens). " + _POLLED),
     Family("live_tokens_per_request", "gauge", "pool", "tokens",
-           "Used KV tokens per running request, derived by the exporter; absent while nothing runs."),
+           "Used KV tokens per running request, on a prefill pool less kvcache_kv_transfer_held_tokens (KV of "
+           "requests that no longer run); derived by the exporter, absent while nothing runs."),
     Family("bytes_per_token", "gauge", "pool", "bytes",
            "KV bytes one token costs for the target's configured model architecture (2 x layers x KV heads x "
            "head dim x bytes per element for full attention)."),
@@ -483,6 +491,13 @@ _TABLE = (
            "Decode-side requests whose transfer cannot start because the pool's KV is short (the "
            "waiting_to_start stage while KV is short, as for requests_waiting_for_kv, else 0): the decode half "
            "of P/D backpressure; derived by the exporter on decode pools."),
+    Family("kv_transfer_held_tokens", "gauge", "transfer", "tokens",
+           "KV tokens a prefill pool holds only until the decode side has them: prompts computed whose KV the decode "
+           "side has not pulled yet (vLLM: the requests are finished, neither running nor waiting, their blocks "
+           "kept for the pull or until the lease expires) or whose transfer has not finished (SGLang's inflight "
+           "queue). Part of used_tokens, left out of live_tokens_per_request. Not prefill demand: it frees as the "
+           "decode side takes it, which more prefill replicas would not hasten. Derived by the exporter on prefill "
+           "pools, an estimate where a prompt is running or in flight (docs/metrics.md)."),
     Family("kv_transfer_prompt_tokens_total", "counter", "transfer", "tokens",
            "Prompt tokens whose KV a decode pool received from a prefill pool instead of computing them, counted "
            "once the request has run (its first token out): not the transfers started (vLLM's `p2p` cache hits, "

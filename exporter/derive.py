@@ -33,12 +33,15 @@ def _whole(value: float, rounding) -> float:
     return float(rounding(value)) if math.isfinite(value) else value
 
 
-def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str, float]:
-    """Capacity, used and free in blocks and tokens, and live tokens per request, from what the engine gave.
+def kv_gauges(rank: RankValues, bytes_per_token: int | None = None,
+              export_hold: str | None = None) -> dict[str, float]:
+    """Capacity, used and free in blocks and tokens, KV held for export (a prefill pool's, `export_hold`: how its
+    engine holds it, held_for_export), and live tokens per request, from what the engine gave.
 
     Block counts come from the usage ratio where the engine reports blocks (vLLM), from its used-block
     count where it reports one (TensorRT-LLM, Triton), and from token counts where it reports tokens
-    (SGLang); a value whose inputs are missing stays absent.
+    (SGLang); a value whose inputs are missing stays absent. Live tokens are the running requests' own: KV held
+    for export belongs to requests that no longer run.
     """
     given = rank.gauges
     out = {k: v for k, v in given.items() if k != "used_tokens"}
@@ -78,8 +81,11 @@ def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str,
         if tokens is not None:
             out["free_tokens"] = max(0.0, tokens - used_tokens)
     running = given.get("requests_running")
+    held = held_for_export(rank, used_tokens, export_hold)
+    if held is not None:
+        out["kv_transfer_held_tokens"] = held
     if used_tokens is not None and running:
-        live = out["live_tokens_per_request"] = used_tokens / running
+        live = out["live_tokens_per_request"] = (used_tokens - (held or 0.0)) / running
         if live > 0 and "free_tokens" in out:
             out["headroom_requests"] = out["free_tokens"] / live
     if bytes_per_token is not None:
@@ -89,6 +95,47 @@ def kv_gauges(rank: RankValues, bytes_per_token: int | None = None) -> dict[str,
                 out[f"{name}_bytes"] = out[f"{name}_tokens"] * bytes_per_token
     # Finite readings can still multiply past float range: such a value is no value.
     return {name: value for name, value in out.items() if math.isfinite(value)}
+
+
+def prompt_tokens_per_request(rank: RankValues) -> float | None:
+    """Prompt tokens per finished request over the engine's life: its prompt token counter over its end-to-end
+    latency count (both counted as a request finishes on a prefill pool: vLLM's at its one token, SGLang's once
+    its transfer is done). None before the first request finished, or without either reading."""
+    prompt = rank.counters.get("prompt_tokens_total")
+    finished = rank.histograms.get("e2e_request_latency_seconds")
+    if prompt is None or finished is None or not finished.count > 0:
+        return None
+    return prompt / finished.count
+
+
+def held_for_export(rank: RankValues, used_tokens: float | None, export_hold: str | None) -> float | None:
+    """A prefill pool's KV tokens held only until the decode side has them, by how its engine holds them
+    (`export_hold`, contract.EXPORT_HOLDS); None where the pool holds none for export (`export_hold` None: not a
+    prefill pool, or an engine whose hold is not known) or a reading is missing.
+
+    - finished (vLLM): Scheduler._free_request asks the connector (_connector_finished -> request_finished), which
+      delays freeing a finished request's blocks until the decode side has pulled them (or their lease ran out);
+      such a request is neither running nor waiting, and its blocks are in the usage. Held: the used tokens beyond
+      what the running requests hold, each taken as one prompt of the pool's mean (prompt_tokens_per_request);
+      exact while nothing runs.
+    - inflight (SGLang): process_batch_result_disagg_prefill moves a computed request into the inflight queue with
+      its KV still allocated, and process_disagg_prefill_inflight_queue releases it once the transfer is done.
+      Held: that queue (the in_progress stage) times the mean prompt, no more than the used tokens.
+    """
+    if export_hold is None or used_tokens is None:
+        return None
+    if export_hold == "inflight":
+        holding = rank.labelled.get("kv_transfer_requests", {}).get(("in_progress",))
+    else:
+        holding = rank.gauges.get("requests_running")
+    if holding is None:
+        return None
+    per_prompt = prompt_tokens_per_request(rank) if holding else 0.0
+    if per_prompt is None:
+        return None
+    if export_hold == "inflight":
+        return min(used_tokens, holding * per_prompt)
+    return max(0.0, used_tokens - holding * per_prompt)
 
 
 def tier_values(labelled: dict[str, dict[tuple[str, ...], float]]) -> dict[str, dict[tuple[str, ...], float]]:
@@ -282,7 +329,7 @@ def derive(
             histories.get(rank_name, ()), now, rank.counters.get("preemptions_total"), thresholds.window_seconds
         )
         new_histories[rank_name] = history
-        gauges = kv_gauges(rank, bytes_per_token)
+        gauges = kv_gauges(rank, bytes_per_token, snapshot.export_hold if role == "prefill" else None)
         preempted = preempted_since_last_poll(history)
         stages = decode_stages(rank.labelled, role)
         preemption_rate = rate(history)

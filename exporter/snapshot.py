@@ -32,3 +32,5 @@ class Snapshot:
     version: str
     ranks: dict[str, RankValues]  # keyed by dp_rank ("0" where the engine has none)
     role: str | None = None  # prefill, decode or unified where the page says it (contract.ROLES)
+    # How the engine's prefill pools hold KV for export (a key of contract.EXPORT_HOLDS); None: not known.
+    export_hold: str | None = None

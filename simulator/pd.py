@@ -22,7 +22,11 @@ The model (`PDModel`) is pure and deterministic, advanced in fixed ticks of simu
   transfer itself. No lease.
 
 The first token comes out on the decode side; vLLM's prefill side also reports its one generated token (the
-proxy sends it max_tokens=1), SGLang's prefill side no TTFT.
+proxy sends it max_tokens=1) and finishes the request then, SGLang's prefill side no TTFT and finishes the request
+(its prompt tokens, its latency) once the transfer is done. KV the prefill side holds for export is in its used
+blocks and in neither its running nor its waiting count, as on both engines: `held_blocks()`. Several decode
+replicas may sit behind the one prefill engine (`decode_replicas`, `PDPair.add_decode`): the router sends each
+request to them in turn, as it arrives.
 """
 
 from __future__ import annotations
@@ -144,6 +148,7 @@ class Transfer:
     failed: bool = False
     expired: bool = False  # the prefill side freed its KV at lease expiry
     tokens: float = 0.0  # decode progress, in tokens (fractional between steps)
+    to: DecodeReplica | None = None  # the decode replica the router sent it to
 
 
 @dataclass(frozen=True)
@@ -208,12 +213,30 @@ class Side:
         self.histograms["e2e"].observe(now - transfer.request.arrival)
 
 
+@dataclass
+class DecodeReplica:
+    """One decode engine behind the prefill engine: its side and its queues."""
+
+    side: Side
+    # vLLM: no decode blocks yet; SGLang: pre-allocation.
+    waiting_to_start: deque[Transfer] = field(default_factory=deque)
+    receiving: list[Transfer] = field(default_factory=list)  # decode blocks allocated, KV not there yet
+    received: deque[Transfer] = field(default_factory=deque)  # KV there, not running yet
+    running: list[Transfer] = field(default_factory=list)
+
+
 class PDModel:
-    def __init__(self, scenario: PDScenario, pull: bool, buckets: Any, seed: int = 0):
+    """One prefill engine and `decode_replicas` decode engines (a pair: one); the router sends each request to the
+    decode replicas in turn (`add_decode` adds one)."""
+
+    def __init__(self, scenario: PDScenario, pull: bool, buckets: Any, seed: int = 0, decode_replicas: int = 1):
         self.scenario, self.pull = scenario, pull
-        units = VLLM_UNITS if pull else SGLANG_UNITS
-        self.prefill = Side(scenario.prefill, buckets, units)
-        self.decode = Side(scenario.decode, buckets, units)
+        self.buckets, self.units = buckets, VLLM_UNITS if pull else SGLANG_UNITS
+        self.prefill = Side(scenario.prefill, buckets, self.units)
+        self.decodes: list[DecodeReplica] = []
+        for _ in range(decode_replicas):
+            self.add_decode()
+        self._routed = 0
         self.rng = random.Random(seed)
         self.now = 0.0
         # The phases drive arrivals only: the engine of a plain Scenario is unused here.
@@ -222,17 +245,24 @@ class PDModel:
         self.arrivals = ArrivalProcess(self.segment.workload, random.Random(seed + 1),
                                        min(scenario.prefill.effective_max_model_len,
                                            scenario.decode.effective_max_model_len))
-        self.waiting_to_start: deque[Transfer] = deque()  # vLLM: no decode blocks yet; SGLang: pre-allocation
         self.prefill_waiting: deque[Transfer] = deque()  # to be computed
         self.computing: list[Transfer] = []
         # Prefill KV kept for the decode side (vLLM) / being sent (SGLang), by request id; vLLM's in the order
         # their leases run out.
         self.held: dict[int, Transfer] = {}
         self._leases: deque[Transfer] = deque()
-        self.receiving: list[Transfer] = []  # decode blocks allocated, KV not there yet
-        self.received: deque[Transfer] = deque()  # KV there, not running yet
-        self.running: list[Transfer] = []
         self.link_free_at = 0.0
+
+    def add_decode(self) -> DecodeReplica:
+        """A decode replica more; the router sends it its share of the requests that arrive from now on."""
+        replica = DecodeReplica(Side(self.scenario.decode, self.buckets, self.units))
+        self.decodes.append(replica)
+        return replica
+
+    @property
+    def decode(self) -> Side:
+        """A pair's one decode engine (the first of a fleet's)."""
+        return self.decodes[0].side
 
     def _blocks(self, tokens: int, config: EngineConfig) -> int:
         return -(-tokens // config.block_size)
@@ -249,17 +279,21 @@ class PDModel:
         for request in self.arrivals.until(self.now):
             self._arrive(request)
         self._expire_leases()
-        self._admit_decode()
+        for replica in self.decodes:
+            self._admit_decode(replica)
         self._admit_prefill()
         self._compute_prefill()
-        self._complete_transfers()
-        self._decode()
+        for replica in self.decodes:
+            self._complete_transfers(replica)
+            self._decode(replica)
 
     def _arrive(self, request: Request) -> None:
         transfer = Transfer(request, self._blocks(request.prompt_len, self.prefill.config),
-                            self._blocks(request.prompt_len + request.output_len, self.decode.config),
-                            request.prompt_len, decode_arrival=request.arrival)
-        (self.prefill_waiting if self.pull else self.waiting_to_start).append(transfer)
+                            self._blocks(request.prompt_len + request.output_len, self.scenario.decode),
+                            request.prompt_len, decode_arrival=request.arrival,
+                            to=self.decodes[self._routed % len(self.decodes)])
+        self._routed += 1
+        (self.prefill_waiting if self.pull else transfer.to.waiting_to_start).append(transfer)
 
     def _expire_leases(self) -> None:
         lease = self.scenario.link.lease_s
@@ -271,18 +305,18 @@ class PDModel:
                 self.prefill.used -= transfer.prefill_blocks
                 self.prefill.lease_expiries += 1
 
-    def _admit_decode(self) -> None:
-        """FCFS into the decode pool: all of a request's blocks, within the cap on received and running ones."""
-        config, decode = self.decode.config, self.decode
-        while self.waiting_to_start:
-            transfer = self.waiting_to_start[0]
-            busy = len(self.receiving) + len(self.received) + len(self.running)
-            if busy >= config.max_num_seqs or transfer.decode_blocks > decode.free:
+    def _admit_decode(self, replica: DecodeReplica) -> None:
+        """FCFS into a decode pool: all of a request's blocks, within the cap on received and running ones."""
+        decode = replica.side
+        while replica.waiting_to_start:
+            transfer = replica.waiting_to_start[0]
+            busy = len(replica.receiving) + len(replica.received) + len(replica.running)
+            if busy >= decode.config.max_num_seqs or transfer.decode_blocks > decode.free:
                 return
-            self.waiting_to_start.popleft()
+            replica.waiting_to_start.popleft()
             decode.used += transfer.decode_blocks
             decode.histograms["queue"].observe(self.now - transfer.decode_arrival)
-            self.receiving.append(transfer)
+            replica.receiving.append(transfer)
             if self.pull:
                 decode.peer_tokens_planned += transfer.request.prompt_len
                 self._start_transfer(transfer)
@@ -323,42 +357,45 @@ class PDModel:
             prefill.histograms["ttft"].observe(self.now - request.arrival)
             prefill.finish(transfer, self.now, request.prompt_len, 1)
             transfer.decode_arrival = self.now
-            self.waiting_to_start.append(transfer)
+            transfer.to.waiting_to_start.append(transfer)
             self._leases.append(transfer)
         else:
             self._start_transfer(transfer)
 
     def _start_transfer(self, transfer: Transfer) -> None:
         link = self.scenario.link
-        nbytes = transfer.request.prompt_len * self.decode.config.kv_bytes_per_token
+        nbytes = transfer.request.prompt_len * self.scenario.decode.kv_bytes_per_token
         transfer.start = max(self.now, self.link_free_at)
         transfer.end = self.link_free_at = transfer.start + link.latency_s + nbytes / link.bytes_per_s
         transfer.failed = self.rng.random() < link.failure_ratio
 
-    def _complete_transfers(self) -> None:
-        for transfer in [t for t in self.receiving if t.end is not None and t.end <= self.now]:
-            self.receiving.remove(transfer)
-            timer = self.decode if self.pull else self.prefill  # the side that times transfers
+    def _complete_transfers(self, replica: DecodeReplica) -> None:
+        decode = replica.side
+        for transfer in [t for t in replica.receiving if t.end is not None and t.end <= self.now]:
+            replica.receiving.remove(transfer)
+            timer = decode if self.pull else self.prefill  # the side that times transfers
             if transfer.expired:
                 self.prefill.notifications_after_expiry += 1
             elif self.held.pop(transfer.request.id, None) is not None:
                 self.prefill.used -= transfer.prefill_blocks
             if transfer.failed:
                 timer.failed_transfers += 1
-                self.decode.used -= transfer.decode_blocks
+                decode.used -= transfer.decode_blocks
                 continue
-            timer.timed(transfer.end - transfer.start, transfer.request.prompt_len * self.decode.config.kv_bytes_per_token)
-            self.decode.counters.prompt_tokens += transfer.request.prompt_len
-            self.received.append(transfer)
+            timer.timed(transfer.end - transfer.start, transfer.request.prompt_len * decode.config.kv_bytes_per_token)
+            if not self.pull:  # SGLang's prefill side streams the request out once its inflight queue polls it sent
+                self.prefill.finish(transfer, self.now, transfer.request.prompt_len, 1)
+            decode.counters.prompt_tokens += transfer.request.prompt_len
+            replica.received.append(transfer)
 
-    def _decode(self) -> None:
-        decode, config = self.decode, self.decode.config
-        while self.received:
-            self.running.append(self.received.popleft())
-        if not self.running:
+    def _decode(self, replica: DecodeReplica) -> None:
+        decode, config = replica.side, replica.side.config
+        while replica.received:
+            replica.running.append(replica.received.popleft())
+        if not replica.running:
             return
-        itl = config.step_base_s + config.step_per_token_s * len(self.running)
-        for transfer in list(self.running):
+        itl = config.step_base_s + config.step_per_token_s * len(replica.running)
+        for transfer in list(replica.running):
             request = transfer.request
             transfer.tokens += TICK / itl
             while request.generated < min(int(transfer.tokens), request.output_len):
@@ -370,30 +407,37 @@ class PDModel:
                 else:
                     decode.histograms["itl"].observe(itl)
             if request.generated >= request.output_len:
-                self.running.remove(transfer)
+                replica.running.remove(transfer)
                 decode.used -= transfer.decode_blocks
                 decode.finish(transfer, self.now, request.prompt_len, request.generated)
 
     # -- what the pages show ---------------------------------------------------------------------
 
-    def stages(self) -> dict[str, dict[str, int]]:
-        """Requests by transfer stage, per side, as the engine counts them."""
-        if self.pull:
-            return {"decode": {"waiting_to_start": len(self.waiting_to_start), "in_progress": len(self.receiving),
-                               "completed_waiting": len(self.received)}, "prefill": {}}
-        return {"decode": {"waiting_to_start": len(self.waiting_to_start), "in_progress": len(self.receiving),
-                           "completed_waiting": len(self.received)},
-                "prefill": {"waiting_to_start": len(self.waiting_to_start), "in_progress": len(self.held)}}
+    def held_blocks(self) -> int:
+        """Prefill blocks held for export: prompts computed whose KV the decode side has not pulled (vLLM) or
+        received (SGLang) yet."""
+        return sum(transfer.prefill_blocks for transfer in self.held.values())
 
-    def snapshot(self, role: str) -> ModelSnapshot:
-        side = self.prefill if role == "prefill" else self.decode
+    def stages(self, replica: int = 0) -> dict[str, dict[str, int]]:
+        """Requests by transfer stage, per side (the decode side: replica `replica`), as the engine counts them."""
+        decode = self.decodes[replica]
+        stages = {"decode": {"waiting_to_start": len(decode.waiting_to_start), "in_progress": len(decode.receiving),
+                             "completed_waiting": len(decode.received)}, "prefill": {}}
+        if not self.pull:  # SGLang's bootstrap queue holds what every decode replica has not pre-allocated yet
+            stages["prefill"] = {"waiting_to_start": sum(len(d.waiting_to_start) for d in self.decodes),
+                                 "in_progress": len(self.held)}
+        return stages
+
+    def snapshot(self, role: str, replica: int = 0) -> ModelSnapshot:
+        decode = self.decodes[replica]
+        side = self.prefill if role == "prefill" else decode.side
         if role == "prefill":
             running, waiting, deferred = len(self.computing), len(self.prefill_waiting), 0
         elif self.pull:  # vLLM: a request waits for capacity until its blocks are allocated, then is deferred
-            deferred = len(self.receiving) + len(self.received)
-            running, waiting = len(self.running), len(self.waiting_to_start) + deferred
+            deferred = len(decode.receiving) + len(decode.received)
+            running, waiting = len(decode.running), len(decode.waiting_to_start) + deferred
         else:  # SGLang: the waiting queue holds the requests whose KV arrived (num_queue_reqs)
-            running, waiting, deferred = len(self.running), len(self.received), 0
+            running, waiting, deferred = len(decode.running), len(decode.received), 0
         report = GaugeReport(running=running, waiting=waiting, paused=0, used_blocks=side.used, evictable_blocks=0,
                              free_blocks=side.free, waiting_reason=None, prefill_hit_ratio=0.0,
                              generation_throughput=0.0, preemptions_since_last=0)
@@ -417,9 +461,9 @@ class PDSideState:
     peer_tokens: int
 
 
-def _side_state(model: PDModel, role: str) -> PDSideState:
-    side = model.prefill if role == "prefill" else model.decode
-    return PDSideState(role, model.stages()[role], side.transfer_seconds.copy(), side.transfer_bytes.copy(),
+def _side_state(model: PDModel, role: str, replica: int = 0) -> PDSideState:
+    side = model.prefill if role == "prefill" else model.decodes[replica].side
+    return PDSideState(role, model.stages(replica)[role], side.transfer_seconds.copy(), side.transfer_bytes.copy(),
                        side.transfer_speed.copy(), side.failed_transfers, side.lease_expiries, side.notifications_after_expiry, side.peer_tokens_planned,
                        side.peer_tokens)
 
@@ -484,42 +528,68 @@ class SglangDisaggregationCollector(Collector):
             yield counter("sglang:num_transfer_failed_reqs_total", MP, [(labels, float(pd.failed_transfers))])
 
 
+def side_state(model: PDModel, role: str, model_name: str, started_unix: float,
+               replica: int = 0) -> tuple[EngineState, PDSideState]:
+    """What one side's page (the decode side: replica `replica`'s) shows as of the model's last tick."""
+    return (EngineState(model_name, 1, started_unix, (model.snapshot(role, replica),), role),
+            _side_state(model, role, replica))
+
+
+def side_registry(engine: str, state: Callable[[], tuple[EngineState, PDSideState]], seed: int) -> CollectorRegistry:
+    """One side's /metrics: the engine's standard families and its P/D families, from `state()` at each scrape."""
+    registry = CollectorRegistry()
+    registry.register(VllmCollector(lambda: state()[0], VLLM_V1) if engine == "vllm"
+                      else SglangCollector(lambda: state()[0], seed))
+    registry.register(VllmConnectorCollector(state) if engine == "vllm" else SglangDisaggregationCollector(state))
+    return registry
+
+
+def _decode_name(replica: int) -> str:
+    return "decode" if replica == 0 else f"decode-{replica}"
+
+
 class PDPair:
-    """A running pair: `prefill_url` and `decode_url` serve their /metrics; stop it with `.stop()` or `with`."""
+    """A running pair: `prefill_url` and `decode_url` serve their /metrics; stop it with `.stop()` or `with`.
+    `add_decode` starts another decode replica behind the same prefill engine (`decode_urls`: every one's)."""
 
     def __init__(self, engine: str, scenario: PDScenario, speed: float, seed: int, model_name: str,
                  host: str = "127.0.0.1", ports: tuple[int, int] = (0, 0)):
         self.engine, self.scenario, self.speed = engine, scenario, speed
         flavor = FLAVORS[FLAVOR_OF[engine]]
         self.model = PDModel(scenario, engine == "vllm", flavor.reporting.buckets, seed)
-        self.model_name = model_name
+        self.model_name, self.host, self.seed = model_name, host, seed
         self._started_unix = time.time()
         self._started_monotonic = time.monotonic()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the model between the clock's thread and add_decode
         self._states = self._build_states()
         self._stopping = threading.Event()
-        self._servers = {}
-        for role, port in zip(("prefill", "decode"), ports):
-            registry = CollectorRegistry()
+        self._servers: dict[str, ThreadingHTTPServer] = {}
+        self._threads = [threading.Thread(target=self._advance_forever, daemon=True)]
+        self.prefill_url, self.decode_url = (self._serve(name, port)
+                                             for name, port in zip(("prefill", "decode"), ports))
+        self._threads[0].start()
 
-            def source(role=role) -> EngineState:
-                return self._states[role][0]
+    def _serve(self, name: str, port: int) -> str:
+        """One side's /metrics on `port` (0: a free one), from its state at each scrape; its URL."""
+        registry = side_registry(self.engine, lambda: self._states[name], self.seed)
+        server = self._servers[name] = ThreadingHTTPServer((self.host, port), _handler_for(registry, "/metrics"))
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        return f"http://{self.host}:{server.server_address[1]}/metrics"
 
-            def pd_source(role=role) -> tuple[EngineState, PDSideState]:
-                return self._states[role]
+    def add_decode(self, port: int = 0) -> str:
+        """Another decode replica, serving its /metrics on `port` (0: a free one) from now on; its URL."""
+        with self._lock:
+            self.model.add_decode()
+            self._states = self._build_states()
+        return self._serve(_decode_name(len(self.model.decodes) - 1), port)
 
-            standard = (VllmCollector(source, VLLM_V1) if engine == "vllm" else SglangCollector(source, seed))
-            registry.register(standard)
-            registry.register(VllmConnectorCollector(pd_source) if engine == "vllm"
-                              else SglangDisaggregationCollector(pd_source))
-            self._servers[role] = ThreadingHTTPServer((host, port), _handler_for(registry, "/metrics"))
-            self._servers[role].daemon_threads = True
-        self.prefill_url, self.decode_url = (f"http://{host}:{self._servers[r].server_address[1]}/metrics"
-                                             for r in ("prefill", "decode"))
-        self._threads = [threading.Thread(target=server.serve_forever, daemon=True) for server in self._servers.values()]
-        self._threads.append(threading.Thread(target=self._advance_forever, daemon=True))
-        for thread in self._threads:
-            thread.start()
+    @property
+    def decode_urls(self) -> list[str]:
+        return [f"http://{self.host}:{self._servers[_decode_name(i)].server_address[1]}/metrics"
+                for i in range(len(self.model.decodes)) if _decode_name(i) in self._servers]
 
     @property
     def sim_time(self) -> float:
@@ -529,14 +599,16 @@ class PDPair:
         return self._states[role]
 
     def _build_states(self) -> dict[str, tuple[EngineState, PDSideState]]:
-        return {role: (EngineState(self.model_name, 1, self._started_unix, (self.model.snapshot(role),), role),
-                       _side_state(self.model, role)) for role in ("prefill", "decode")}
+        return {"prefill": side_state(self.model, "prefill", self.model_name, self._started_unix),
+                **{_decode_name(i): side_state(self.model, "decode", self.model_name, self._started_unix, i)
+                   for i in range(len(self.model.decodes))}}
 
     def _advance_forever(self) -> None:
         while not self._stopping.wait(TICK_S):
             target = (time.monotonic() - self._started_monotonic) * self.speed
-            self.model.advance_to(target)
-            self._states = self._build_states()
+            with self._lock:
+                self.model.advance_to(target)
+                self._states = self._build_states()
 
     def stop(self) -> None:
         if self._stopping.is_set():

@@ -22,6 +22,7 @@ def balance_rules(t: Thresholds, group: str) -> list[dict]:
     """How evenly the replicas' KV is used, and how much of the KV-bound waiting their peers could take."""
     by = f"by ({group}, role)"
     w = format_duration(t.window_seconds)
+    backlog = f"min_over_time(kvcache_requests_waiting_for_kv[{w}]) * kvcache_live_tokens_per_request"
     return [
         {"record": "kvcache:fleet_usage_ratio:spread", "expr": (
             f"max {by} (kvcache_usage_ratio)\n-\nmin {by} (kvcache_usage_ratio)")},
@@ -34,9 +35,12 @@ def balance_rules(t: Thresholds, group: str) -> list[dict]:
             f"sum {by} (\n  kvcache_free_tokens\n  unless on (target, dp_rank) (kvcache_requests_waiting > 0)\n)")},
         # The engines count queued requests, not their tokens: a queued request is taken to need what a running
         # one of the same pool holds now (prompt and output so far). Only the queue held through the whole window
-        # counts: a burst that the pool absorbs within it (an offload tier reloading hits) asks for no replica.
+        # counts: a burst that the pool absorbs within it (an offload tier reloading hits) asks for no replica. A
+        # prefill pool's KV held for export is room its queue gets as the decode side takes it: that part of the
+        # queue asks the decode side (its own queue) for replicas, not this one.
         {"record": "kvcache:fleet_kv_backlog_tokens:sum", "expr": (
-            f"sum {by} (\n  min_over_time(kvcache_requests_waiting_for_kv[{w}]) * kvcache_live_tokens_per_request\n)")},
+            f"sum {by} (\n  clamp_min(\n    {backlog} - kvcache_kv_transfer_held_tokens,\n    0\n  )\n"
+            f"  or\n  {backlog}\n)")},
         {"record": "kvcache:fleet_live_tokens_per_request:avg", "expr": f"avg {by} (kvcache_live_tokens_per_request)"},
         # The share of KV-bound waiting on pools whose peers have headroom (a pool below the low-water mark that
         # queues nothing): waiting there is the router's doing (fix the routing), elsewhere a capacity problem.
@@ -56,6 +60,7 @@ def balance_rules(t: Thresholds, group: str) -> list[dict]:
 def capacity_rules(t: Thresholds, group: str) -> list[dict]:
     """The backlog the peers cannot take, and the replicas ready and starting to hold it."""
     by = f"by ({group}, role)"
+    w = format_duration(t.window_seconds)
     start = t.replica_starting_lookback
     return [
         # Backlog the peers cannot take: what new replicas must hold.
@@ -67,6 +72,12 @@ def capacity_rules(t: Thresholds, group: str) -> list[dict]:
             f"count {by} (group without (dp_rank) (kvcache_capacity_tokens))")},
         {"record": "kvcache:fleet_replica_capacity_tokens:avg", "expr": (
             f"avg {by} (sum without (dp_rank) (kvcache_capacity_tokens))")},
+        # The KV the ready pools' requests hold, averaged over the window: what the replicas left after a scale-in
+        # must hold. Not a prefill pool's KV held for export, which the decode side frees as it takes it.
+        {"record": "kvcache:fleet_used_tokens:sum", "expr": (
+            f"sum {by} (\n  (\n    avg_over_time(kvcache_used_tokens[{w}])\n"
+            f"    - avg_over_time(kvcache_kv_transfer_held_tokens[{w}])\n"
+            f"    or\n    avg_over_time(kvcache_used_tokens[{w}])\n  )\n  and\n  kvcache_used_tokens\n)")},
         # Starting: targets that do not answer now and were a pool of the model within the lookback (restarting,
         # rescheduled), or are a replica of it by the exporter's word (kvcache_target_replica_info: an
         # autoscaler's new replica, its model configured or probed) and did answer, or were not there, a lookback
@@ -154,7 +165,7 @@ def scaling_rules(t: Thresholds, group: str) -> list[dict]:
             "      - kvcache:fleet_replicas_joined:count\n    )\n"
             "    or\n    kvcache:fleet_replicas_short:count - kvcache:fleet_replicas_joined:count,\n"
             "    0\n  ) > 0\n)\nor\n(\n  0 - clamp_min(\n    kvcache:fleet_replicas_ready:count\n    - clamp_min(\n"
-            f"      ceil(\n        sum {by} (avg_over_time(kvcache_used_tokens[{w}]) and kvcache_used_tokens)\n"
+            f"      ceil(\n        kvcache:fleet_used_tokens:sum\n"
             f"        / (kvcache:fleet_replica_capacity_tokens:avg * {number(t.low_water_ratio)})\n      ),\n"
             "      1\n    ),\n    0\n  )\n"
             f"  and on ({group}, role) (\n"

@@ -6,12 +6,13 @@ from __future__ import annotations
 from kvcache_exporter.dashboards import bands, promql
 from kvcache_exporter.dashboards.panels import Query, describe, no_value_without_source, timeseries, without_source
 from kvcache_exporter.dashboards.view import (BYTES_PER_SECOND, FAILURES_PER_SECOND, RATIO, REQUESTS, SECONDS,
-                                              View, legend_of, percent)
+                                              TOKENS, View, legend_of, percent)
 
 USED = "kvcache_used_tokens"
 CAPACITY = "kvcache_capacity_tokens"
 STAGES = "kvcache_kv_transfer_requests"
 WAITING_FOR_KV = "kvcache_kv_transfer_requests_waiting_for_kv"
+HELD = "kvcache_kv_transfer_held_tokens"
 USAGE = "kvcache_usage_ratio"
 SECONDS_HISTOGRAM = "kvcache_kv_transfer_seconds"
 BYTES_HISTOGRAM = "kvcache_kv_transfer_bytes"
@@ -40,6 +41,28 @@ def usage_by_role(v: View):
         [Query(promql.gauge_ratio(v.scope, USED, CAPACITY, by), legend_of(by))],
         bands.usage(v.thresholds),
         min_max=(0, 1),
+    )
+
+
+def held_for_export(v: View):
+    v = v.disaggregated()
+    return timeseries(
+        f"Prefill KV held for export {v.per}",
+        describe(
+            "Of each prefill pool's used KV tokens, those it holds only until the decode side has them: prompts "
+            "computed that the decode side has not pulled (vLLM: finished requests, neither running nor waiting) or "
+            "whose transfer has not finished (SGLang's inflight queue). An estimate while prompts run or are in "
+            "flight (docs/metrics.md). Not prefill demand: the fleet rules ask no prefill replica for it and do not "
+            "count it as used when they give one back." + without_source(HELD.removeprefix("kvcache_")),
+            "no band: held KV that keeps growing with the used KV is decode not keeping up (P/D backpressure): "
+            "give decode KV or replicas, not prefill.",
+        ),
+        TOKENS,
+        [Query(promql.total(v.scope, HELD, v.split, role="prefill"), v.line("held for export")),
+         Query(promql.total(v.scope, USED, v.split, role="prefill"), v.line("used"))],
+        bands.neutral(),
+        v.drill_down,
+        no_value=no_value_without_source(HELD.removeprefix("kvcache_")),
     )
 
 

@@ -98,6 +98,9 @@ class Adapter:
     # The label where the engine names the pool's disaggregation role, and its values -> contract.ROLES;
     # None: the page does not say (the target's `role:` does).
     role_label: ClassVar[tuple[str, dict[str, str]] | None] = None
+    # How its prefill pools hold KV until the decode side has it (a key of contract.EXPORT_HOLDS); None: not known,
+    # kvcache_kv_transfer_held_tokens is absent.
+    export_hold: ClassVar[str | None] = None
 
     def __init__(self) -> None:
         names: set[str] = set(self.variants_of(self.extra_names))
@@ -207,7 +210,7 @@ class Adapter:
                 if math.isfinite(value):  # NaN and Inf are "no reading" (sentinels, unset timers), never a value
                     getattr(rank(rank_name), target)[series.concept] = _scaled(value, series.scale)
         snapshot = Snapshot(engine=self.engine, model=self.model_of(samples), version="", ranks=ranks,
-                            role=self.role_of(samples))
+                            role=self.role_of(samples), export_hold=self.export_hold)
         self.complete(samples, snapshot)
         return snapshot
 

@@ -91,6 +91,7 @@ class SglangAdapter(Adapter):
     prefix_aliases = ("sglang_",)
     rank_label = "dp_rank"
     role_label = ("engine_type", {"prefill": "prefill", "decode": "decode", "unified": "unified"})
+    export_hold = "inflight"
     # No lease: a decode pool pre-allocates before the prefill side computes.
     not_reported = NO_RUNNING_CAP | frozenset({
         "requests_waiting_for_capacity", "requests_paused", "tier_used_bytes", "tier_store_failures_total",

@@ -66,6 +66,7 @@ class VllmAdapter(Adapter):
     marker = r"vllm[:_]"
     prefix_aliases = ("vllm_",)
     rank_label = "engine"  # V1's data-parallel engine index; V0 has none
+    export_hold = "finished"
     # NIXL and Mooncake time and size each transfer in two histograms: no speed of one transfer.
     not_reported = frozenset({"evictable_tokens", "requests_paused", "tier_transfer_tokens_total",
                               "kv_transfer_speed_bytes_per_second", "kv_transfer_above_link_total"}) | NO_RUNNING_CAP

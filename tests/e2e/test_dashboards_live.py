@@ -205,6 +205,8 @@ def test_panels_show_the_saturation_and_the_dead_target(prometheus_url):
     assert peak("Poll failures by reason")["gone-0"] > 0
     # Disaggregated: the vLLM pair's decode side runs short of KV; the SGLang pair's transfers read too fast.
     assert peak("P/D backpressure")[""] >= 1
+    # ... while its prefill side holds what the decode side has not pulled (pd-decode-short: dozens of prompts).
+    assert peak("Prefill KV held for export per target")["vllm-prefill"] >= 10_000
     assert peak("Transfer bandwidth per target", "B")["sglang-prefill"] > 5e10  # flagged above the link
     assert "sglang-prefill" not in peak("Transfer bandwidth per target", "A")  # and not believed
     # each of its transfers timed at ~186 GiB/s, above the engine's 50 GiB/s bound: counted, ~3 a second

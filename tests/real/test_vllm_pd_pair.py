@@ -13,12 +13,18 @@ What the engines did is the truth, in their own terms: the requests' answers (pr
 prefill engine held for each) and the engines' own pages. The exporter's P/D and queue signals are compared
 with it: the roles; the prompt tokens the decode engine received; the transfers' bytes and count; no failure;
 a decode queue that holds only transfers never reads `capped` nor "waiting with KV room".
+
+Then the proxy holds the decode requests back (a decode side slow to pull) while distinct prompts go through: the
+prefill engine finishes each (its one token) and keeps its blocks for the pull, running and queueing nothing, and
+the exporter reads those blocks as KV held for export (kvcache_kv_transfer_held_tokens), as vLLM's own page usage
+and the prompt lengths say; once the decode engine has pulled them, none.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 
 import pytest
@@ -34,6 +40,9 @@ DECODE_RUNNING = 2  # --max-num-seqs of the decode engine: the rest of the reque
 IN_FLIGHT = 6
 OUTPUT_TOKENS = 16
 POLL = 0.5  # seconds, the exporter's poll interval and the test's sampling interval
+# Prompts whose decode requests the proxy holds back: 4, 5, 7 and 8 blocks of 32 tokens, each last one partial (24
+# of the prefill pool's 63 usable blocks).
+HELD_PROMPTS = (100, 150, 200, 250)
 
 
 def _nixl(role: str) -> list[str]:
@@ -70,7 +79,9 @@ def pair(tmp_path_factory):
             {"name": "pd-prefill", "url": prefill.metrics_url, "engine": "vllm", "role": "prefill"},
             {"name": "pd-decode", "url": decode.metrics_url, "engine": "vllm", "role": "decode"}]}))
         exporter = stack.enter_context(harness.exporter(tmp, "--config", str(config)))
-        proxy = stack.enter_context(pd_proxy.serve(prefill.url, decode.url, vllm_engine.MODEL_NAME))
+        gate = threading.Event()
+        gate.set()
+        proxy = stack.enter_context(pd_proxy.serve(prefill.url, decode.url, vllm_engine.MODEL_NAME, decode_gate=gate))
         requests = _workload()
         up = time.monotonic() - started
         load = vllm_engine.Load(proxy, requests, concurrency=IN_FLIGHT, time_limit=300)
@@ -100,9 +111,60 @@ def pair(tmp_path_factory):
                     ("decode", "kv_transfer_seconds_count", "vllm:nixl_xfer_time_seconds_count"))) else None
 
         settled = harness.wait_until(caught_up, timeout=30, what="the exporter polling the final pages")
+        held = _held_for_decode(proxy, gate, prefill, exporter.url)
     _print_figures(up, loaded, final["decode"], decode_pages)
-    return {"requests": requests, "outcomes": outcomes, "handed": proxy.handed, "decode_pages": decode_pages,
-            "readings": readings, "final": final, "settled": settled}
+    return {"requests": requests, "outcomes": outcomes, "handed": proxy.handed[:len(requests)],
+            "decode_pages": decode_pages, "readings": readings, "final": final, "settled": settled, "held": held}
+
+
+def _used_tokens(page: dict) -> int:
+    """The prefill engine's used KV tokens by its own page: usage x its usable blocks (num_gpu_blocks less the null
+    block) x the block size."""
+    (_, labels), = harness.series(page, "vllm:cache_config_info").keys()
+    usable = int(dict(labels)["num_gpu_blocks"]) - 1
+    return round(harness.value(page, "vllm:kv_cache_usage_perc") * usable) * BLOCK
+
+
+def _held_for_decode(proxy: pd_proxy.Proxy, gate: threading.Event, prefill: vllm_engine.Engine, exporter: str) -> dict:
+    """HELD_PROMPTS through the proxy with the decode requests held back until the prefill engine had answered every
+    one and the exporter had polled its page since (well within the 30 s lease), then let through: the prefill
+    engine's answers, its pages and the exporter's readings while it held them and once the decode engine pulled."""
+    gate.clear()
+    before = len(proxy.prefilled)
+    requests = [vllm_engine.Completion(vllm_engine.prompt(tokens, 7_000 + tokens), OUTPUT_TOKENS)
+                for tokens in HELD_PROMPTS]
+    load = vllm_engine.Load(proxy, requests, concurrency=len(requests), time_limit=120)
+    try:
+        harness.wait_until(lambda: len(proxy.prefilled) - before == len(requests), timeout=60,
+                           what="the prefill engine answering every held request")
+
+        def idle():
+            page = prefill.own_samples()
+            return page if (harness.value(page, "vllm:num_requests_running"),
+                            harness.value(page, "vllm:num_requests_waiting")) == (0, 0) else None
+
+        holding_page = harness.wait_until(idle, timeout=10, what="the prefill engine running and queueing nothing")
+
+        def polled():
+            reading = harness.scrape(exporter)
+            used = harness.series(reading, "kvcache_used_tokens", target="pd-prefill")
+            return reading if list(used.values()) == [_used_tokens(holding_page)] else None
+
+        holding = harness.wait_until(polled, timeout=10, what="the exporter polling the page that holds them")
+        holding_page_after = prefill.own_samples()
+    finally:
+        gate.set()
+    outcomes = load.wait()
+
+    def released():
+        reading = harness.scrape(exporter)
+        return reading if harness.series(reading, "kvcache_kv_transfer_held_tokens", target="pd-prefill") \
+            and harness.value(reading, "kvcache_kv_transfer_held_tokens", target="pd-prefill") == 0 else None
+
+    return {"outcomes": outcomes, "prefilled": proxy.prefilled[before:], "holding_page": holding_page,
+            "holding_page_after": holding_page_after, "holding": holding,
+            "released": harness.wait_until(released, timeout=30, what="the prefill KV freed after the pulls"),
+            "released_page": prefill.own_samples()}
 
 
 def _print_figures(up: float, loaded: float, decode: dict, pages: list[dict]) -> None:
@@ -197,3 +259,30 @@ def test_a_decode_queue_of_transfers_is_never_room_nor_a_cap(pair):
         assert harness.value(reading, "kvcache_pressure_state", target="pd-decode", state="capped") == 0
         stages = harness.series(reading, "kvcache_kv_transfer_requests", target="pd-decode", role="decode")
         assert sum(stages.values()) == harness.value(reading, "kvcache_requests_waiting", target="pd-decode")
+
+
+def test_prefill_kv_held_for_the_decode_pull_reads_as_the_held_prompts(pair):
+    """While the decode requests were held back the prefill engine ran and queued nothing, yet kept every prompt's
+    blocks (vLLM's connector delays the free until the pull): the exporter read them all as held for export, what
+    the prompt lengths sent and vLLM's own usage say; its live tokens per request, with nothing running, none."""
+    held = pair["held"]
+    assert [outcome.status for outcome in held["outcomes"]] == [200] * len(HELD_PROMPTS)
+    assert sorted(p.prompt_tokens for p in held["prefilled"]) == list(HELD_PROMPTS)
+    blocks = sum(-(-tokens // BLOCK) for tokens in HELD_PROMPTS)
+    assert blocks == 24 and sorted(p.remote_blocks for p in held["prefilled"]) == [4, 5, 7, 8]
+    # The page the exporter read is the one the engine still showed after it: nothing changed while held.
+    assert _used_tokens(held["holding_page"]) == _used_tokens(held["holding_page_after"]) == blocks * BLOCK
+    reading = held["holding"]
+    assert harness.value(reading, "kvcache_kv_transfer_held_tokens", target="pd-prefill", role="prefill") \
+        == blocks * BLOCK
+    assert harness.value(reading, "kvcache_requests_running", target="pd-prefill") == 0
+    assert not harness.series(reading, "kvcache_live_tokens_per_request", target="pd-prefill")
+    # The decode pool holds nothing for export.
+    assert not harness.series(reading, "kvcache_kv_transfer_held_tokens", target="pd-decode")
+
+
+def test_prefill_kv_held_for_export_is_gone_once_pulled(pair):
+    held = pair["held"]
+    assert _used_tokens(held["released_page"]) == 0  # freed (cached blocks count as free)
+    assert harness.value(held["released"], "kvcache_kv_transfer_held_tokens", target="pd-prefill") == 0
+    assert harness.value(held["released"], "kvcache_kv_transfer_lease_expiries_total", target="pd-prefill") == 0

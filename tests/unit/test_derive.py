@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kvcache_exporter import derive
-from kvcache_exporter.snapshot import RankValues, Snapshot
+from kvcache_exporter.snapshot import Histogram, RankValues, Snapshot
 from kvcache_exporter.thresholds import Thresholds
 
 T = Thresholds()
@@ -312,7 +314,6 @@ def test_a_decode_pool_short_of_kv_waits_for_kv_only_with_its_transfers_to_alloc
 def test_transfers_the_engine_timed_above_the_link_are_counted(link, above):
     """SGLang's speed histogram (GiB/s, read in bytes/s): 10 transfers, 4 at 8, 3 at 40, 2 at 100 and 1 at 400
     GiB/s. The exporter counts those above the link rate, to the precision of the engine's buckets."""
-    from kvcache_exporter.snapshot import Histogram
     gib = 2**30
     bounds = [b * gib for b in (10, 25, 50, 100, 200, 400)] + [float("inf")]
     histogram = Histogram(list(zip(bounds, (4, 4, 7, 9, 9, 10, 10))), (4 * 8 + 3 * 40 + 200 + 400) * gib, 10)
@@ -352,3 +353,52 @@ def test_headroom_is_zero_while_the_queue_waits_for_kv():
     assert (ranks["0"].pressure, ranks["0"].reason, ranks["0"].gauges["headroom_requests"]) == (
         "saturated", "low_water", 0.0)
     assert ranks["0"].gauges["free_tokens"] == 25600  # the free KV itself is as it was
+
+
+def finished(values: RankValues, requests: int, prompt_tokens: int) -> RankValues:
+    """`values` with `requests` finished requests of `prompt_tokens` prompt tokens between them."""
+    values.counters["prompt_tokens_total"] = float(prompt_tokens)
+    values.histograms["e2e_request_latency_seconds"] = Histogram([(math.inf, float(requests))], 1.0, float(requests))
+    return values
+
+
+def test_a_vllm_prefill_pools_kv_beyond_its_running_prompts_is_held_for_export():
+    """usage 0.5 of 1000 x 16 = 8000 used tokens; 3 running of a mean 1,000-token prompt (100 requests, 100,000
+    prompt tokens): 5000 held for the decode side's pull, and the running requests hold 1000 each."""
+    values = finished(rank(usage_ratio=0.5, capacity_blocks=1000, block_size_tokens=16, requests_running=3),
+                      100, 100_000)
+    ranks, _ = derive.derive(Snapshot("vllm", "m", "", {"0": values}, export_hold="finished"), {}, 0.0, T,
+                             role="prefill")
+    gauges = ranks["0"].gauges
+    assert (gauges["kv_transfer_held_tokens"], gauges["live_tokens_per_request"]) == (5000, 1000)
+    assert gauges["headroom_requests"] == 8  # 8000 free / 1000
+    # Nothing running: every used token is held, whatever the mean (none needed).
+    idle = rank(usage_ratio=0.5, capacity_blocks=1000, block_size_tokens=16, requests_running=0)
+    assert derive.kv_gauges(idle, None, "finished")["kv_transfer_held_tokens"] == 8000
+    # Running prompts larger than the used tokens: none held. Running without a finished request: unknown.
+    crowded = finished(rank(usage_ratio=0.5, capacity_blocks=1000, block_size_tokens=16, requests_running=9), 1, 1000)
+    assert derive.kv_gauges(crowded, None, "finished")["kv_transfer_held_tokens"] == 0
+    assert "kv_transfer_held_tokens" not in derive.kv_gauges(
+        rank(usage_ratio=0.5, capacity_blocks=1000, block_size_tokens=16, requests_running=3), None, "finished")
+    # The same page on a decode or unified pool holds nothing for export: used / running as ever.
+    for role in ("decode", "unified"):
+        ranks, _ = derive.derive(Snapshot("vllm", "m", "", {"0": finished(
+            rank(usage_ratio=0.5, capacity_blocks=1000, block_size_tokens=16, requests_running=4), 100, 100_000)},
+            export_hold="finished"), {}, 0.0, T, role=role)
+        assert "kv_transfer_held_tokens" not in ranks["0"].gauges
+        assert ranks["0"].gauges["live_tokens_per_request"] == 2000
+
+
+def test_an_sglang_prefill_pools_inflight_queue_holds_its_prompts_kv():
+    """6 in the inflight queue of a mean 512-token prompt: 3072 held, no more than the 2000 used tokens where fewer
+    are used (shared prefixes count once in the pool)."""
+    def inflight(used: int, sending: int) -> RankValues:
+        values = finished(rank(used_tokens=used, capacity_tokens=100_000, block_size_tokens=1, requests_running=2),
+                          10, 5120)
+        values.labelled["kv_transfer_requests"] = {("in_progress",): float(sending)}
+        return values
+
+    gauges = derive.kv_gauges(inflight(5072, 6), None, "inflight")
+    assert (gauges["kv_transfer_held_tokens"], gauges["live_tokens_per_request"]) == (3072, 1000)
+    assert derive.kv_gauges(inflight(2000, 6), None, "inflight")["kv_transfer_held_tokens"] == 2000
+    assert derive.kv_gauges(inflight(2000, 0), None, "inflight")["kv_transfer_held_tokens"] == 0

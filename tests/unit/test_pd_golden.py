@@ -93,6 +93,10 @@ def vllm_truth(index: int, mode: str, role: str) -> tuple[dict, dict]:
         poll = prefill_polls[-1]
         is_short = short(poll["usage"], poll["running"], capacity, VLLM_BLOCK)
         pool = queue_truth(poll["running"], poll["usage"], 0, poll["waiting"], poll["waiting"], is_short, False)
+        # KV held for the pull: all the used KV while nothing runs; the story finishes no request on this side, so
+        # with requests running there is no mean prompt to leave theirs out by.
+        if poll["running"] == 0:
+            family["kv_transfer_held_tokens"] = float(round(poll["usage"] * capacity / VLLM_BLOCK) * VLLM_BLOCK)
     return family, pool
 
 
@@ -122,6 +126,10 @@ def sglang_truth(index: int, role: str) -> tuple[dict, dict]:
                 if any(p[key] for p in polls)}  # created at the first failure
     if failures:
         family["kv_transfer_failures_total"] = failures
+    # KV held while sent: the inflight queue's prompts; the story finishes no request (no mean prompt to count them
+    # by), so known only while the queue is empty.
+    if poll["inflight"] == 0:
+        family["kv_transfer_held_tokens"] = 0.0
     return family, queue_truth(poll["running"], poll["usage"], 0, poll["waiting"], poll["waiting"], is_short, False)
 
 

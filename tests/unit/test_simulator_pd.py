@@ -7,10 +7,12 @@ import time
 import urllib.request
 
 import pytest
+from prometheus_client import generate_latest
 
 from kvcache_exporter import adapters, derive
 from kvcache_exporter.simulator.exposition import FLAVORS
-from kvcache_exporter.simulator.pd import PDModel, ScenarioError, load_pd_scenario, parse_pd_scenario, start_pd_pair
+from kvcache_exporter.simulator.pd import (PDModel, ScenarioError, load_pd_scenario, parse_pd_scenario, side_registry,
+                                           side_state, start_pd_pair)
 from kvcache_exporter.sources import parser
 from kvcache_exporter.thresholds import DEFAULT
 
@@ -27,7 +29,9 @@ def model(scenario: str, engine: str, until: float, seed: int = 7) -> PDModel:
 
 def assert_blocks_add_up(pd: PDModel) -> None:
     assert pd.prefill.used == sum(t.prefill_blocks for t in (*pd.computing, *pd.held.values()))
-    assert pd.decode.used == sum(t.decode_blocks for t in (*pd.receiving, *pd.received, *pd.running))
+    for replica in pd.decodes:
+        assert replica.side.used == sum(t.decode_blocks for t in (*replica.receiving, *replica.received,
+                                                                  *replica.running))
     assert 0 <= pd.prefill.used <= pd.prefill.config.num_blocks and 0 <= pd.decode.used <= pd.decode.config.num_blocks
 
 
@@ -42,13 +46,13 @@ def test_steady_moves_every_prompt_once_at_the_links_speed(engine):
     assert timer.failed_transfers == pd.prefill.lease_expiries == pd.prefill.notifications_after_expiry == 0
     moved_bytes = pd.decode.counters.prompt_tokens * BYTES_PER_TOKEN  # counted as each transfer completes
     # vLLM counts a load's tokens when it plans it (p2p) and again once the request has run (external_kv_transfer)
-    in_flight = sum(t.request.prompt_len for t in (*pd.receiving, *pd.received))
-    not_first = sum(t.request.prompt_len for t in pd.running if t.request.generated == 0)
+    in_flight = sum(t.request.prompt_len for t in (*pd.decodes[0].receiving, *pd.decodes[0].received))
+    not_first = sum(t.request.prompt_len for t in pd.decodes[0].running if t.request.generated == 0)
     assert pd.decode.peer_tokens == pd.decode.counters.prompt_tokens - not_first - sum(
-        t.request.prompt_len for t in pd.received)
+        t.request.prompt_len for t in pd.decodes[0].received)
     if engine == "vllm":
         assert pd.decode.peer_tokens_planned == pd.decode.counters.prompt_tokens + sum(
-            t.request.prompt_len for t in pd.receiving)
+            t.request.prompt_len for t in pd.decodes[0].receiving)
         assert pd.decode.peer_tokens_planned - pd.decode.peer_tokens == in_flight + not_first
     seconds = link.latency_s * count + moved_bytes / link.bytes_per_s
     if engine == "vllm":
@@ -57,7 +61,7 @@ def test_steady_moves_every_prompt_once_at_the_links_speed(engine):
     else:  # SGLang counts MiB and ms
         assert timer.transfer_bytes.sum == pytest.approx(moved_bytes / 2**20, rel=1e-9)
         assert timer.transfer_seconds.sum == pytest.approx(seconds * 1000, rel=1e-9)
-    assert len(pd.waiting_to_start) == 0
+    assert len(pd.decodes[0].waiting_to_start) == 0
 
 
 def test_decode_short_holds_prefill_kv_in_vllm_and_the_handshake_in_sglang():
@@ -68,14 +72,15 @@ def test_decode_short_holds_prefill_kv_in_vllm_and_the_handshake_in_sglang():
             pd.advance_to(pd.now + 0.5)
             assert_blocks_add_up(pd)
             if pd.now > 100:
-                assert pd.waiting_to_start  # the decode pool never catches up
+                assert pd.decodes[0].waiting_to_start  # the decode pool never catches up
                 shortest = min(shortest, pd.decode.used / pd.decode.config.num_blocks)
         assert shortest >= DEFAULT.low_water_ratio  # short of KV all along: the exporter's kv_is_short holds
         held = sum(t.prefill_blocks for t in pd.held.values())
         if engine == "vllm":  # computed, waiting to be pulled
             assert held == pd.prefill.used and held >= 50 * 16 and pd.stages()["prefill"] == {}
         else:  # not computed before the decode side pre-allocates: the bootstrap queue is the prefill side's
-            assert pd.prefill.used < 2000 and pd.stages()["prefill"]["waiting_to_start"] == len(pd.waiting_to_start)
+            bootstrap = pd.stages()["prefill"]["waiting_to_start"]
+            assert pd.prefill.used < 2000 and bootstrap == len(pd.decodes[0].waiting_to_start)
         assert pd.prefill.lease_expiries == 0
 
 
@@ -84,10 +89,11 @@ def test_lease_expiry_frees_prefill_kv_and_counts_the_transfers_that_complete_la
     assert_blocks_add_up(pd)
     assert pd.prefill.lease_expiries > 100
     # Every expired request is still waiting for the decode side, or its transfer completed after the expiry.
-    expired_waiting = sum(t.expired for t in (*pd.waiting_to_start, *pd.receiving))
+    expired_waiting = sum(t.expired for t in (*pd.decodes[0].waiting_to_start, *pd.decodes[0].receiving))
     assert pd.prefill.notifications_after_expiry + expired_waiting == pd.prefill.lease_expiries
     assert pd.prefill.notifications_after_expiry > 0
-    assert all(not t.expired for t in pd.held.values()) and len(pd.running) <= 2  # the decode side's cap
+    assert all(not t.expired for t in pd.held.values())
+    assert len(pd.decodes[0].running) <= 2  # the decode side's cap
 
 
 @pytest.mark.parametrize("engine", PULL)
@@ -145,3 +151,65 @@ def test_the_pairs_pages_read_as_the_engines_series():
     assert seconds.count > 0 and seconds.sum <= timed.sum / 1000  # polled before the state was read
     assert vllm_decode.values.histograms["kv_transfer_seconds"].count > 0
     assert vllm_decode.values.counters["kv_transfer_prompt_tokens_total"] > 0
+
+
+# Prompts of whole blocks (64 of 16 tokens) and a decode pool that runs short of KV (pd-decode-short's), on a link
+# slow enough (0.34 s a transfer, 88 % busy at 2.6 a second) that SGLang's prefill side sends one prompt after another.
+HELD = {"prefill": {"num_blocks": 32768, "max_num_seqs": 64, "max_num_batched_tokens": 8192},
+        "decode": {"num_blocks": 1536, "max_num_seqs": 64}, "link": {"lease_s": 600, "bytes_per_s": 4e8},
+        "phases": [{"name": "decode-short", "duration_s": 600, "arrival_rate": 2.6, "prompt_len": 1024,
+                    "output_len": 400, "prefix_share": 0}]}
+
+
+def derived_side(pd: PDModel, engine: str, role: str) -> derive.DerivedRank:
+    """One side's page as the model's last tick shows it, read by the exporter's adapter and derived with its role."""
+    text = generate_latest(side_registry(engine, lambda: side_state(pd, role, "m", 0.0), 7)).decode()
+    adapter = adapters.ADAPTERS[engine]
+    ranks, _ = derive.derive(adapter.adapt(parser.parse(text, adapter.wanted)), {}, 0.0, DEFAULT, None, role)
+    return ranks["0"]
+
+
+@pytest.mark.parametrize("engine", PULL)
+def test_prefill_kv_held_for_export_is_the_models_held_blocks(engine):
+    """kvcache_kv_transfer_held_tokens on the prefill side is the blocks the model holds for the decode side (vLLM:
+    computed, not pulled; SGLang: being sent) x the block size, at every poll: with every prompt 1,024 tokens the
+    running or in-flight requests' prompts are the mean exactly. The prefill side's live tokens per request are the
+    running prompts' own; the decode side reports none held."""
+    pd = PDModel(parse_pd_scenario(HELD, "held", "held"), PULL[engine], FLAVORS["vllm-v1" if engine == "vllm"
+                                                                                  else "sglang"].reporting.buckets, 7)
+    block = pd.prefill.config.block_size
+    held_polls = running_polls = 0
+    while pd.now < 300:
+        pd.advance_to(pd.now + 0.5)
+        prefill = derived_side(pd, engine, "prefill")
+        truth = pd.held_blocks() * block
+        if "kv_transfer_held_tokens" not in prefill.gauges:  # nothing finished yet: no mean prompt to count by
+            assert pd.prefill.counters.finished_requests == 0 and (pd.computing or pd.held)
+            continue
+        assert prefill.gauges["kv_transfer_held_tokens"] == truth, pd.now
+        assert prefill.gauges["used_tokens"] == pd.prefill.used * block
+        held_polls += truth > 0
+        if pd.computing:
+            running_polls += 1
+            assert prefill.gauges["live_tokens_per_request"] == 1024
+        assert "kv_transfer_held_tokens" not in derived_side(pd, engine, "decode").gauges
+    # The decode pool short of KV made the vLLM prefill side hold prompts at most polls; SGLang's slow link some.
+    assert held_polls >= (400 if engine == "vllm" else 100) and running_polls >= 10, (held_polls, running_polls)
+
+
+def test_prefill_kv_held_for_export_is_exact_while_nothing_runs():
+    """vLLM with prompts of many lengths (pd-decode-short): while the prefill side computes nothing its used tokens
+    are all held for export; while it computes, each running prompt is taken at the mean, off by at most the longest
+    prompt (4,000 tokens) and a block each."""
+    pd = model("pd-decode-short", "vllm", 60)
+    block = pd.prefill.config.block_size
+    idle = 0
+    while pd.now < 300:
+        pd.advance_to(pd.now + 0.5)
+        held, truth = derived_side(pd, "vllm", "prefill").gauges["kv_transfer_held_tokens"], pd.held_blocks() * block
+        if not pd.computing:
+            idle += truth > 0
+            assert held == truth
+        else:
+            assert abs(held - truth) <= len(pd.computing) * (4000 + block)
+    assert idle >= 300
