@@ -454,7 +454,8 @@ _TABLE = (
     # Per pool: KV moved between prefill and decode pools.
     Family("kv_transfer_seconds", "histogram", "transfer", "seconds",
            "Duration of KV transfers between a prefill and a decode pool, in the engine's own buckets (Triton: "
-           "sum and count only), on the side that times them (vLLM's NixlConnector pulling and TensorRT-LLM: decode; vLLM's NixlPushConnector and MooncakeConnector, which push, and SGLang: prefill). "
+           "sum and count only), on the side that times them (vLLM's NixlConnector pulling and TensorRT-LLM: "
+           "decode; vLLM's NixlPushConnector and MooncakeConnector, which push, and SGLang: prefill). "
            "vLLM observes one transfer per TP rank. " + _KV_TRANSFER + _POLLED),
     Family("kv_transfer_bytes", "histogram", "transfer", "bytes",
            "Bytes per KV transfer between a prefill and a decode pool (vLLM: each TP rank's shard), in the "
