@@ -240,8 +240,12 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
     cells = models.DynamicConfigValue("custom.cellOptions", {"type": "color-background", "mode": "basic"})
     for ref_id, column in zip(REF_IDS, columns):
         properties = [models.DynamicConfigValue("unit", column.unit),
-                      models.DynamicConfigValue("thresholds", bands.config(column.steps).build()), cells,
+                      models.DynamicConfigValue("thresholds", bands.config(column.steps).build()),
                       models.DynamicConfigValue("mappings", [*(column.mappings or []), missing_value()])]
+        # A cell is coloured where its colour means something: a band, or a mapping's colour. A column without
+        # either (running requests, TTFT) would be painted the neutral band's blue.
+        if len(column.steps) > 1 or column.mappings:
+            properties.append(cells)
         if column.width is not None:
             properties.append(models.DynamicConfigValue("custom.width", column.width))
         panel.override_by_name(column.header, properties)
