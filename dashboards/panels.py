@@ -32,7 +32,12 @@ DATASOURCE = common.DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VA
 RED_ADVICE = "When it is red:"
 
 STAT_HEIGHT = 4
-GRAPH_HEIGHT = 8
+# The worst lines a time series' legend lists without scrolling: Grafana 12.4's legend below a graph takes at most
+# 35 % of the panel's height and scrolls the rest (its legend options have no row limit), and a legend row is as
+# tall as its header (24 px). A graph 13 grid units tall (486 px) shows the header and five rows whole, and a sliver
+# of the sixth that says there are more; 8 units showed two and a half.
+LEGEND_ROWS = 5
+GRAPH_HEIGHT = 13
 TABLE_HEIGHT = 10  # about eight rows, then it scrolls: the worst pools come first
 # Grafana's table gives each column at least 150 px: nine columns would not fit 1200 px, and the last ones
 # would hide behind a scroll bar. Columns share the width down to this.
@@ -172,7 +177,7 @@ def timeseries(title: str, description: str, unit: str, queries: list[Query], st
                no_value: str | None = None):
     """Lines over time; a band with more than one step is drawn as threshold lines. The legend and the tooltip
     list the worst line first by its last value: the highest, or with `worst_low` the lowest (headroom, time
-    until full, hit ratio), so the few legend rows the panel's height shows are the worst ones."""
+    until full, hit ratio), so the LEGEND_ROWS legend rows the panel's height shows are the worst ones."""
     panel = timeseries_builders.Panel().height(GRAPH_HEIGHT).line_width(1).fill_opacity(10)
     panel.legend(common_builders.VizLegendOptions().display_mode(common.LegendDisplayMode.TABLE)
                  .placement(common.LegendPlacement.BOTTOM).show_legend(True).calcs([*LEGEND_CALCS])
@@ -189,13 +194,18 @@ def timeseries(title: str, description: str, unit: str, queries: list[Query], st
 
 def state_timeline(title: str, description: str, query: Query, mappings: list[models.ValueMapping],
                    links: tuple[Link, ...] = ()):
-    """One lane per series; the value is a code that `mappings` names and colours."""
-    panel = statetimeline.Panel().height(GRAPH_HEIGHT).mappings(mappings).merge_values(True)
-    # The legend lists the mapped values with their colours: what each colour of a lane means.
+    """One lane per series; the value is a code that `mappings` names and colours.
+
+    The colour scheme is fixed, not "from thresholds": with thresholds and merged values Grafana colours each lane by
+    its threshold step and ignores the mappings (its issues 41075 and 71804: one blue state, "-∞+"). A missing
+    value maps to no text: the legend, which lists every state the lanes' values display, would list the panel's
+    noValue otherwise."""
+    panel = statetimeline.Panel().height(GRAPH_HEIGHT).mappings([*mappings, missing_value("")]).merge_values(True)
+    # The legend lists the states shown with their colours: what each colour of a lane means.
     panel.legend(common_builders.VizLegendOptions().display_mode(common.LegendDisplayMode.LIST)
                  .placement(common.LegendPlacement.BOTTOM).show_legend(True))
     panel.show_value(common.VisibilityMode.NEVER).fill_opacity(80)
-    panel.color_scheme(dashboard_builders.FieldColor().mode(models.FieldColorModeId.THRESHOLDS))
+    panel.color_scheme(dashboard_builders.FieldColor().mode(models.FieldColorModeId.FIXED))
     return _with_basics(panel, title, description, "none", [query], bands.neutral(), links)
 
 
@@ -230,8 +240,12 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
     cells = models.DynamicConfigValue("custom.cellOptions", {"type": "color-background", "mode": "basic"})
     for ref_id, column in zip(REF_IDS, columns):
         properties = [models.DynamicConfigValue("unit", column.unit),
-                      models.DynamicConfigValue("thresholds", bands.config(column.steps).build()), cells,
+                      models.DynamicConfigValue("thresholds", bands.config(column.steps).build()),
                       models.DynamicConfigValue("mappings", [*(column.mappings or []), missing_value()])]
+        # A cell is coloured where its colour means something: a band, or a mapping's colour. A column without
+        # either (running requests, TTFT) would be painted the neutral band's blue.
+        if len(column.steps) > 1 or column.mappings:
+            properties.append(cells)
         if column.width is not None:
             properties.append(models.DynamicConfigValue("custom.width", column.width))
         panel.override_by_name(column.header, properties)

@@ -66,6 +66,11 @@ class Drawn:
     def rate_interval(self) -> float:
         return units.parse_duration(self.displayed["rateInterval"])
 
+    @property
+    def rows(self) -> list[dict[str, dict]]:
+        """A table's rows in the order Grafana displays them, each cell (text, colorName) by its column's header."""
+        return [{cell["column"]: cell for cell in row} for row in self.displayed["rows"]]
+
 
 def answer(prometheus_url: str, query: dict) -> list[tuple[dict, list[tuple[float, float]]]]:
     """Prometheus' answer to one query Grafana sent, asked with the parameters it sent."""

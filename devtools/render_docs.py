@@ -1,6 +1,6 @@
 """Redraws the pictures in docs/dashboards.md: every row of both dashboards as Grafana 12.4's code draws them.
 
-    python -m devtools.render_docs [--warm-up 240] [--range 5m]
+    .venv/bin/python -m devtools.render_docs [--warm-up 240] [--range 5m]
 
 Runs the demo exporter and a Prometheus (devtools/demo_prometheus.py) for --warm-up seconds, draws both
 dashboards with `make dashboards-render` (the fleet at All, the target dashboard on the first target),
@@ -40,7 +40,8 @@ def first_sentence(description: str) -> str:
 def section(rendered: dict[str, dict], range_text: str, warm_up: float) -> str:
     """The markdown between the markers, from each dashboard's JSON and what the renderer drew."""
     lines = [START, "",
-             f"Drawn by `python -m devtools.render_docs` from {warm_up / 60:g} minutes of `kvcache-exporter --demo` "
+             f"Drawn by `.venv/bin/python -m devtools.render_docs` from {warm_up / 60:g} minutes of "
+             "`kvcache-exporter --demo` "
              f"(time range {range_text}, variables at All, the target dashboard on "
              f"`{rendered['kvcache-target']['variables'].get('target', '')}`), with Grafana 12.4's own panel code "
              "(`make dashboards-render`; state timelines and heatmaps are the renderer's own drawing of Grafana's "

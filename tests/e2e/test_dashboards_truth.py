@@ -46,6 +46,7 @@ import yaml
 
 from kvcache_exporter.alerts import generate
 from kvcache_exporter.dashboards import bands, build, fleet, target
+from kvcache_exporter.dashboards.panels import LEGEND_ROWS
 from kvcache_exporter.dashboards.signals import pressure
 from devtools import grafana_render
 from kvcache_exporter.adapters import ADAPTERS
@@ -893,11 +894,6 @@ def waiting_shown(row: dict[str, dict]) -> int:
     return int(row["Waiting for KV"]["text"]) + int(row["Waiting with KV room"]["text"])
 
 
-def table_rows(drawn: Drawn) -> list[dict[str, dict]]:
-    """A table's rows in the order Grafana displays them, each cell (text, colorName) by its column's header."""
-    return [{cell["column"]: cell for cell in row} for row in drawn.displayed["rows"]]
-
-
 @pytest.mark.usefixtures("artifacts_on_failure")
 def test_grafana_shows_the_fullest_pool_in_its_unit_and_band(run, fleet_all, seen):
     """The stat on-call reads first: the fullest pool's fill in the states the polls behind it read, as a
@@ -922,7 +918,7 @@ def test_grafana_lists_the_pools_worst_first_with_their_state_and_colour(run, fl
     state's word in its severity's colour and one the states its poll read allow; KV usage as the stat's."""
     table = fleet_all["Pools that need help now"]
     t = table.displayed["queries"][0]["time"]
-    down, *rows = table_rows(table)
+    down, *rows = table.rows
     # The target the exporter cannot poll is the first row, as down, and shows no number (none is fresh).
     assert (down["target"]["text"], down["State"]["text"], down["State"]["colorName"]) == (
         DOWN, pressure.DOWN, bands.DOWN_COLOR), down
@@ -957,7 +953,7 @@ def test_a_value_the_engine_does_not_give_reads_no_data_not_a_band(run, fleet_al
     empty cell in the first band's colour, green: "fine"). A pool where nothing ran has no headroom: "No data",
     not red. Every other cell holds a value; none is empty or NaN."""
     table = fleet_all["Pools that need help now"]
-    rows = {row["target"]["text"]: row for row in table_rows(table)}
+    rows = {row["target"]["text"]: row for row in table.rows}
     for name in WITHOUT_PREEMPTIONS:
         assert (rows[name]["Preemptions/min"]["text"], rows[name]["Preemptions/min"]["colorName"]) == ("No data", None)
     for name in set(FLEET) - WITHOUT_PREEMPTIONS:
@@ -980,7 +976,11 @@ def test_a_value_the_engine_does_not_give_reads_no_data_not_a_band(run, fleet_al
             continue
         for column, cell in row.items():
             assert cell["text"] not in ("", "NaN"), (name, column, cell)
-            assert cell["colorName"] is not None or cell["text"] == "No data" or column == "target", (name, column, cell)
+            # Coloured where the column's band or mapping means something; Running and TTFT have none: no colour.
+            if column in ("target", "Running") or column.startswith("TTFT"):
+                assert cell["colorName"] is None, (name, column, cell)
+            else:
+                assert cell["colorName"] is not None or cell["text"] == "No data", (name, column, cell)
 
 
 # What on-call reads first about a pool, on either dashboard: one target of each kind (KV-short on two data-parallel
@@ -1022,7 +1022,7 @@ def test_each_pool_says_why_with_the_engines_numbers(run, fleet_all, grafana, se
     table = fleet_all["Pools that need help now"]
     t = table.displayed["queries"][0]["time"]
     words = {pressure.reason_words(THRESHOLDS, reason): reason for reason in PRESSURE_REASONS}
-    rows = {row["target"]["text"]: row for row in table_rows(table) if row["target"]["text"] != DOWN}
+    rows = {row["target"]["text"]: row for row in table.rows if row["target"]["text"] != DOWN}
     for name, row in rows.items():
         reason = words[row["State"]["text"]]
         read = read_at(run, seen, name, t)
@@ -1051,7 +1051,7 @@ def test_the_state_counts_are_the_tables_rows(run, fleet_all):
     assert {query.get("time", query.get("end")) for query in stat.displayed["queries"]} == {t}  # the same instant
     state_of = {pressure.reason_words(THRESHOLDS, reason): PRESSURE_REASONS[reason].state
                 for reason in PRESSURE_REASONS} | {pressure.DOWN: "down"}
-    rows = collections.Counter(state_of[row["State"]["text"]] for row in table_rows(table))
+    rows = collections.Counter(state_of[row["State"]["text"]] for row in table.rows)
     counts = {value["name"]: int(value["text"]) for value in stat.displayed["values"]}
     assert counts == {state: rows[state] for state in (*PRESSURE_STATES, "down")}, (counts, rows)
     assert sum(counts.values()) == len(FLEET) + 1
@@ -1062,8 +1062,9 @@ def test_the_state_counts_are_the_tables_rows(run, fleet_all):
 @pytest.mark.usefixtures("artifacts_on_failure")
 def test_legends_list_the_worst_first(run, fleet_all):
     """Every per-target time series lists its legend by the series' last value, worst first (descending where more
-    is worse, ascending for headroom, time until full and hit ratio): the rows the panel's height shows are the
-    pools to look at. The values are Prometheus' answers to the panel's own query."""
+    is worse, ascending for headroom, time until full and hit ratio), and the rows it shows without scrolling are
+    the LEGEND_ROWS pools to look at: those with the worst last values. The values are Prometheus' answers to the
+    panel's own query, the last finite one of each line (Grafana's "Last *" skips the others)."""
     checked = 0
     for title, data in fleet_all.items():
         legend = data.panel.get("options", {}).get("legend", {})
@@ -1071,13 +1072,35 @@ def test_legends_list_the_worst_first(run, fleet_all):
                 or data.displayed.get("shows")):  # no series at all: no legend
             continue
         assert legend["sortBy"] == "Last *", title
-        lasts = {name: last(points) for name, points in by_target(data).items() if points}
+        lasts = {name: finite[-1] for name, points in by_target(data).items()
+                 if (finite := [v for _, v in points if math.isfinite(v)])}
         shown = [row["name"] for row in data.displayed["legend"]]
         assert set(shown) == set(lasts), (title, shown, sorted(lasts))
         values = [lasts[name] for name in shown]
         assert values == sorted(values, reverse=legend["sortDesc"]), (title, list(zip(shown, values)))
-        checked += len(shown) >= 3
+        # Ties at the cut may show either line: the visible rows' values are the worst LEGEND_ROWS values.
+        visible = [row["name"] for row in data.displayed["legend"] if row["visible"]]
+        worst = sorted(lasts.values(), reverse=legend["sortDesc"])[:LEGEND_ROWS]
+        assert sorted(lasts[name] for name in visible) == sorted(worst), (title, visible, worst)
+        checked += len(lasts) > LEGEND_ROWS
     assert checked >= 8, checked
+
+
+@pytest.mark.usefixtures("artifacts_on_failure")
+def test_state_timelines_say_what_each_colour_means(run, fleet_all):
+    """Each state timeline's legend lists the states its lanes show, once each, in the order the lanes first show
+    them (lanes in the order of Prometheus' answer to the panel's query, each from its start: Grafana's TimelineChart
+    legend) and in the colour the panel's value mapping gives the state; nothing for a gap. "Pressure state over
+    time" shows at least the run's saturated, capped and ok pools; "Targets up over time" the target that is down."""
+    for title in ("Pressure state over time", "Targets up over time"):
+        data = fleet_all[title]
+        [names] = [m["options"] for m in data.panel["fieldConfig"]["defaults"]["mappings"] if m["type"] == "value"]
+        codes = [int(v) for _, points in data.series["A"] for _, v in points if not math.isnan(v)]
+        expected = [(names[str(code)]["text"], names[str(code)]["color"]) for code in dict.fromkeys(codes)]
+        assert [(item["name"], item["colorName"]) for item in data.displayed["legend"]] == expected, title
+    shown = {item["name"]: item["colorName"] for item in fleet_all["Pressure state over time"].displayed["legend"]}
+    assert {state: bands.STATE_COLORS[state] for state in ("ok", "capped", "saturated")}.items() <= shown.items()
+    assert ("down", "red") in [(i["name"], i["colorName"]) for i in fleet_all["Targets up over time"].displayed["legend"]]
 
 
 @pytest.mark.usefixtures("artifacts_on_failure")

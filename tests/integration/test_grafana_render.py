@@ -11,7 +11,9 @@ import subprocess
 import pytest
 
 from devtools import grafana_render, harness
-from kvcache_exporter.contract import PRESSURE_REASONS
+from kvcache_exporter.contract import PRESSURE_REASONS, PRESSURE_STATES
+from kvcache_exporter.dashboards.bands import STATE_COLORS
+from kvcache_exporter.dashboards.panels import LEGEND_ROWS
 from devtools.lint_dashboards import panels as panels_of
 
 RENDER = grafana_render.RENDER
@@ -100,7 +102,7 @@ def demo_dashboard() -> dict:
                        {"id": "custom.cellOptions", "value": {"type": "color-background", "mode": "basic"}}]}])
     table["gridPos"] = {"h": 8, "w": 24, "x": 0, "y": 7}
     timeline = panel(8, "state-timeline", "State lanes", 0, [{"expr": state, "legendFormat": "{{target}}"}],
-                     {"unit": "none", "mappings": STATES, "thresholds": bands((None, "blue")), "color": {"mode": "thresholds"}},
+                     {"unit": "none", "mappings": STATES, "thresholds": bands((None, "blue")), "color": {"mode": "fixed"}},
                      {"showValue": "never", "rowHeight": 0.9, "mergeValues": True})
     timeline["gridPos"] = {"h": 5, "w": 24, "x": 0, "y": 15}
     return {
@@ -224,9 +226,76 @@ def test_a_missing_value_reads_no_data_on_no_colour_not_in_a_band(built_page, em
     assert [row[0]["text"] for row in table["rows"]] == ["a", "b"]  # worst state first
     for column in ("Headroom", "Preemptions/min", "TTFT p90"):
         assert rows["b"][column] == ("No data", None), column
-        assert rows["a"][column][0] != "No data" and rows["a"][column][1] is not None, column
+        assert rows["a"][column][0] != "No data", column
+    # Coloured where a band or a mapping gives the colour a meaning; Running and TTFT have neither: no colour.
+    assert rows["a"]["Headroom"][1] is not None and rows["a"]["Preemptions/min"][1] is not None
+    assert rows["a"]["TTFT p90"] == ("1.50 s", None) and rows["a"]["Running"] == ("4", None)
     # low_water's code with a tie-break, in the contract's words at the default low-water mark
     assert rows["a"]["State"] == ("saturated: queue at or above 75% used", "red")
     assert rows["b"]["State"] == ("ok", "green")
     assert rows["a"]["KV usage"] == ("95.3%", "red") and rows["b"]["KV usage"] == ("50%", "green")
     assert rows["a"]["Headroom"][1] == "red" and rows["a"]["Preemptions/min"][1] != "green"
+
+
+def lanes(codes: dict[str, int]) -> str:
+    """One series per target, each holding its code (a range query: a lane of one state each); "gappy" holds 0 only
+    in the first half of every ten minutes (a lane with gaps Grafana fills with nulls)."""
+    gappy = 'label_replace(vector(0) and on() (vector(time()) % 600 < 300), "target", "gappy", "", "")'
+    return " or ".join([*(TABLE_ROW.format(value=code, name=name) for name, code in codes.items()), gappy])
+
+
+def legends_dashboard() -> dict:
+    """The fleet dashboard's own "Pressure state over time", "KV usage per target" and the state timeline coloured
+    "from thresholds" as it was before, fed by vector() queries."""
+    fleet = json.loads((grafana_render.GENERATED / "kvcache-fleet.json").read_text())
+    by_title = {panel["title"]: panel for panel in panels_of(fleet)}
+    timeline = copy.deepcopy(by_title["Pressure state over time"])
+    # Lanes a..e in the order Prometheus sorts them, their states in an order that is not the mappings'.
+    timeline["targets"][0]["expr"] = lanes(dict(zip("abcde", (3, 0, 4, 1, 2))))
+    thresholds = copy.deepcopy(timeline)
+    thresholds.update(id=91, title="Coloured from thresholds")
+    thresholds["fieldConfig"]["defaults"]["color"] = {"mode": "thresholds"}
+    usage = copy.deepcopy(by_title["KV usage per target"])
+    usage["targets"][0]["expr"] = " or ".join(TABLE_ROW.format(value=v, name=f"pool{v:g}") for v in USAGES)
+    y = 1
+    for panel_json in (timeline, thresholds, usage):
+        panel_json["gridPos"] = {**panel_json["gridPos"], "x": 0, "y": y}
+        y += panel_json["gridPos"]["h"]
+    return {"uid": "legends", "title": "legends", "schemaVersion": fleet["schemaVersion"],
+            "time": {"from": "now-15m", "to": "now"}, "templating": {"list": []},
+            "panels": [{"type": "row", "id": 1, "title": "Legends", "collapsed": False,
+                        "gridPos": {"h": 1, "w": 24, "x": 0, "y": 0}, "panels": []}, timeline, thresholds, usage]}
+
+
+USAGES = (0.25, 0.6, 0.95, 0.1, 0.8, 0.4, 0.7)  # seven pools' KV usage: more than the legend shows unscrolled
+
+
+def test_state_timelines_show_each_state_in_its_mapping_colour_and_legends_their_worst_lines(
+        built_page, empty_prometheus, tmp_path):
+    """The pressure state timeline's legend (Grafana's TimelineChart legend: every state the lanes' values display,
+    once, in the order the values first show it) lists every state of the contract in the colour its mapping gives
+    it, and nothing for the gaps. Coloured "from thresholds" with merged values (as Grafana's defaults are) the same
+    lanes are all the base threshold's blue, the mappings ignored: Grafana 12.4's behaviour, which the dashboards
+    avoid. "KV usage per target" shows the pools with the highest usage first, the worst LEGEND_ROWS of them without
+    scrolling."""
+    dashboard = legends_dashboard()
+    result, shown = render(empty_prometheus, dashboard, tmp_path)
+    assert (result.returncode, result.stderr) == (0, ""), result.stdout
+    timeline = shown["Pressure state over time"]
+    [query] = timeline["queries"]
+    order = [int(points[0][1]) for labels, points in grafana_render.answer(empty_prometheus, query)]
+    first_shown = list(dict.fromkeys(PRESSURE_STATES[code] for code in order))
+    assert sorted(first_shown) == sorted(PRESSURE_STATES)
+    assert [(item["name"], item["colorName"]) for item in timeline["legend"]] == [
+        (state, STATE_COLORS[state]) for state in first_shown]
+    assert {lane["name"]: (lane["last"], lane["colorName"]) for lane in timeline["lanes"]} == {
+        **{name: (PRESSURE_STATES[code], STATE_COLORS[PRESSURE_STATES[code]])
+           for name, code in zip("abcde", (3, 0, 4, 1, 2))}, "gappy": ("ok", "green")}
+    thresholds = shown["Coloured from thresholds"]
+    assert [item["colorName"] for item in thresholds["legend"]] == ["blue"]
+    assert thresholds["legend"][0]["name"] not in PRESSURE_STATES
+    assert {lane["colorName"] for lane in thresholds["lanes"]} == {"blue"}
+    legend = shown["KV usage per target"]["legend"]
+    worst_first = sorted(USAGES, reverse=True)
+    assert [row["name"] for row in legend] == [f"pool{v:g}" for v in worst_first]
+    assert [row["name"] for row in legend if row["visible"]] == [f"pool{v:g}" for v in worst_first[:LEGEND_ROWS]]

@@ -26,7 +26,8 @@ import pytest
 import yaml
 
 from kvcache_exporter.contract import KV_SHORT_STATES, PRESSURE_REASONS, PRESSURE_STATES
-from kvcache_exporter.dashboards import build, fleet, target
+from kvcache_exporter.dashboards import bands, build, fleet, target
+from kvcache_exporter.dashboards.signals import pressure
 from kvcache_exporter.thresholds import DEFAULT
 from devtools import grafana_render, harness, vllm_engine
 
@@ -307,3 +308,38 @@ def test_pressure_state_panels_read_short_while_vllm_queues_for_capacity(run, pa
             assert state_of(panel, code) in KV_SHORT_STATES, (panel, round(t - run.start, 1), state_of(panel, code))
             checked += 1
     assert checked, f"{panel}: no point while vLLM queued for capacity"
+
+
+def drawn_at(displayed: dict) -> float:
+    """The instant a stat's or a table's value is of: its instant query's time, or its range query's end (the last
+    point's, the drawing's end being a whole second)."""
+    query = displayed["queries"][0]
+    return query.get("time", query.get("end"))
+
+
+def test_what_on_call_reads_first_is_vllms_queue_in_the_contracts_words(run):
+    """The target dashboard's "Pressure state" stat and the fleet table's State cell as Grafana displays them: the
+    same words at the same instant, those of a reason (contract.PRESSURE_REASONS) whose rule vLLM's page behind that
+    instant holds, in its state's colour: a KV-short reason while vLLM queues for capacity (at the low-water mark or
+    above for "queue at or above ... used"), an ok or tight one with nothing waiting; and "Waiting requests" beside
+    it is vLLM's queue on that page."""
+    stat = run.drawn[target.FILENAME]["Pressure state"].displayed
+    t = drawn_at(stat)
+    page = run.page_at(t)
+    [shown] = stat["values"]
+    words = {pressure.reason_words(DEFAULT, reason): reason for reason in PRESSURE_REASONS}
+    reason = words[shown["text"]]
+    state = PRESSURE_REASONS[reason].state
+    assert shown["colorName"] == bands.STATE_COLORS[state], shown
+    if waiting_for_capacity(page):
+        assert state in KV_SHORT_STATES, (shown["text"], waiting_for_capacity(page))
+        assert reason != "low_water" or FIGURES["usage"](page) >= DEFAULT.low_water_ratio, (reason, page)
+    elif not FIGURES["waiting"](page):
+        assert reason in ("room", "high_water", "preemptions"), (shown["text"], page)
+    table = run.drawn[fleet.FILENAME]["Pools that need help now"]
+    [row] = table.rows
+    assert drawn_at(table.displayed) == t
+    assert (row["State"]["text"], row["State"]["colorName"]) == (shown["text"], shown["colorName"])
+    waiting = run.drawn[target.FILENAME]["Waiting requests"].displayed
+    assert drawn_at(waiting) == t
+    assert sum(value["numeric"] for value in waiting["values"]) == FIGURES["waiting"](page)

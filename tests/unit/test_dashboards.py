@@ -295,7 +295,7 @@ def test_pressure_state_codes_follow_the_exporters_states():
     assert set(bands.STATE_COLORS) == set(PRESSURE_STATES)
     for name in FILES:
         timeline = panel(committed(name), "Pressure state over time")
-        [mapping] = timeline["fieldConfig"]["defaults"]["mappings"]
+        [mapping] = [m for m in timeline["fieldConfig"]["defaults"]["mappings"] if m["type"] == "value"]
         assert [mapping["options"][str(code)]["text"] for code in range(len(PRESSURE_STATES))] == list(PRESSURE_STATES)
         expr = timeline["targets"][0]["expr"]
         for code, state in enumerate(PRESSURE_STATES):
@@ -349,6 +349,16 @@ def test_on_call_reads_the_worst_first_and_why():
                 assert legend["sortDesc"] == (p["title"] not in low_first), p["title"]
             elif p["type"] == "state-timeline":
                 assert p["options"]["legend"]["showLegend"], p["title"]
+                # Merged values coloured "from thresholds" would draw each lane in its threshold step's colour,
+                # mappings ignored (Grafana's issues 41075, 71804): a fixed scheme leaves the colours to the mappings.
+                assert (p["options"]["mergeValues"], p["fieldConfig"]["defaults"]["color"]["mode"]) == (True, "fixed")
+                mappings = p["fieldConfig"]["defaults"]["mappings"]
+                assert {"type": "special", "options": {"match": "null+nan", "result": {
+                    "text": "", "color": "transparent"}}} in mappings, p["title"]
+        timeline = panel(dashboard, "Pressure state over time")
+        [codes] = [m["options"] for m in timeline["fieldConfig"]["defaults"]["mappings"] if m["type"] == "value"]
+        assert {code: (named["text"], named["color"]) for code, named in codes.items()} == {
+            str(code): (state, bands.STATE_COLORS[state]) for code, state in enumerate(PRESSURE_STATES)}
         fullest = panel(dashboard, "Fullest pool's KV usage")
         assert fullest["targets"][0]["legendFormat"] == "{{target}} rank {{dp_rank}}"
         assert fullest["targets"][0]["instant"] and fullest["options"]["textMode"] == "value_and_name"

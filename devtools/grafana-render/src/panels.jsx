@@ -4,9 +4,10 @@
 // TimeSeriesPanel.tsx. State timeline and heatmap have no @grafana/ui component; they are drawn
 // here from the values and colours Grafana's display processor gives (marked as such in displayed.json).
 import React from 'react';
-import { FieldType, applyNullInsertThreshold, cacheFieldDisplayNames, formattedValueToString, getDisplayProcessor,
-  getDisplayValueAlignmentFactors, getFieldDisplayName, getFieldDisplayValues, getValueFormat, nullToValue } from '@grafana/data';
-import { BigValue, TimeSeries, VizRepeater, useTheme2 } from '@grafana/ui';
+import { FALLBACK_COLOR, FieldColorModeId, FieldType, MappingType, SpecialValueMatch, ThresholdsMode, applyNullInsertThreshold,
+  cacheFieldDisplayNames, formattedValueToString, getActiveThreshold, getDisplayProcessor, getDisplayValueAlignmentFactors,
+  getFieldConfigWithMinMax, getFieldDisplayName, getFieldDisplayValues, getValueFormat, nullToValue } from '@grafana/data';
+import { BigValue, TimeSeries, VizLayout, VizLegend, VizRepeater, useTheme2 } from '@grafana/ui';
 import { TableNG } from '@grafana/ui/unstable';
 import { interpolateOranges } from 'd3-scale-chromatic';
 
@@ -138,21 +139,102 @@ export function TimeSeriesViz({ panel, series, fieldConfig, width, height, theme
 }
 
 /**
+ * TimelineChart/utils.ts getThresholdItems: each threshold step as a legend item, "< next" for the base step
+ * (when another follows), "value+" for the others, in the field's unit (percent in percentage mode).
+ */
+function thresholdItems(config, theme) {
+  const steps = config.thresholds?.steps ?? [];
+  const format = getValueFormat(config.thresholds?.mode === ThresholdsMode.Percentage ? 'percent' : (config.unit ?? ''));
+  const text = (value) => formattedValueToString(format(value, config.decimals ?? undefined));
+  return steps.map((step, i) => {
+    const base = step.value === -Infinity && i < steps.length - 1;
+    return { label: base ? `< ${text(steps[i + 1].value)}` : `${text(step.value)}+`,
+      color: theme.visualization.getColorByName(step.color), yAxis: 1, step };
+  });
+}
+
+/**
+ * TimelineChart/utils.ts prepareTimelineFields on a number field with mergeValues on and colours from thresholds
+ * (mergeThresholdValues): each value becomes the label of its threshold step, in that step's colour. The field's
+ * value mappings are not applied there (Grafana's issues 41075 and 71804): a dashboard that names its states by
+ * mappings colours them by a fixed scheme instead.
+ */
+function mergedByThreshold(field, theme) {
+  const steps = field.config.thresholds?.steps ?? [];
+  if (!(field.config.color?.mode === FieldColorModeId.Thresholds && steps.length)) {
+    return field;
+  }
+  const items = thresholdItems(field.config, theme);
+  const labelOf = new Map(items.map((item) => [item.step, item.label]));
+  const colourOf = new Map(items.map((item) => [item.label, item.color]));
+  let input = field.values;
+  if (field.config.thresholds.mode === ThresholdsMode.Percentage) {
+    const { min, max } = getFieldConfigWithMinMax(field);
+    input = input.map((v) => (v == null ? v : ((v - min) / (max - min)) * 100));
+  }
+  return {
+    ...field, type: FieldType.string,
+    values: input.map((v) => (v == null ? v : labelOf.get(getActiveThreshold(v, steps)))),
+    display: (value) => ({ text: String(value), color: colourOf.get(String(value)), numeric: NaN }),
+  };
+}
+
+/** Whether a field's value mappings name a missing value (TimelineChart draws it as a state then, not a gap). */
+function mapsNull(field) {
+  return (field.config.mappings ?? []).some((m) => m.type === MappingType.SpecialValue
+    && [SpecialValueMatch.Null, SpecialValueMatch.NullAndNaN].includes(m.options.match));
+}
+
+/**
+ * TimelineChart/utils.ts prepareTimelineLegendItems (getFieldLegendItem): with colours from more than one threshold
+ * step, the steps; with a continuous scheme, none; otherwise every state the lanes' values display (each value
+ * through the field's display processor), once per text, in the order the values first show it, in the colour it
+ * last showed.
+ */
+function timelineLegendItems(frames, legend, theme) {
+  const fields = frames.flatMap((frame) => frame.fields.filter((f) => f.type !== FieldType.time));
+  if (legend.showLegend === false || !fields.length) {
+    return undefined;
+  }
+  const config = fields[0].config;
+  const mode = config.color?.mode ?? FieldColorModeId.Fixed;
+  if (mode === FieldColorModeId.Thresholds && (config.thresholds?.steps?.length ?? 0) > 1) {
+    return thresholdItems(config, theme).map(({ step, ...item }) => item);
+  }
+  if (mode.startsWith('continuous')) {
+    return undefined;
+  }
+  const colours = new Map();
+  for (const field of fields.filter((f) => !f.config.custom?.hideFrom?.legend)) {
+    for (const value of field.values) {
+      const shown = field.display(value);
+      if (shown.color) {
+        colours.set(shown.text, shown.color);
+      }
+    }
+  }
+  return [...colours].filter(([label]) => label.length > 0)
+    .map(([label, color]) => ({ label, color: theme.visualization.getColorByName(color), yAxis: 1 }));
+}
+
+/**
  * A state timeline's lanes: one per series, each a run of segments of equal value (mergeValues), a
- * segment ending where the next value starts or a null (Grafana's inserted gap) stops it.
+ * segment ending where the next value starts or a null (Grafana's inserted gap) stops it; a null the
+ * field's mappings name is a segment of its own.
  */
 function timelineLanes(frames, mergeValues) {
   const lanes = [];
   for (const frame of frames) {
     const time = frame.fields.find((f) => f.type === FieldType.time);
-    for (const field of frame.fields.filter((f) => f.type === FieldType.number)) {
+    for (const field of frame.fields.filter((f) => f.type !== FieldType.time)) {
+      const drawsNull = mapsNull(field);
       const segments = [];
       field.values.forEach((value, i) => {
         const last = segments[segments.length - 1];
         if (last && last.end === null) {
           last.end = time.values[i];
         }
-        if (value == null) {
+        if (value == null && !drawsNull) {
           return;
         }
         if (mergeValues && last && last.value === value && last.end === time.values[i]) {
@@ -167,24 +249,13 @@ function timelineLanes(frames, mergeValues) {
   return lanes;
 }
 
-export function StateTimelineViz({ panel, series, fieldConfig, width, height, theme, timeRange, record }) {
-  const frames = prepareGraphableFields(series, theme, timeRange);
-  const lanes = frames ? timelineLanes(frames, panel.options?.mergeValues ?? true).filter((l) => l.segments.length) : [];
-  if (!lanes.length) {
-    record.noData = true;
-    return <NoData width={width} height={height} fieldConfig={fieldConfig} />;
-  }
-  record.drawnBy = 'renderer lanes: colours and texts from @grafana/data display processor (no @grafana/ui state timeline)';
+function TimelineLanes({ lanes, panel, width, height, theme, timeRange }) {
   const from = timeRange.from.valueOf();
   const to = timeRange.to.valueOf();
   const labelWidth = Math.min(160, Math.floor(width / 4));
   const laneHeight = Math.max(8, Math.floor((height - 20) / lanes.length));
   const x = (t) => labelWidth + ((Math.min(t, to) - from) / (to - from)) * (width - labelWidth - 4);
   const opacity = (panel.fieldConfig?.defaults?.custom?.fillOpacity ?? 70) / 100;
-  record.lanes = lanes.map((lane) => {
-    const shown = lane.field.display(lane.segments[lane.segments.length - 1].value);
-    return { name: lane.name, last: formattedValueToString(shown), color: shown.color };
-  });
   return (
     <svg width={width} height={height}>
       {lanes.map((lane, row) => {
@@ -195,13 +266,45 @@ export function StateTimelineViz({ panel, series, fieldConfig, width, height, th
             {lane.segments.map((segment) => (
               <rect key={segment.start} x={x(segment.start)} y={y + 1}
                 width={Math.max(1, x(segment.end ?? to) - x(segment.start))}
-                height={laneHeight * (panel.options?.rowHeight ?? 0.9)} fill={lane.field.display(segment.value).color}
+                height={laneHeight * (panel.options?.rowHeight ?? 0.9)}
+                fill={lane.field.display(segment.value).color ?? FALLBACK_COLOR}
                 fillOpacity={opacity} />
             ))}
           </g>
         );
       })}
     </svg>
+  );
+}
+
+export function StateTimelineViz({ panel, series, fieldConfig, width, height, theme, timeRange, record }) {
+  const mergeValues = panel.options?.mergeValues ?? true;
+  const graphable = prepareGraphableFields(series, theme, timeRange);
+  const frames = graphable && graphable.map((frame) => (mergeValues
+    ? { ...frame, fields: frame.fields.map((f) => (f.type === FieldType.number ? mergedByThreshold(f, theme) : f)) }
+    : frame));
+  const lanes = frames ? timelineLanes(frames, mergeValues).filter((l) => l.segments.some((s) => s.value != null)) : [];
+  if (!lanes.length) {
+    record.noData = true;
+    return <NoData width={width} height={height} fieldConfig={fieldConfig} />;
+  }
+  record.drawnBy = 'renderer lanes: colours and texts from @grafana/data display processor (no @grafana/ui state timeline)';
+  record.lanes = lanes.map((lane) => {
+    const shown = lane.field.display(lane.segments.filter((s) => s.value != null).pop().value);
+    return { name: lane.name, last: formattedValueToString(shown), color: shown.color };
+  });
+  // TimelineChart's legend: VizLegend below (or beside) the lanes, in the panel's legend options.
+  const options = { showLegend: true, displayMode: 'list', placement: 'bottom', ...panel.options?.legend };
+  const items = timelineLegendItems(frames, options, theme);
+  const legend = items ? (
+    <VizLayout.Legend placement={options.placement}>
+      <VizLegend placement={options.placement} items={items} displayMode={options.displayMode} readonly />
+    </VizLayout.Legend>
+  ) : null;
+  return (
+    <VizLayout width={width} height={height} legend={legend}>
+      {(w, h) => <TimelineLanes lanes={lanes} panel={panel} width={w} height={h} theme={theme} timeRange={timeRange} />}
+    </VizLayout>
   );
 }
 

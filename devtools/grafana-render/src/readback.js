@@ -1,5 +1,5 @@
 // What each drawn panel displays, read back from the page: the table's rows in their displayed
-// order with each cell's text and background colour, the time series' legend rows, and the colour
+// order with each cell's text and background colour, the time series' and state timelines' legends, and the colour
 // names of Grafana's palette for every colour (so a check can say "red", not "#F2495C").
 
 /** Grafana's named colours (theme.visualization: "green", "dark-red", "super-light-blue", ...) by hex. */
@@ -47,22 +47,52 @@ function readTable(element, names) {
   };
 }
 
-/** VizLegend: the table legend's rows (name, colour and one text per calculation) or the list's items. */
+/** The first colour a legend item's series icon is painted in (SeriesIcon: a background). */
+function iconColour(item) {
+  for (const element of item.querySelectorAll('div, span')) {
+    const colour = hex(getComputedStyle(element).backgroundColor);
+    if (colour) {
+      return colour;
+    }
+  }
+  return null;
+}
+
+/** The boxes that clip what a legend shows: every element between it and the panel that does not let it overflow
+ * (VizLayout's legend scrolls in at most 35 % of the panel's height below the graph). */
+function clippingBoxes(element, legend) {
+  const boxes = [];
+  for (let box = legend.parentElement; box && box !== element.parentElement; box = box.parentElement) {
+    if (getComputedStyle(box).overflowY !== 'visible') {
+      boxes.push(box.getBoundingClientRect());
+    }
+  }
+  return boxes;
+}
+
+/**
+ * VizLegend: the table legend's rows (name, colour, one text per calculation, and whether the row is shown whole
+ * without scrolling) or the list's items (name and colour).
+ */
 function readLegend(element, names) {
   const table = element.querySelector('table');
   if (table) {
     const calcs = [...table.querySelectorAll('thead th')].map(text).slice(1);
+    const boxes = clippingBoxes(element, table);
+    const header = table.querySelector('thead')?.getBoundingClientRect();
     return [...table.querySelectorAll('tbody tr')].map((row) => {
       const cells = [...row.querySelectorAll('td')];
-      const icon = cells[0]?.querySelector('div[class*="SeriesIcon"], div');
+      const shown = row.getBoundingClientRect();
       return {
         name: text(cells[0]),
         values: Object.fromEntries(calcs.map((calc, i) => [calc, cells[i + 1] ? text(cells[i + 1]) : null])),
-        ...named(names, hex(icon && getComputedStyle(icon).backgroundColor)),
+        visible: shown.top >= (header?.bottom ?? shown.top) - 0.5
+          && boxes.every((box) => shown.top >= box.top - 0.5 && shown.bottom <= box.bottom + 0.5),
+        ...named(names, cells[0] && iconColour(cells[0])),
       };
     });
   }
-  return [...element.querySelectorAll('[aria-label^="VizLegend series"], li')].map((item) => ({ name: text(item) }));
+  return [...element.querySelectorAll('li')].map((item) => ({ name: text(item), ...named(names, iconColour(item)) }));
 }
 
 export function readBack(displayed, theme) {
@@ -85,7 +115,7 @@ export function readBack(displayed, theme) {
     }
     if (record.type === 'table') {
       Object.assign(record, readTable(element, names));
-    } else if (record.type === 'timeseries') {
+    } else if (record.type === 'timeseries' || record.type === 'state-timeline') {
       record.legend = readLegend(element, names);
     }
   }
