@@ -137,11 +137,13 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
         # than the load needs once it has drained; capped by it, a young queue (a step in the load) asks for one
         # replica a window. The backlog alone sizes it only where the flow cannot: the engine has no completion
         # count, or the model finished nothing in the window; while the flow is unknown for want of samples (a gap
-        # in the scrapes), nothing. Where no KV-bound queue stands through the window, what the preemption asks
-        # for (a standing queue is sized by its flow: the preemptions are then the queue's doing).
+        # in the scrapes), nothing. Where no KV-bound queue stood through this window or the one before, what the
+        # preemption asks for (a standing queue is sized by its flow, and the pools that drain it preempt: the
+        # queue's doing).
         {"record": "kvcache:fleet_replicas_short:count", "expr": (
             "(\n  kvcache:fleet_replicas_preempting:count\n"
-            f"  unless on ({group}, role) (kvcache:fleet_kv_short_tokens:sum > 0)\n)\n"
+            f"  unless on ({group}, role) (kvcache:fleet_kv_short_tokens:sum > 0)\n"
+            f"  unless on ({group}, role) (kvcache:fleet_kv_short_tokens:sum offset {w} > 0)\n)\n"
             f"or on ({group}, role)\n"
             f"(\n  (\n    {backlog_pools}\n    <= on ({group}, role)\n    kvcache:fleet_replicas_flow:count\n  )\n"
             f"  or on ({group}, role)\n"

@@ -110,6 +110,7 @@ class Fleet:
         self.total = total
         self.workload = workload
         self.discovery = discovery
+        self.prometheus: str | None = None  # its URL, in probe mode
         self.ready: dict[str, object] = {}  # name -> SimulatedEngine
         self.starting: dict[str, tuple[socket.socket, float]] = {}  # name -> (its refusing socket, when it answers)
         self.seed = 0
@@ -140,13 +141,22 @@ class Fleet:
         return bool(due)
 
     def remove(self) -> None:
-        """The newest ready replica goes: out of the configuration (poll mode), or out of discovery and then its
-        engine stops (probe mode, as a scaled-in pod leaves)."""
+        """The newest ready replica goes: out of the configuration (poll mode), or out of discovery (probe mode), its
+        engine answering until Prometheus has stopped probing it (docs/scaling.md: a scaled-in pod still discovered
+        whose engine refuses connections counts as starting)."""
         name = sorted(self.ready, key=lambda n: int(n.rsplit("-", 1)[1]))[-1]
         engine = self.ready.pop(name)
         self._split()
         self._configure()
+        if self.discovery is not None:
+            harness.wait_until(lambda: not self._probed(engine.port), timeout=3 * DISCOVERY_LAG,
+                               what=f"Prometheus to stop probing {name}")
         engine.stop()
+
+    def _probed(self, port: int) -> bool:
+        status, body = harness.http_get(f"{self.prometheus}/api/v1/targets?state=active")
+        return status != 200 or any(t["labels"].get("instance") == f"127.0.0.1:{port}"
+                                    for t in json.loads(body)["data"]["activeTargets"])
 
     def crash(self, now: float, down: float) -> None:
         """The newest ready replica's engine dies and comes back `down` later on the same address, still configured:
@@ -248,7 +258,7 @@ def autoscale(tmp, model: str, initial: int, load, deadline: float, settled, cra
                 harness.prometheus(tmp / "prom", probe_config(rules, discovery, exporter.url) if probe else
                                    prometheus_config(rules, None, [int(exporter.url.rsplit(":", 1)[1])], INTERVAL)
                                    ) as prom:
-            fleet.exporter = None if probe else exporter
+            fleet.exporter, fleet.prometheus = (None if probe else exporter), prom.url
             started, unix_started = time.monotonic(), time.time()
             readings: list[tuple[float, int, int, float | None]] = []
             actions: list[tuple[float, str]] = []
@@ -469,7 +479,8 @@ def test_scale_in_follows_the_fleet_back_down(step):
     # each removal nothing of the model is starting.
     removed = [t for t, what in step["actions"] if what == "remove"]
     after = [(t, starting) for t, starting, _ in step["deltas"] if any(at + 2.5 < t < at + SCALE_DOWN_WINDOW for at in removed)]
-    assert after and all(starting in (None, 0) for _, starting in after), after
+    assert after and all(starting in (None, 0) for _, starting in after), (removed, [
+        (t, starting) for t, starting in after if starting not in (None, 0)])
     print("scale-in", figures(step, DOWN_AT, NEEDED))
 
 
@@ -556,8 +567,8 @@ PROBE_LOW_RATE = 3.4
 PROBE_DOWN_AT = 25.0
 # Prometheus applies a discovery change to its scrape targets at most every 5 s (its discovery manager's update
 # period), on any clock: a new pod is first probed up to 5 wall seconds (100 simulated) after it appears, and one
-# scaled in is probed, refusing, until then. A new pod loads for 160 simulated seconds (a pod loads its weights for
-# minutes); a removed one stops counting within DISCOVERY_LAG.
+# scaled in is probed until then (Fleet.remove keeps its engine answering). A new pod loads for 160 simulated
+# seconds (a pod loads its weights for minutes); a removed one stops counting within DISCOVERY_LAG.
 PROBE_STARTUP = 8.0
 DISCOVERY_LAG = 7.0  # the update period, a scrape and a rule evaluation
 
