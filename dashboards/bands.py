@@ -38,6 +38,11 @@ def preemption_rate(t: Thresholds, per_seconds: float = 1.0) -> Steps:
     )
 
 
+def preempted_share(t: Thresholds) -> Steps:
+    """Preemptions as a share of completions: red where the autoscaling signal counts them as demand."""
+    return ((None, "green"), (t.preemption_demand_share, "red"))
+
+
 def queue_share(t: Thresholds) -> Steps:
     """Share of TTFT spent queueing: red where KVCacheQueueDominatesTTFT would fire."""
     return ((None, "green"), (t.queue_share_of_ttft, "red"))

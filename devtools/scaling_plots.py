@@ -41,6 +41,8 @@ FLEETS = {
     "step": "A step from 3 to 5 replicas' load, and back: scale-out whole, scale-in one a window",
     "ramp": "A ramp from 3 to 5 replicas' load over 5 minutes",
     "spike": "A 20-second spike that ends, then a replica that crashes and restarts: nothing added",
+    "preempting": "Preemption without a standing queue: 2 replicas whose running requests outgrow their pools",
+    "probed": "Probe mode: a loading replica counts as starting by its probe's model",
 }
 
 

@@ -72,6 +72,13 @@ class Thresholds:
     # the queue's growth it is sure of: the growth over the window less this many standard deviations of the
     # Poisson arrival count over it (the square root of the window's completions); 1.645: a one-sided 95% bound.
     flow_confidence_sigmas: float = 1.645
+    # Autoscaling: preemption is demand (where no KV-bound queue stands through the window) when the model's
+    # preemptions over the window are at least this share of its completions, in each of the last two windows (one
+    # burst shows in one). Each preemption recomputes a request: the share is the part of the requests done again.
+    # 0.25: in the closed loop (tests/e2e/test_fleet_scaling.py) pools kept full by a load they serve preempted up to
+    # 0.10 of their completions (5 replicas at 12.6 requests a second: 0.27 a second each, 13 times the thrashing
+    # rate), pools whose running requests outgrow them 0.79; a quarter sits 2.5 times above the one, 3 below the other.
+    preemption_demand_share: float = 0.25
     # KVCacheShortageQueueing pages (critical) only on user impact: besides a KV-bound queue held for `shortage_for`,
     # the queue grows over the window, or the mean time to first token over the window exceeds this many seconds.
     # 2 s: MLPerf Inference's bound on the first token for its llama2-70b server scenario; a chat user waiting

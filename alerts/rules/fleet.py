@@ -90,6 +90,13 @@ def capacity_rules(t: Thresholds, group: str) -> list[dict]:
     ]
 
 
+def held_at_low_water(t: Thresholds, indent: str = "") -> str:
+    """The replicas that hold the ready pools' used KV at the low-water mark (kvcache:fleet_used_tokens:sum:
+    averaged over the window, as a pool's usage moves with each request's arrival and end)."""
+    return (f"ceil(\n{indent}  kvcache:fleet_used_tokens:sum\n"
+            f"{indent}  / (kvcache:fleet_replica_capacity_tokens:avg * {number(t.low_water_ratio)})\n{indent})")
+
+
 def flow_rules(t: Thresholds, group: str) -> list[dict]:
     """The replicas the model's flow of requests needs, and those its KV shortage needs."""
     by = f"by ({group}, role)"
@@ -97,6 +104,8 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
     backlog_pools = "ceil(kvcache:fleet_kv_short_tokens:sum / kvcache:fleet_replica_capacity_tokens:avg)"
     sure_growth = ("kvcache:fleet_requests_waiting:deriv\n"
                    f"    - {number(t.flow_confidence_sigmas)} * sqrt(kvcache:fleet_requests_finished:rate / {number(t.window_seconds)})")
+    share = number(t.preemption_demand_share)
+    held = held_at_low_water(t, "  ")
     return [
         # The flow: requests the model finishes a second, and how fast its queue grows (the arrivals beyond them).
         {"record": "kvcache:fleet_requests_finished:rate", "expr": (
@@ -118,14 +127,34 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
             "    / (kvcache:fleet_requests_finished:rate > 0)\n  ) + 1\n"
             f"  and\n  ({sure_growth}) >= 0\n)\n"
             "or\n0 * (kvcache:fleet_requests_finished:rate > 0)")},
+        # The share of the model's completions over the window that were preempted (vLLM) or retracted (SGLang):
+        # each is a request computed again, so the share is the part of the work done twice.
+        {"record": "kvcache:fleet_requests_preempted:ratio", "expr": (
+            f"sum {by} (rate(kvcache_preemptions_total[{w}]))\n/ (kvcache:fleet_requests_finished:rate > 0)")},
+        # Replicas the preemption asks for, where the share is at least `preemption_demand_share` in each of the
+        # last two windows (one burst shows in one): those that hold the ready pools' used KV (averaged over the
+        # window) at the low-water mark beyond the ready ones, at least one. The scale-in's own arithmetic, so that
+        # what preemption asks for is not given back. A pool kept full by the load it serves preempts now and then
+        # and redoes a few percent of its requests; running requests that do not fit redo far more, whether or not
+        # a queue stands between polls.
+        {"record": "kvcache:fleet_replicas_preempting:count", "expr": (
+            f"clamp_min(\n  {held}\n  - kvcache:fleet_replicas_ready:count,\n  1\n)\n"
+            f"and on ({group}, role) (kvcache:fleet_requests_preempted:ratio >= {share})\n"
+            f"and on ({group}, role) (kvcache:fleet_requests_preempted:ratio offset {w} >= {share})")},
         # Replicas the KV shortage needs: the backlog's size in pools (what would hold today's queue at once), no
         # more than the flow needs; and where there is a backlog, whatever its size, what the flow is sure of. Sized
         # by the backlog alone, a queue that built up while replicas started asks for replicas to run all of it at once: far more
         # than the load needs once it has drained; capped by it, a young queue (a step in the load) asks for one
         # replica a window. The backlog alone sizes it only where the flow cannot: the engine has no completion
         # count, or the model finished nothing in the window; while the flow is unknown for want of samples (a gap
-        # in the scrapes), nothing.
+        # in the scrapes), nothing. Where no KV-bound queue stood through this window or the one before, what the
+        # preemption asks for (a standing queue is sized by its flow, and the pools that drain it preempt: the
+        # queue's doing).
         {"record": "kvcache:fleet_replicas_short:count", "expr": (
+            "(\n  kvcache:fleet_replicas_preempting:count\n"
+            f"  unless on ({group}, role) (kvcache:fleet_kv_short_tokens:sum > 0)\n"
+            f"  unless on ({group}, role) (kvcache:fleet_kv_short_tokens:sum offset {w} > 0)\n)\n"
+            f"or on ({group}, role)\n"
             f"(\n  (\n    {backlog_pools}\n    <= on ({group}, role)\n    kvcache:fleet_replicas_flow:count\n  )\n"
             f"  or on ({group}, role)\n"
             f"  (kvcache:fleet_replicas_flow:count and on ({group}, role) kvcache:fleet_kv_short_tokens:sum)\n"
@@ -139,7 +168,6 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
             f"or on ({group}, role)\n"
             f"(\n  {backlog_pools}\n"
             f"  unless on ({group}, role) group {by} (kvcache_e2e_request_latency_seconds_count)\n)")},
-        # Ready replicas that were not a window ago (new, or back from a restart): the window's queue and
     ]
 
 
@@ -148,6 +176,7 @@ def scaling_rules(t: Thresholds, group: str) -> list[dict]:
     by = f"by ({group}, role)"
     w = format_duration(t.window_seconds)
     return [
+        # Ready replicas that were not a window ago (new, or back from a restart): the window's queue and
         # completions do not show what they serve yet.
         {"record": "kvcache:fleet_replicas_joined:count", "expr": (
             f"count {by} (\n  group without (dp_rank) (kvcache_capacity_tokens)\n"
@@ -165,8 +194,7 @@ def scaling_rules(t: Thresholds, group: str) -> list[dict]:
             "      - kvcache:fleet_replicas_joined:count\n    )\n"
             "    or\n    kvcache:fleet_replicas_short:count - kvcache:fleet_replicas_joined:count,\n"
             "    0\n  ) > 0\n)\nor\n(\n  0 - clamp_min(\n    kvcache:fleet_replicas_ready:count\n    - clamp_min(\n"
-            f"      ceil(\n        kvcache:fleet_used_tokens:sum\n"
-            f"        / (kvcache:fleet_replica_capacity_tokens:avg * {number(t.low_water_ratio)})\n      ),\n"
+            f"      {held_at_low_water(t, '      ')},\n"
             "      1\n    ),\n    0\n  )\n"
             f"  and on ({group}, role) (\n"
             f"    sum {by} (avg_over_time(kvcache_requests_waiting[{w}])) < kvcache:fleet_replicas_ready:count\n  )\n)\n"

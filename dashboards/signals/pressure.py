@@ -9,7 +9,8 @@ from kvcache_exporter.units import format_duration
 from kvcache_exporter.dashboards import bands, promql
 from kvcache_exporter.dashboards.panels import (Query, describe, no_value_without_source, range_names, stat,
                                                 state_timeline, timeseries, value_names, without_source)
-from kvcache_exporter.dashboards.view import PER_TARGET, PREEMPTIONS_PER_MINUTE, PREEMPTIONS_PER_SECOND, REQUESTS, TARGETS, View, percent
+from kvcache_exporter.dashboards.view import (PER_TARGET, PREEMPTIONS_PER_MINUTE, PREEMPTIONS_PER_SECOND, RATIO,
+                                              REQUESTS, TARGETS, View, legend_of, percent)
 
 
 def state_names():
@@ -209,5 +210,27 @@ def preemption_rate(v: View):
         [Query(promql.rate(v.scope, "kvcache_preemptions_total", v.split), v.line())],
         bands.preemption_rate(t),
         v.drill_down,
+        no_value=no_value_without_source("preemptions_total"),
+    )
+
+
+def preempted_share(v: View):
+    t = v.thresholds
+    by = (v.pd_group, "role")
+    return timeseries(
+        "Preempted share of completions",
+        describe(
+            f"Per model ({v.pd_group}) and role: requests preempted (vLLM) or retracted (SGLang) over the requests "
+            "finished. Each one is computed again: the share is the part of the work done twice. The autoscaling "
+            "signal reads it over its own window (kvcache:fleet_requests_preempted:ratio)."
+            + without_source("preemptions_total"),
+            f"from {percent(t.preemption_demand_share)} in two windows running, where no KV-bound queue stands, the "
+            "autoscaling signal asks for that share of the ready replicas (docs/scaling.md): the running requests do "
+            "not fit. Below it, a full pool that preempts now and then.",
+        ),
+        RATIO,
+        [Query(promql.rate_ratio(v.scope, "kvcache_preemptions_total", "kvcache_e2e_request_latency_seconds_count",
+                                 by), legend_of(by))],
+        bands.preempted_share(t),
         no_value=no_value_without_source("preemptions_total"),
     )

@@ -2,13 +2,9 @@
 generated scrape configuration, two exporter replicas with the generated configuration, and
 engine pages standing in for engine pods.
 
-Debian's Prometheus and promtool are built without Kubernetes service discovery (promtool rejects
-`kubernetes_sd_configs` as an unknown field). The test therefore swaps only the discovery for
-file_sd, which hands Prometheus the same `__meta_kubernetes_pod_*` labels that pod discovery
-would, and maps the replicas' cluster DNS names to the loopback replicas with relabel rules
-appended after the generated ones; the generated relabel rules run unchanged. The Kubernetes
-discovery block itself is checked against the Prometheus Operator's schema in test_kubernetes.py
-(the two configurations are asserted equal there).
+The discovery is file_sd handing Prometheus what pod discovery would (devtools/probe_discovery.py); the
+generated relabel rules run unchanged. The Kubernetes discovery block itself is checked against the
+Prometheus Operator's schema in test_kubernetes.py (the two configurations are asserted equal there).
 """
 
 from __future__ import annotations
@@ -30,38 +26,13 @@ from deploy.kubernetes.deployment import METRICS_PATH_ANNOTATION, MODEL_ANNOTATI
 from devtools import harness
 from devtools.harness import REPO
 from devtools.harness import PageServer, hang_before_headers, page
+from devtools.probe_discovery import job, plain_config, with_file_discovery
 
 KUBERNETES = REPO / "deploy" / "kubernetes"
-PLAIN_CONFIG = KUBERNETES / "prometheus" / "kvcache-scrape-configs.yml"
 EXPORTER_CONFIG = KUBERNETES / "base" / "exporter.yml"
 FIXTURES = harness.FIXTURES
 GIE_LABEL, LLMD_LABEL = "inference.networking.k8s.io/engine-type", "llm-d.ai/engine-type"
 MAX_ENGINE_PODS = 24  # bounded: pods are added until both replicas have an engine to probe
-
-
-def plain_config() -> dict:
-    return yaml.safe_load(PLAIN_CONFIG.read_text())
-
-
-def job(config: dict, name: str) -> dict:
-    [found] = [j for j in config["scrape_configs"] if j["job_name"] == name]
-    return found
-
-
-def with_file_discovery(config: dict, targets_file: Path, replica_urls: list[str]) -> dict:
-    """The generated configuration with file_sd instead of Kubernetes discovery, and each replica's
-    cluster DNS name mapped to a loopback address (appended after the generated rules)."""
-    config = json.loads(json.dumps(config))
-    deployment = Deployment()
-    to_loopback = [{"source_labels": ["__address__"], "regex": re.escape(deployment.replica_address(i)),
-                    "target_label": "__address__", "replacement": urllib.parse.urlsplit(url).netloc}
-                   for i, url in enumerate(replica_urls)]
-    probe_job = job(config, probe.PROBE_JOB)
-    del probe_job["kubernetes_sd_configs"]
-    probe_job["file_sd_configs"] = [{"files": [str(targets_file)], "refresh_interval": "1s"}]
-    probe_job["relabel_configs"] += to_loopback
-    job(config, probe.SELF_JOB)["relabel_configs"] = to_loopback
-    return config
 
 
 def test_plain_scrape_config_passes_promtool(tmp_path):

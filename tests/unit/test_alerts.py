@@ -167,7 +167,8 @@ def test_compress_knows_every_threshold():
     assert unchanged == {"high_water_ratio", "low_water_ratio", "prefix_hit_drop_fraction", "queue_share_of_ttft",
                          "capacity_miss_share", "offload_load_max_seconds_per_token", "kv_transfer_failure_ratio",
                          "kv_transfer_link_bytes_per_second", "kv_transfer_bandwidth_low_fraction",
-                         "routing_imbalance_share", "routing_loss_share", "flow_confidence_sigmas"}
+                         "routing_imbalance_share", "routing_loss_share", "flow_confidence_sigmas",
+                         "preemption_demand_share"}
     assert compressed.shortage_for == "30s" and compressed.window_seconds == 15
     assert compressed.thrashing_preemptions_per_second == pytest.approx(0.08)
     with pytest.raises(ValueError):
