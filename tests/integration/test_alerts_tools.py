@@ -37,11 +37,12 @@ def test_promtool_check_rules_passes(tmp_path, variant):
     result = run(require_binary("promtool"), "check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
     # 13 recording rules, 10 for what more KV would buy (2, then 2 per factor), 9 for disaggregated prefill/decode
-    # (with the share of transfers reported faster than the link), 22 for the replicas of a model (imbalance and
-    # autoscaling, with the flow's confident count and the used KV less what prefill holds for export), 5 for routing across replicas (recomputed and stored rates,
+    # (with the share of transfers reported faster than the link), 24 for the replicas of a model (imbalance and
+    # autoscaling, with the flow's confident count, the used KV less what prefill holds for export and the
+    # preempted share of completions with its ask), 5 for routing across replicas (recomputed and stored rates,
     # their share, the fleet's hit ratio and with perfect affinity), 22 alerting (the shortage and the storm twice,
     # KVCacheAdmissionStalled and KVCacheRoutingLoss)
-    assert "SUCCESS: 81 rules found" in result.stdout
+    assert "SUCCESS: 83 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass():

@@ -30,7 +30,7 @@ DRAWN = {"high_water_ratio", "low_water_ratio", "thrashing_preemptions_per_secon
          "capacity_miss_share", "queue_share_of_ttft", "nearly_full_horizon_seconds",
          "offload_load_max_seconds_per_token", "kv_transfer_failure_ratio", "kv_transfer_link_bytes_per_second",
          "kv_transfer_bandwidth_low_fraction", "shortage_critical_ttft_seconds", "window_seconds",
-         "routing_loss_share"}
+         "routing_loss_share", "preemption_demand_share"}
 # Read by the exporter alone (it decides the pressure state `thrashing`, which the rules read as a state).
 EXPORTER_ONLY = {"thrashing_preemptions_per_second"}
 
