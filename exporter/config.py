@@ -16,7 +16,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 from urllib.parse import urlsplit
 
 import yaml
@@ -428,10 +428,19 @@ def _boolean(value: Any) -> bool:
     return value
 
 
-def _credential_file(value: Any) -> str:
+def _beside(source: str, convert: Callable[[str], Any] = _string) -> Callable[[Any], Any]:
+    """A file path, as `convert` takes it, where a relative path is taken from the configuration file's
+    directory as Prometheus takes its own: the same file whatever directory the exporter starts in."""
+    def resolved(value: Any) -> Any:
+        path = _string(value)
+        return convert(path if os.path.isabs(path) else os.path.join(os.path.dirname(source), path))
+    return resolved
+
+
+def _credential_file(path: str) -> str:
     """The path of a bearer token's or a password's file that can be read and sent as it is."""
-    read_credential(_string(value))
-    return value
+    read_credential(path)
+    return path
 
 
 def _basic_auth(source: str, section: Any, key: str, read_files: bool) -> tuple[str | None, str | None]:
@@ -443,7 +452,7 @@ def _basic_auth(source: str, section: Any, key: str, read_files: bool) -> tuple[
                                                           "put the password in a file and set password_file")
     reader.reject_unknown({"username", "password_file"})
     username = reader.get("username", _string)
-    password_file = reader.get("password_file", _credential_file if read_files else _string)
+    password_file = reader.get("password_file", _beside(source, _credential_file if read_files else _string))
     if username is None or password_file is None:
         raise ConfigError(source, key, "needs both username and password_file")
     return username, password_file
@@ -466,11 +475,11 @@ def _target(source: str, item: Any, path: str, read_files: bool) -> TargetConfig
         url=url,
         engine=reader.get("engine", _engine, "auto"),
         labels=reader.get("labels", _labels, {}),
-        bearer_token_file=reader.get("bearer_token_file", _credential_file if read_files else _string),
+        bearer_token_file=reader.get("bearer_token_file", _beside(source, _credential_file if read_files else _string)),
         basic_auth_username=username,
         basic_auth_password_file=password_file,
-        ca_file=reader.get("ca_file", _string),
-        ca_pem=reader.get("ca_file", read_certificates) if read_files else None,
+        ca_file=reader.get("ca_file", _beside(source)),
+        ca_pem=reader.get("ca_file", _beside(source, read_certificates)) if read_files else None,
         tls_insecure_skip_verify=reader.get("tls_insecure_skip_verify", _boolean, False),
         kv_layout=_kv_layout(source, reader.mapping.get("model_architecture"), reader.key("model_architecture")),
         kv_events=_kv_events(source, reader.mapping.get("kv_events"), reader.key("kv_events")),

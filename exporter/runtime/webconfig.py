@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
 import ssl
 import threading
@@ -152,10 +153,12 @@ def _tls_context(path: str, section: Any) -> ssl.SSLContext:
 
 
 def _file(path: str, section: dict, key: str, read: Callable[[str], str]) -> tuple[str, str]:
-    """(the file path under `key`, its text as `read` checks it: a reader of sources.fetch)."""
+    """(the file path under `key`, its text as `read` checks it: a reader of sources.fetch). A relative path is
+    taken from the web configuration file's directory, as the Prometheus exporters' web configuration does."""
     value = section.get(key)
     if not isinstance(value, str) or not value:
         raise ConfigError(path, f"tls_server_config.{key}", f"is required: a file path, got {value!r}")
+    value = os.path.join(os.path.dirname(path), value)  # an absolute value stays as it is
     try:
         return value, read(value)
     except FileProblem as err:

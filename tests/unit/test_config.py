@@ -11,6 +11,7 @@ from devtools import harness
 from kvcache_exporter import config as cfg
 from kvcache_exporter import contract
 from kvcache_exporter.commands import serve
+from kvcache_exporter.runtime import webconfig
 
 
 def write(tmp_path, text: str):
@@ -52,6 +53,37 @@ def test_full_file(tmp_path):
     assert (second.name, second.engine, second.labels) == ("sg-0", "sglang", {"pool": "chat"})
     assert (second.bearer_token_file, second.ca_file) == (str(tmp_path / "token"), str(certs.ca))
     assert second.ca_pem == certs.ca.read_text()  # read once, at load: the fetcher never opens the file
+
+
+def test_relative_file_paths_are_taken_from_the_configuration_files_directory(tmp_path, monkeypatch):
+    """As Prometheus reads its own file paths: the same files whatever directory the exporter starts in."""
+    here = tmp_path / "etc"
+    here.mkdir()
+    certs = harness.make_certs(here)
+    (here / "token").write_text("s3cret\n")
+    (here / "password").write_text("pa55\n")
+    path = write(here, f"""
+        targets:
+          - url: https://10.0.0.2:30000/metrics
+            bearer_token_file: token
+            ca_file: {certs.ca.name}
+          - url: http://10.0.0.3:30000/metrics
+            basic_auth: {{username: u, password_file: password}}
+    """)
+    (here / "web.yml").write_text(f"tls_server_config: {{cert_file: {certs.server_cert.name}, "
+                                  f"key_file: {certs.server_key.name}}}\n")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    token, password = load(["--config", str(path)]).targets
+    assert (token.bearer_token_file, token.ca_file) == (str(here / "token"), str(certs.ca))
+    assert token.ca_pem == certs.ca.read_text()
+    assert password.basic_auth_password_file == str(here / "password")
+    assert isinstance(webconfig.load(str(here / "web.yml")), webconfig.WebConfig)
+    (here / "token").unlink()  # and a relative path is not looked for in the working directory
+    (elsewhere / "token").write_text("other\n")
+    with pytest.raises(cfg.ConfigError, match=f"targets\\[0\\].bearer_token_file: .*{here / 'token'}"):
+        load(["--config", str(path)])
 
 
 def test_model_architecture_gives_bytes_per_token(tmp_path):
