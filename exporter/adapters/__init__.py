@@ -8,7 +8,7 @@ import importlib
 import pkgutil
 import re
 
-from .base import DEFAULT_KEPT, Adapter, KeptBounds, kept_bounds
+from .base import ADAPTER, DEFAULT_KEPT, Adapter, KeptBounds, kept_bounds
 
 
 def _discover() -> dict[str, Adapter]:
