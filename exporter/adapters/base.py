@@ -100,9 +100,10 @@ def reference_collapse(samples: list[Sample], cache: dict, slice_of, series: Ser
 
 
 def reference_fold_histogram(parts: tuple, caches: tuple, copy_of, series: Series,
-                             kept: frozenset[float] | None) -> dict[str, list]:
+                             kept: frozenset[float] | None) -> dict[str, tuple]:
     """Adapter._adapt_histogram's loop over a histogram's samples (`parts`: its _bucket, _sum and _count samples):
-    rank -> [buckets {bound: cumulative}, sum, count], summed over the breakdown slices of one whole copy each.
+    rank -> (buckets [(bound, cumulative)] ascending, sum, count), summed over the breakdown slices of one whole copy
+    each, bounds and sum in the contract's unit.
     `caches` (one per part) hold a label text's (slice, copy, bound) (`copy_of` where they have none yet).
     `fold_histogram` is this, or the compiled one (cfold.pyx) where it was built."""
     # (rank, slice) -> copy -> [buckets {bound: cumulative}, sum, count]
@@ -131,7 +132,8 @@ def reference_fold_histogram(parts: tuple, caches: tuple, copy_of, series: Serie
             into[0][bound] = into[0].get(bound, 0.0) + cumulative
         into[1] += total
         into[2] += buckets[math.inf] if count is None else count
-    return totals
+    return {rank_name: ([(_scaled(bound, series.scale), cumulative) for bound, cumulative in sorted(buckets.items())],
+                        _scaled(total, series.scale), count) for rank_name, (buckets, total, count) in totals.items()}
 # Distinct label sets remembered per series; a fleet serving one model shares most of them.
 _SLICE_CACHE_LIMIT = 50_000
 
@@ -307,12 +309,10 @@ class Adapter:
                 cache = self._slices[cache_key] = {}
             caches.append(cache)
         parts = tuple(samples.get(name + suffix, ()) for suffix in HISTOGRAM_SUFFIXES)
-        totals = fold_histogram(parts, tuple(caches), self._copy_of, series, kept)
         made = {}
-        for rank_name, (buckets, total, count) in totals.items():
-            pairs = [(_scaled(bound, series.scale), cumulative) for bound, cumulative in sorted(buckets.items())]
-            made[rank_name] = rank(rank_name).histograms[series.concept] = Histogram(
-                pairs, _scaled(total, series.scale), count)
+        for rank_name, (buckets, total, count) in fold_histogram(parts, tuple(caches), self._copy_of, series,
+                                                                 kept).items():
+            made[rank_name] = rank(rank_name).histograms[series.concept] = Histogram(buckets, total, count)
         if memo is not None:
             memo[id(series)] = read, made
 

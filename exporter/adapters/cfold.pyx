@@ -49,6 +49,16 @@ cdef inline object _add(object total, object value):
     return total + value
 
 
+cdef object _scaled(object value, object scale):
+    """base._scaled: `value` in the contract's unit (a fraction divides by its inverse)."""
+    cdef double v, s
+    if PyFloat_CheckExact(value) and (PyFloat_CheckExact(scale) or type(scale) is int) and scale > 0:
+        v = PyFloat_AS_DOUBLE(value)
+        s = scale  # an int converted as Python's float arithmetic converts it
+        return v / (1.0 / s) if s < 1 else v * s
+    return value / (1 / scale) if scale < 1 else value * scale
+
+
 cdef inline object _cached(dict cache, object label_text):
     """The cache's entry for a label text, or NULL-as-Ellipsis where it has none (None is an entry: rejected)."""
     cdef PyObject *found = PyDict_GetItem(cache, label_text)
@@ -156,4 +166,10 @@ def fold_histogram(tuple parts, tuple caches, copy_of, series, kept):
             into_buckets[<object>ck] = _add(0.0 if found == NULL else <object>found, <object>cv)
         into[1] = _add(into[1], best[1])
         into[2] = _add(into[2], buckets[_INF] if best[2] is None else best[2])
+    scale = series.scale
+    pos = 0
+    while PyDict_Next(totals, &pos, &k, &v):
+        into = <list>v
+        totals[<object>k] = ([(_scaled(bound, scale), cumulative) for bound, cumulative in sorted(into[0].items())],
+                             _scaled(into[1], scale), into[2])
     return totals

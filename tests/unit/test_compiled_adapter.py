@@ -181,7 +181,7 @@ def test_a_generated_histogram_folds_to_the_arithmetic():
                   for number in range(3))
     # priority 0: copy 0 (buckets 1, 2; sum 0.75; no count: the +Inf bucket's 2); priority 1: copy 0 (NaN, 4;
     # 1.25; count 4). Copy 2 of priority 1 lacks +Inf, copy 1 of priority 0 sorts after copy 0.
-    expected = {"0": [{0.5: math.nan, math.inf: 6.0}, 2.0, 6.0]}
+    expected = {"0": ([(0.5, math.nan), (math.inf, 6.0)], 2.0, 6.0)}
     for fold in (cfold.fold_histogram, base.reference_fold_histogram):
         assert repr(fold(parts, ({}, {}, {}), VLLM._copy_of, TTFT, None)) == repr(expected)
 
