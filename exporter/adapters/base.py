@@ -354,10 +354,9 @@ class Adapter:
 # The compiled loops (cfold.pyx, issue #48) where the install could build them; ADAPTER says which run
 # (kvcache_exporter_build_info).
 try:
-    from . import cfold
+    from .cfold import collapse, fold_histogram
 except ImportError:  # no C compiler at install
     ADAPTER = "python"
     collapse, fold_histogram = reference_collapse, reference_fold_histogram
 else:
     ADAPTER = "cython"
-    collapse, fold_histogram = cfold.collapse, cfold.fold_histogram
