@@ -77,6 +77,8 @@ def _scaled(value: float, scale: float) -> float:
 
 
 _UNSEEN = object()
+# Distinct label sets remembered per series; a fleet serving one model shares most of them.
+_SLICE_CACHE_LIMIT = 50_000
 
 
 def reference_collapse(samples: list[Sample], cache: dict, slice_of, series: Series) -> dict:
@@ -103,9 +105,9 @@ def reference_fold_histogram(parts: tuple, caches: tuple, copy_of, series: Serie
                              kept: frozenset[float] | None) -> dict[str, tuple]:
     """Adapter._adapt_histogram's loop over a histogram's samples (`parts`: its _bucket, _sum and _count samples):
     rank -> (buckets [(bound, cumulative)] ascending, sum, count), summed over the breakdown slices of one whole copy
-    each, bounds and sum in the contract's unit.
-    `caches` (one per part) hold a label text's (slice, copy, bound) (`copy_of` where they have none yet).
-    `fold_histogram` is this, or the compiled one (cfold.pyx) where it was built."""
+    each, bounds and sum in the contract's unit. `caches` (one per part) hold a label text's (slice, copy, bound)
+    (`copy_of` where they have none yet). `fold_histogram` is this, or the compiled one (cfold.pyx) where it was
+    built."""
     # (rank, slice) -> copy -> [buckets {bound: cumulative}, sum, count]
     copies: dict[tuple, dict[tuple, list]] = {}
     for part, (samples, cache) in enumerate(zip(parts, caches)):
@@ -134,8 +136,8 @@ def reference_fold_histogram(parts: tuple, caches: tuple, copy_of, series: Serie
         into[2] += buckets[math.inf] if count is None else count
     return {rank_name: ([(_scaled(bound, series.scale), cumulative) for bound, cumulative in sorted(buckets.items())],
                         _scaled(total, series.scale), count) for rank_name, (buckets, total, count) in totals.items()}
-# Distinct label sets remembered per series; a fleet serving one model shares most of them.
-_SLICE_CACHE_LIMIT = 50_000
+
+
 
 
 class Adapter:
@@ -302,8 +304,8 @@ class Adapter:
                     rank(rank_name).histograms[series.concept] = histogram
                 return
         caches = []
-        for suffix, part in (("_bucket", 0), ("_sum", 1), ("_count", 2)):
-            cache_key = (id(series), suffix, kept if part == 0 else None)
+        for suffix in HISTOGRAM_SUFFIXES:
+            cache_key = (id(series), suffix, kept if suffix == "_bucket" else None)
             cache = self._slices.get(cache_key)
             if cache is None or len(cache) >= _SLICE_CACHE_LIMIT:
                 cache = self._slices[cache_key] = {}
