@@ -9,8 +9,7 @@ sample built by hand), the comparison and the sum are Python's own. The differen
 fixture page, every input the fuzzer kept and generated histograms.
 """
 
-cimport cython
-from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem
+from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_ITEM
