@@ -5,7 +5,8 @@
 
 # Build stage: install the package into a virtualenv that the runtime stage copies whole,
 # so no compiler, pip cache or source tree reaches the final image. The full (not slim) image
-# has the C compiler that builds the compiled page reader (exporter/sources/cparser.pyx).
+# has the C compiler that builds the compiled page reader and fold (exporter/sources/cparser.pyx,
+# exporter/adapters/cfold.pyx).
 FROM python:3.13.11-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1

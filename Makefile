@@ -57,19 +57,20 @@ $(PY):
 	@$(PYTHON) -m venv $(VENV) \
 		|| { rm -rf $(VENV); echo "$(PYTHON) -m venv failed: on Debian or Ubuntu, apt install python3-venv" >&2; exit 1; }
 
-# Stamps: pip runs again only when pyproject.toml, the compiled reader or this file changes (the install is
-# editable; a changed cparser.pyx must be compiled again). The install carries the `top` extra (rich), so that
+# Stamps: pip runs again only when pyproject.toml, a compiled module's source or this file changes (the install is
+# editable; a changed .pyx must be compiled again). The install carries the `top` extra (rich), so that
 # `kvcache-exporter top` runs from the venv after `make demo`; the image and a bare `pip install` stay without it.
-$(VENV)/.installed: pyproject.toml exporter/sources/cparser.pyx Makefile | $(PY)
+COMPILED := exporter/sources/cparser.pyx exporter/adapters/cfold.pyx
+$(VENV)/.installed: pyproject.toml $(COMPILED) Makefile | $(PY)
 	$(PY) -m pip install -q -e '.[top]'
 	@touch $@
 
-$(VENV)/.installed-test: pyproject.toml exporter/sources/cparser.pyx | $(PY)
+$(VENV)/.installed-test: pyproject.toml $(COMPILED) | $(PY)
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@ $(VENV)/.installed $(VENV)/.installed-dashboards
 
 # The dashboards' generator (grafana-foundation-sdk), which the test extra carries too.
-$(VENV)/.installed-dashboards: pyproject.toml exporter/sources/cparser.pyx | $(PY)
+$(VENV)/.installed-dashboards: pyproject.toml $(COMPILED) | $(PY)
 	$(PY) -m pip install -q -e '.[dashboards]'
 	@touch $@
 

@@ -1,6 +1,6 @@
 """What reading one engine page costs the exporter, step by step: detection, parse, adapt, derive, render.
 
-    python -m bench.reading [--pages sglang-tp2-at-rest,vllm-v1-58k-at-rest] [--targets 2000]
+    python -m bench.reading [--pages sglang-tp2-at-rest,vllm-v1-58k-at-rest] [--targets 2000] [--reference-fold]
 
 Per page (bench/pages.py): each step's CPU per poll, the best of 5 runs of 500 reads of the same
 page (warm caches); then whole reads over --targets targets in turn, each target with its own
@@ -12,9 +12,12 @@ page) is measured by path `replay` of bench.paths; docs/performance.md puts the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import sys
 import time
+
+from devtools import harness
 
 from kvcache_exporter import adapters, derive, exposition
 from kvcache_exporter.contract import FAILURE_REASONS
@@ -128,7 +131,14 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.reading", description=__doc__.split("\n\n")[0])
     p.add_argument("--pages", default=",".join(DEFAULT_PAGES), help=f"comma-separated, of {', '.join(pages.PAGES)}")
     p.add_argument("--targets", type=int, default=2000, help="targets read in turn for the fleet figure")
+    p.add_argument("--reference-fold", action="store_true",
+                   help="adapt with the pure-Python loops (what runs without a C compiler), not the compiled ones")
     args = p.parse_args(argv)
+    with harness.reference_fold() if args.reference_fold else contextlib.nullcontext():
+        return measure(args)
+
+
+def measure(args: argparse.Namespace) -> int:
     rows = []
     for name in args.pages.split(","):
         text = pages.PAGES[name]()
@@ -141,7 +151,7 @@ def main(argv: list[str]) -> int:
                      *(f"{micros:.0f} ({share:.0%})" for micros, share in (
                          fleet_read(text, args.targets, tuned_collector=False), fleet_read(text, args.targets))),
                      f"{fleet_read(text, args.targets, histograms_change=False)[0]:.0f}", f"{reference:.0f}"])
-    print(f"Reader: {parser.READER}")
+    print(f"Reader: {parser.READER}, adapter: {'python' if args.reference_fold else adapters.ADAPTER}")
     print(table(["page", "size", "lines read", "detect µs", "parse µs", "adapt µs", "derive µs", "render µs",
                  "sum µs", f"a read among {args.targets:,} targets, default collector µs (its share)",
                  "the same, the collector as the exporter tunes it µs (its share)",

@@ -43,6 +43,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvcache_exporter import units
+from kvcache_exporter.adapters import base
 from kvcache_exporter.sources import parser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -715,3 +716,17 @@ def our_samples(text: str, names: frozenset[str] | None = None) -> list[tuple]:
 def _sample_key(name: str, labels: dict, number: float) -> tuple:
     # NaN != NaN: compare it as a marker so equal pages compare equal.
     return (name, tuple(sorted(labels.items())), "NaN" if math.isnan(number) else float(number))
+
+
+# --- the adapters' pure-Python loops, the reference of their compiled ones -----------------------------------
+
+@contextlib.contextmanager
+def reference_fold() -> Iterator[None]:
+    """While inside, adapters fold samples with the pure-Python loops (base.reference_collapse and
+    reference_fold_histogram), what an install without a C compiler runs, in place of the compiled ones."""
+    compiled = base.collapse, base.fold_histogram
+    base.collapse, base.fold_histogram = base.reference_collapse, base.reference_fold_histogram
+    try:
+        yield
+    finally:
+        base.collapse, base.fold_histogram = compiled

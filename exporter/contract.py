@@ -244,8 +244,9 @@ _PROCESS = ("prometheus_client's process collector (Linux: read from /proc). `wo
 _TABLE = (
     # The exporter itself.
     Family("exporter_build_info", "gauge", "exporter", "",
-           "1, with the exporter's version and the page reader it runs: `cython` (compiled at install) or `python` "
-           "(no C compiler was there; the same samples, more CPU).", ("version", "reader")),
+           "1, with the exporter's version, the page reader it runs (`reader`) and the adapters' fold of the samples "
+           "(`adapter`): `cython` (compiled at install) or `python` (no C compiler was there; the same output, more "
+           "CPU).", ("version", "reader", "adapter")),
     Family("exporter_config_last_reload_successful", "gauge", "exporter", "",
            "1 if the last configuration reload succeeded (or none was tried), 0 if it failed and the previous "
            "configuration is still running.", stable=False),

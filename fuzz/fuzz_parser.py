@@ -6,7 +6,8 @@ Invariant: for any page text, parsing it with each adapter's wanted names, readi
 sample's labels, adapting the samples and deriving the KV gauges and pressure state either
 returns or raises exporter.sources.parser.ParseError; and the compiled reader (parser.parse where
 it was built) answers exactly what the pure-Python reference (parser.reference_parse) answers,
-the same samples or the same error. Every input is read twice: as the page text
+the same samples or the same error, and so do the adapters' compiled loops (cfold.pyx) and theirs
+(devtools.harness.reference_fold): the same Snapshot, values compared by repr. Every input is read twice: as the page text
 itself, and as the recipe of a structured page (structured_page). Any other exception, or more
 than 10 s on one input, is a finding: libFuzzer stops, prints the traceback and writes the input
 to fuzz/crashes/crash-<sha1>. (Target.poll turns an exception into a failed poll: such a page
@@ -33,6 +34,7 @@ with atheris.instrument_imports(include=["kvcache_exporter"]):
     from kvcache_exporter import adapters, derive
     from kvcache_exporter.sources import parser
     from kvcache_exporter.thresholds import DEFAULT
+from devtools import harness  # after the package: its modules imported instrumented above
 
 SEEDS = REPO / "tests" / "fixtures"
 CORPUS = HERE / "corpus"
@@ -88,6 +90,22 @@ def assert_readers_agree(text: str, names: frozenset[str]) -> None:
                              f"the reference {reference!r:.300}")
 
 
+def adapting(adapter, samples) -> str:
+    try:
+        return repr(type(adapter)().adapt(samples))  # a new adapter: caches of its own
+    except parser.ParseError as err:
+        return f"ParseError: {err}"
+
+
+def assert_folds_agree(adapter, samples) -> None:
+    compiled = adapting(adapter, samples)
+    with harness.reference_fold():
+        reference = adapting(adapter, samples)
+    if compiled != reference:
+        raise AssertionError(f"the compiled fold ({adapters.ADAPTER}) answered {compiled!r:.300}, "
+                             f"the reference {reference!r:.300}")
+
+
 def read_page(text: str) -> None:
     """What Target.poll does with a page between fetching and rendering it: detection for
     `engine: auto`, then each adapter as if configured for it. Raises ParseError."""
@@ -100,6 +118,7 @@ def read_page(text: str) -> None:
             for found in samples.values():
                 for sample in found:
                     sample.labels  # noqa: B018 (raises ParseError on a bad label set)
+            assert_folds_agree(adapter, samples)
             snapshot = adapter.adapt(samples)
             derive.derive(snapshot, {}, POLL_TIME, DEFAULT)  # kv_gauges and pressure_state of every rank
         except parser.ParseError:

@@ -8,12 +8,13 @@ import importlib
 import pkgutil
 import re
 
-from .base import DEFAULT_KEPT, Adapter, KeptBounds, kept_bounds
+from .base import ADAPTER, DEFAULT_KEPT, Adapter, KeptBounds, kept_bounds
 
 
 def _discover() -> dict[str, Adapter]:
     found: dict[str, Adapter] = {}
-    for module in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base"):
+    # base.py and its compiled loops (cfold) are the machinery, every other module an engine.
+    for module in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("base", "cfold")):
         namespace = vars(importlib.import_module(f"{__name__}.{module}"))
         for value in namespace.values():
             if isinstance(value, type) and issubclass(value, Adapter) and value.__module__ == namespace["__name__"]:

@@ -81,6 +81,65 @@ _UNSEEN = object()
 _SLICE_CACHE_LIMIT = 50_000
 
 
+def reference_collapse(samples: list[Sample], cache: dict, slice_of, series: Series) -> dict:
+    """Adapter._collapse's loop over the samples of one series: each output key's sum over its breakdown slices of
+    the largest of the slice's duplicate copies. `cache` holds a label text's slice (`slice_of(label_text, series)`
+    where it has none yet). `collapse` is this, or the compiled one (cfold.pyx) where it was built."""
+    slices: dict[tuple, float] = {}
+    for _, label_text, value in samples:
+        key = cache.get(label_text, _UNSEEN)
+        if key is _UNSEEN:
+            key = cache[label_text] = slice_of(label_text, series)
+        if key is None:
+            continue
+        seen = slices.get(key)
+        if seen is None or value > seen or seen != seen:  # seen != seen: NaN loses to a number
+            slices[key] = value
+    totals: dict = {}
+    for (out_key, _), value in slices.items():
+        totals[out_key] = totals.get(out_key, 0.0) + value
+    return totals
+
+
+def reference_fold_histogram(parts: tuple, caches: tuple, copy_of, series: Series,
+                             kept: frozenset[float] | None) -> dict[str, tuple]:
+    """Adapter._adapt_histogram's loop over a histogram's samples (`parts`: its _bucket, _sum and _count samples):
+    rank -> (buckets [(bound, cumulative)] ascending, sum, count), summed over the breakdown slices of one whole copy
+    each, bounds and sum in the contract's unit. `caches` (one per part) hold a label text's (slice, copy, bound)
+    (`copy_of` where they have none yet). `fold_histogram` is this, or the compiled one (cfold.pyx) where it was
+    built."""
+    # (rank, slice) -> copy -> [buckets {bound: cumulative}, sum, count]
+    copies: dict[tuple, dict[tuple, list]] = {}
+    for part, (samples, cache) in enumerate(zip(parts, caches)):
+        for _, label_text, value in samples:
+            key = cache.get(label_text, _UNSEEN)
+            if key is _UNSEEN:
+                key = cache[label_text] = copy_of(label_text, series, part == 0, kept)
+            if key is None:
+                continue
+            slice_key, copy, bound = key
+            entry = copies.setdefault(slice_key, {}).setdefault(copy, [{}, None, None])
+            if part == 0:
+                entry[0][bound] = value
+            else:
+                entry[part] = value
+    totals: dict[str, list] = {}
+    for (rank_name, _), by_copy in copies.items():
+        whole = [entry for _, entry in sorted(by_copy.items()) if math.inf in entry[0] and entry[1] is not None]
+        if not whole:
+            continue  # without its +Inf bucket or its sum a histogram is incomplete
+        buckets, total, count = whole[0]
+        into = totals.setdefault(rank_name, [{}, 0.0, 0.0])
+        for bound, cumulative in buckets.items():
+            into[0][bound] = into[0].get(bound, 0.0) + cumulative
+        into[1] += total
+        into[2] += buckets[math.inf] if count is None else count
+    return {rank_name: ([(_scaled(bound, series.scale), cumulative) for bound, cumulative in sorted(buckets.items())],
+                        _scaled(total, series.scale), count) for rank_name, (buckets, total, count) in totals.items()}
+
+
+
+
 class Adapter:
     engine: ClassVar[str]  # the `engine` label and the configuration's `engine:` value
     title: ClassVar[str]  # the engine's name in messages and documents
@@ -164,20 +223,7 @@ class Adapter:
         cache = self._slices.get((id(series), None))
         if cache is None or len(cache) >= _SLICE_CACHE_LIMIT:
             cache = self._slices[id(series), None] = {}
-        slices: dict[tuple, float] = {}
-        for _, label_text, value in samples:
-            key = cache.get(label_text, _UNSEEN)
-            if key is _UNSEEN:
-                key = cache[label_text] = self._slice_of(label_text, series)
-            if key is None:
-                continue
-            seen = slices.get(key)
-            if seen is None or value > seen or seen != seen:  # seen != seen: NaN loses to a number
-                slices[key] = value
-        totals: dict = {}
-        for (out_key, _), value in slices.items():
-            totals[out_key] = totals.get(out_key, 0.0) + value
-        return totals
+        return collapse(samples, cache, self._slice_of, series)
 
     def adapt(self, samples: Samples, kept: KeptBounds = DEFAULT_KEPT, memo: dict | None = None) -> Snapshot:
         """The page's samples as a Snapshot. `memo`, one target's (empty at first, kept between its polls and
@@ -257,41 +303,18 @@ class Adapter:
                 for rank_name, histogram in last[1].items():
                     rank(rank_name).histograms[series.concept] = histogram
                 return
-        # (rank, slice) -> copy -> [buckets {bound: cumulative}, sum, count]
-        copies: dict[tuple, dict[tuple, list]] = {}
-        for suffix, part in (("_bucket", 0), ("_sum", 1), ("_count", 2)):
-            cache_key = (id(series), suffix, kept if part == 0 else None)
+        caches = []
+        for suffix in HISTOGRAM_SUFFIXES:
+            cache_key = (id(series), suffix, kept if suffix == "_bucket" else None)
             cache = self._slices.get(cache_key)
             if cache is None or len(cache) >= _SLICE_CACHE_LIMIT:
                 cache = self._slices[cache_key] = {}
-            for _, label_text, value in samples.get(name + suffix, ()):
-                key = cache.get(label_text, _UNSEEN)
-                if key is _UNSEEN:
-                    key = cache[label_text] = self._copy_of(label_text, series, part == 0, kept)
-                if key is None:
-                    continue
-                slice_key, copy, bound = key
-                entry = copies.setdefault(slice_key, {}).setdefault(copy, [{}, None, None])
-                if part == 0:
-                    entry[0][bound] = value
-                else:
-                    entry[part] = value
-        totals: dict[str, list] = {}
-        for (rank_name, _), by_copy in copies.items():
-            whole = [entry for _, entry in sorted(by_copy.items()) if math.inf in entry[0] and entry[1] is not None]
-            if not whole:
-                continue  # without its +Inf bucket or its sum a histogram is incomplete
-            buckets, total, count = whole[0]
-            into = totals.setdefault(rank_name, [{}, 0.0, 0.0])
-            for bound, cumulative in buckets.items():
-                into[0][bound] = into[0].get(bound, 0.0) + cumulative
-            into[1] += total
-            into[2] += buckets[math.inf] if count is None else count
+            caches.append(cache)
+        parts = tuple(samples.get(name + suffix, ()) for suffix in HISTOGRAM_SUFFIXES)
         made = {}
-        for rank_name, (buckets, total, count) in totals.items():
-            pairs = [(_scaled(bound, series.scale), cumulative) for bound, cumulative in sorted(buckets.items())]
-            made[rank_name] = rank(rank_name).histograms[series.concept] = Histogram(
-                pairs, _scaled(total, series.scale), count)
+        for rank_name, (buckets, total, count) in fold_histogram(parts, tuple(caches), self._copy_of, series,
+                                                                 kept).items():
+            made[rank_name] = rank(rank_name).histograms[series.concept] = Histogram(buckets, total, count)
         if memo is not None:
             memo[id(series)] = read, made
 
@@ -328,3 +351,14 @@ class Adapter:
 
     def complete(self, samples: Samples, snapshot: Snapshot) -> None:
         """Hook for what a table cannot say (info-style labels and the like)."""
+
+
+# The compiled loops (cfold.pyx, issue #48) where the install could build them; ADAPTER says which run
+# (kvcache_exporter_build_info).
+try:
+    from .cfold import collapse, fold_histogram
+except ImportError:  # no C compiler at install
+    ADAPTER = "python"
+    collapse, fold_histogram = reference_collapse, reference_fold_histogram
+else:
+    ADAPTER = "cython"

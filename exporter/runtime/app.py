@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from typing import Awaitable, Callable
 
-from .. import __version__, contract, exposition
+from .. import __version__, adapters, contract, exposition
 from ..config import Config, ConfigError
 from ..sources import parser
 from ..thresholds import DEFAULT, PUBLISHED, Thresholds
@@ -47,7 +47,8 @@ class ExporterState:
               groups_off: frozenset[str] = frozenset(), thresholds: Thresholds = DEFAULT) -> dict[str, str]:
         """Its series by family: one line each, for every family of the contract's `exporter` group."""
         values = {
-            "exporter_build_info": (exposition.label_text({"version": __version__, "reader": parser.READER}), 1.0),
+            "exporter_build_info": (exposition.label_text({"version": __version__, "reader": parser.READER,
+                                                            "adapter": adapters.ADAPTER}), 1.0),
             "exporter_config_last_reload_successful": ("", float(self.reload_ok)),
             "exporter_config_last_reload_success_timestamp_seconds": ("", self.reload_time),
             "exporter_probed_targets": ("", float(probed_targets)),

@@ -93,18 +93,20 @@ def test_the_wheel_holds_one_import_package_with_its_assets(wheel):
             "kvcache_exporter/alerts/rules/fleet.py",
             "kvcache_exporter/alerts/runbook.py", "kvcache_exporter/simulator/server.py"} <= set(names)
     assert not [name for name in names if re.search(r"(^|/)(devtools|tests|lint|preview|contract_doc)\b", name)]
-    # The compiled reader, built where the wheel was (a C compiler is here).
-    assert len([name for name in names if re.fullmatch(r"kvcache_exporter/sources/cparser\.[\w.-]+\.so", name)]) == 1
+    # The compiled reader and fold, built where the wheel was (a C compiler is here).
+    for module in (r"sources/cparser", r"adapters/cfold"):
+        assert len([name for name in names if re.fullmatch(rf"kvcache_exporter/{module}\.[\w.-]+\.so", name)]) == 1
 
 
-def reader_of(bin_dir: Path, where: Path) -> str:
-    return run([bin_dir / "python", "-c", "from kvcache_exporter.sources import parser; print(parser.READER)"],
-               where).stdout.strip()
+def compiled_of(bin_dir: Path, where: Path) -> str:
+    """Which page reader and which fold of the samples run: `cython cython` where both were compiled."""
+    return run([bin_dir / "python", "-c", "from kvcache_exporter import adapters; from kvcache_exporter.sources "
+                "import parser; print(parser.READER, adapters.ADAPTER)"], where).stdout.strip()
 
 
-def test_without_a_c_compiler_the_install_runs_the_reference_reader(clone, tmp_path):
-    """The compiled reader is optional: with no compiler (CC fails) pip still installs, and the pure-Python reader
-    runs and says so."""
+def test_without_a_c_compiler_the_install_runs_the_reference_reader_and_fold(clone, tmp_path):
+    """The compiled reader and fold are optional: with no compiler (CC fails) pip still installs, and the pure-Python
+    reader and fold run and say so."""
     run([sys.executable, "-m", "venv", tmp_path / "venv"], tmp_path)
     bin_dir = tmp_path / "venv" / "bin"
     source = tmp_path / "src"
@@ -112,8 +114,8 @@ def test_without_a_c_compiler_the_install_runs_the_reference_reader(clone, tmp_p
     result = subprocess.run([bin_dir / "python", "-m", "pip", "install", "-q", source], cwd=tmp_path,
                             env={**ENV, "CC": "false", "CXX": "false"}, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    assert reader_of(bin_dir, tmp_path) == "python"
-    assert not list((tmp_path / "venv").rglob("cparser*.so"))
+    assert compiled_of(bin_dir, tmp_path) == "python python"
+    assert not list((tmp_path / "venv").rglob("cparser*.so")) and not list((tmp_path / "venv").rglob("cfold*.so"))
     written = assets_written_by(bin_dir, tmp_path / "out")
     assert set(written) == set(COMMITTED)
 
@@ -128,7 +130,7 @@ def test_a_wheel_install_serves_the_demo_and_writes_the_committed_assets(wheel, 
     assert set(written) == set(COMMITTED)
     for output, committed in COMMITTED.items():
         assert written[output] == (REPO / committed).read_bytes(), output
-    assert reader_of(bin_dir, tmp_path) == "cython"
+    assert compiled_of(bin_dir, tmp_path) == "cython cython"
 
     # Without the dashboards extra, rebuilding for a configuration says which extra to install.
     config = elsewhere / "exporter.yml"
@@ -148,7 +150,7 @@ def test_a_wheel_install_serves_the_demo_and_writes_the_committed_assets(wheel, 
                                                              "kvcache_usage_ratio")}, 60,
             what="every simulated engine's usage in the demo's /metrics")
         build_info = harness.series(harness.scrape(f"http://127.0.0.1:{port}"), "kvcache_exporter_build_info")
-        assert [dict(key[1])["reader"] for key in build_info] == ["cython"]
+        assert [(dict(key[1])["reader"], dict(key[1])["adapter"]) for key in build_info] == [("cython", "cython")]
 
 
 def docker_ignored(relative: str, patterns: list[tuple[bool, str]]) -> bool:
@@ -201,7 +203,7 @@ def test_the_image_installs_the_same_package_and_writes_the_same_assets(clone, w
     for output, committed in COMMITTED.items():
         assert from_image[output] == (REPO / committed).read_bytes(), output
     assert installed_top_level(image, tmp_path) == {"kvcache_exporter", "kvcache_exporter-0.1.0.dist-info"}
-    assert reader_of(image, tmp_path) == "cython"
+    assert compiled_of(image, tmp_path) == "cython cython"
     # The same files as the wheel's, module for module.
     installed = run([image / "python", "-c", "from importlib.metadata import files; "
                      "print('\\n'.join(sorted(str(f) for f in files('kvcache-exporter') "

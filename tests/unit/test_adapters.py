@@ -10,6 +10,9 @@ from devtools import harness
 from kvcache_exporter import adapters
 from kvcache_exporter.sources import parser
 
+# Each test twice: with the adapters' compiled loops and with their pure-Python reference (conftest.py).
+pytestmark = pytest.mark.usefixtures("fold")
+
 FIXTURES = harness.FIXTURES
 
 

@@ -14,6 +14,9 @@ from kvcache_exporter.sources import parser
 from kvcache_exporter.thresholds import Thresholds
 from kvcache_exporter.top import rows as top_rows
 
+# Each test twice: with the adapters' compiled loops and with their pure-Python reference (conftest.py).
+pytestmark = pytest.mark.usefixtures("fold")
+
 SEQUENCES = sorted((harness.FIXTURES / "sequences").iterdir())
 
 

@@ -11,6 +11,9 @@ from kvcache_exporter import adapters, derive
 from kvcache_exporter.sources import parser
 from kvcache_exporter.thresholds import DEFAULT as T
 
+# Each test twice: with the adapters' compiled loops and with their pure-Python reference (conftest.py).
+pytestmark = pytest.mark.usefixtures("fold")
+
 
 def adapt(text: str):
     adapter = adapters.detect(text)

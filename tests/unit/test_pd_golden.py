@@ -15,6 +15,9 @@ from kvcache_exporter.simulator.pd import NIXL_BYTES, NIXL_SECONDS
 from kvcache_exporter.sources import parser
 from kvcache_exporter.thresholds import DEFAULT as T
 
+# Each test twice: with the adapters' compiled loops and with their pure-Python reference (conftest.py).
+pytestmark = pytest.mark.usefixtures("fold")
+
 STORY = pd_golden.story()
 POLLS = range(1, len(STORY["vllm"]["decode"]) + 1)
 PAGES = [("vllm-pull", "decode"), ("vllm-pull", "prefill"), ("vllm-push", "decode"), ("vllm-push", "prefill"),
