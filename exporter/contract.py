@@ -395,6 +395,10 @@ _TABLE = (
            "Prompt tokens served from the prefix cache; mirrors the engine's counter. " + _POLLED),
     Family("prompt_tokens_total", "counter", "pool", "tokens", "Prompt tokens processed; mirrors the engine's counter. "
            + _POLLED),
+    Family("requests_finished_total", "counter", "pool", "requests",
+           "Requests finished, whatever the reason (stopped, at their length, aborted); mirrors the engine's counter. "
+           "It counts what e2e_request_latency_seconds counts, and stands where the latency group is turned off: "
+           "kv_transfer_held_tokens reads it. " + _POLLED),
     Family("generation_tokens_total", "counter", "pool", "tokens", "Tokens generated; mirrors the engine's counter. "
            + _POLLED),
     Family("external_cache_queried_tokens_total", "counter", "pool", "tokens",
@@ -499,7 +503,10 @@ _TABLE = (
            "kept for the pull or until the lease expires) or whose transfer has not finished (SGLang's inflight "
            "queue). Part of used_tokens, left out of live_tokens_per_request. Not prefill demand: it frees as the "
            "decode side takes it, which more prefill replicas would not hasten. Derived by the exporter on prefill "
-           "pools, an estimate where a prompt is running or in flight (docs/metrics.md)."),
+           "pools, an estimate where a prompt is running or in flight: each taken as one prompt of the mean over "
+           "the requests finished within the pressure window (`window_seconds`, 60 s; over the engine's life where "
+           "none finished within it), so a shift of prompt lengths reads right one window and one poll after the "
+           "last prompt of the old lengths finished (docs/metrics.md)."),
     Family("kv_transfer_prompt_tokens_total", "counter", "transfer", "tokens",
            "Prompt tokens whose KV a decode pool received from a prefill pool instead of computing them, counted "
            "once the request has run (its first token out): not the transfers started (vLLM's `p2p` cache hits, "

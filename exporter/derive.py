@@ -13,8 +13,22 @@ from .contract import KV_SHORT_STATES, PRESSURE_REASONS
 from .snapshot import RankValues, Snapshot
 from .thresholds import Thresholds
 
-# (poll time, cumulative preemptions) points of one rank, oldest first, within the window.
+# (poll time, a cumulative counter's value) points of one rank, oldest first, within the window.
 History = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RankHistory:
+    """One rank's counters over the window, kept from poll to poll: its preemptions (the pressure state's rate) and,
+    on a prefill pool that holds KV for export, its prompt tokens and finished requests, read at the same polls (the
+    recent mean prompt, prompt_tokens_per_request)."""
+
+    preemptions: History = ()
+    prompt_tokens: History = ()
+    finished_requests: History = ()
+
+
+NO_HISTORY = RankHistory()  # a rank's first poll
 
 
 @dataclass(slots=True)
@@ -34,9 +48,10 @@ def _whole(value: float, rounding) -> float:
 
 
 def kv_gauges(rank: RankValues, bytes_per_token: int | None = None,
-              export_hold: str | None = None) -> dict[str, float]:
+              export_hold: str | None = None, recent: RankHistory = NO_HISTORY) -> dict[str, float]:
     """Capacity, used and free in blocks and tokens, KV held for export (a prefill pool's, `export_hold`: how its
-    engine holds it, held_for_export), and live tokens per request, from what the engine gave.
+    engine holds it, held_for_export, with its `recent` counters), and live tokens per request, from what the
+    engine gave.
 
     Block counts come from the usage ratio where the engine reports blocks (vLLM), from its used-block
     count where it reports one (TensorRT-LLM, Triton), and from token counts where it reports tokens
@@ -81,7 +96,7 @@ def kv_gauges(rank: RankValues, bytes_per_token: int | None = None,
         if tokens is not None:
             out["free_tokens"] = max(0.0, tokens - used_tokens)
     running = given.get("requests_running")
-    held = held_for_export(rank, used_tokens, export_hold)
+    held = held_for_export(rank, used_tokens, export_hold, recent)
     if held is not None:
         out["kv_transfer_held_tokens"] = held
     if used_tokens is not None and running:
@@ -97,18 +112,34 @@ def kv_gauges(rank: RankValues, bytes_per_token: int | None = None,
     return {name: value for name, value in out.items() if math.isfinite(value)}
 
 
-def prompt_tokens_per_request(rank: RankValues) -> float | None:
-    """Prompt tokens per finished request over the engine's life: its prompt token counter over its end-to-end
-    latency count (both counted as a request finishes on a prefill pool: vLLM's at its one token, SGLang's once
-    its transfer is done). None before the first request finished, or without either reading."""
-    prompt = rank.counters.get("prompt_tokens_total")
-    finished = rank.histograms.get("e2e_request_latency_seconds")
-    if prompt is None or finished is None or not finished.count > 0:
+def finished_requests(rank: RankValues) -> float | None:
+    """Requests finished over the engine's life: its finished-request counter, else its end-to-end latency count
+    (both counted as a request finishes: vLLM's PrometheusStatLogger.record for each finished request, SGLang's
+    observe_one_finished_request), so the count stands while the latency group is turned off."""
+    counted = rank.counters.get("requests_finished_total")
+    if counted is not None:
+        return counted
+    latency = rank.histograms.get("e2e_request_latency_seconds")
+    return None if latency is None else latency.count
+
+
+def prompt_tokens_per_request(rank: RankValues, recent: RankHistory = NO_HISTORY) -> float | None:
+    """Prompt tokens per finished request: the prompt token counter's increase over the finished requests' across
+    the window (`recent`, a decrease adding nothing, as in rate), so that a shift of prompt lengths shows within
+    one window; over the engine's life where no request finished within the window. Both are counted as a request
+    finishes on a prefill pool (vLLM's at its one token, SGLang's once its transfer is done). None before the first
+    request finished, or without either reading."""
+    finished = increase(recent.finished_requests)
+    if finished > 0:
+        return increase(recent.prompt_tokens) / finished
+    prompt, finished = rank.counters.get("prompt_tokens_total"), finished_requests(rank)
+    if prompt is None or finished is None or not finished > 0:
         return None
-    return prompt / finished.count
+    return prompt / finished
 
 
-def held_for_export(rank: RankValues, used_tokens: float | None, export_hold: str | None) -> float | None:
+def held_for_export(rank: RankValues, used_tokens: float | None, export_hold: str | None,
+                    recent: RankHistory = NO_HISTORY) -> float | None:
     """A prefill pool's KV tokens held only until the decode side has them, by how its engine holds them
     (`export_hold`, contract.EXPORT_HOLDS); None where the pool holds none for export (`export_hold` None: not a
     prefill pool, or an engine whose hold is not known) or a reading is missing.
@@ -116,7 +147,7 @@ def held_for_export(rank: RankValues, used_tokens: float | None, export_hold: st
     - finished (vLLM): Scheduler._free_request asks the connector (_connector_finished -> request_finished), which
       delays freeing a finished request's blocks until the decode side has pulled them (or their lease ran out);
       such a request is neither running nor waiting, and its blocks are in the usage. Held: the used tokens beyond
-      what the running requests hold, each taken as one prompt of the pool's mean (prompt_tokens_per_request);
+      what the running requests hold, each taken as one prompt of the pool's recent mean (prompt_tokens_per_request);
       exact while nothing runs.
     - inflight (SGLang): process_batch_result_disagg_prefill moves a computed request into the inflight queue with
       its KV still allocated, and process_disagg_prefill_inflight_queue releases it once the transfer is done.
@@ -130,7 +161,7 @@ def held_for_export(rank: RankValues, used_tokens: float | None, export_hold: st
         holding = rank.gauges.get("requests_running")
     if holding is None:
         return None
-    per_prompt = prompt_tokens_per_request(rank) if holding else 0.0
+    per_prompt = prompt_tokens_per_request(rank, recent) if holding else 0.0
     if per_prompt is None:
         return None
     if export_hold == "inflight":
@@ -165,14 +196,18 @@ def extend_history(history: History, now: float, value: float | None, window: fl
     return points[first:]
 
 
-def rate(history: History) -> float | None:
-    """Per-second increase over the history. A decrease is a counter reset (engine restart):
+def increase(history: History) -> float:
+    """The counter's increase over the history. A decrease is a counter reset (engine restart):
     that step adds nothing, so a restart can never look like a burst or a negative rate."""
+    return sum(max(0.0, b[1] - a[1]) for a, b in zip(history, history[1:]))
+
+
+def rate(history: History) -> float | None:
+    """Per-second increase over the history (increase)."""
     if len(history) < 2:
         return None
-    increase = sum(max(0.0, b[1] - a[1]) for a, b in zip(history, history[1:]))
     span = history[-1][0] - history[0][0]
-    return increase / span if span > 0 else None
+    return increase(history) / span if span > 0 else None
 
 
 def preempted_since_last_poll(history: History) -> bool:
@@ -316,20 +351,32 @@ def transfers_above_link(values: RankValues, thresholds: Thresholds) -> dict[str
     return {"kv_transfer_above_link_total": max(0.0, speed.count - at_or_below)}
 
 
+def extend_rank_history(history: RankHistory, rank: RankValues, now: float, window: float,
+                        holds_for_export: bool) -> RankHistory:
+    """A rank's histories with this poll's counters; the prompt and finished-request counters only where the pool
+    holds KV for export, and both or neither, so that the two cover the same polls."""
+    preemptions = extend_history(history.preemptions, now, rank.counters.get("preemptions_total"), window)
+    prompt, finished = rank.counters.get("prompt_tokens_total"), finished_requests(rank)
+    if not holds_for_export or prompt is None or finished is None:
+        return RankHistory(preemptions)
+    return RankHistory(preemptions, extend_history(history.prompt_tokens, now, prompt, window),
+                       extend_history(history.finished_requests, now, finished, window))
+
+
 def derive(
-    snapshot: Snapshot, histories: dict[str, History], now: float, thresholds: Thresholds,
+    snapshot: Snapshot, histories: dict[str, RankHistory], now: float, thresholds: Thresholds,
     bytes_per_token: int | None = None, role: str = "unified",
-) -> tuple[dict[str, DerivedRank], dict[str, History]]:
+) -> tuple[dict[str, DerivedRank], dict[str, RankHistory]]:
     """Derived series of every rank of a snapshot (its pools' disaggregation role `role`), and the rank
     histories to keep for the next poll."""
     derived: dict[str, DerivedRank] = {}
-    new_histories: dict[str, History] = {}
+    new_histories: dict[str, RankHistory] = {}
+    export_hold = snapshot.export_hold if role == "prefill" else None
     for rank_name, rank in snapshot.ranks.items():
-        history = extend_history(
-            histories.get(rank_name, ()), now, rank.counters.get("preemptions_total"), thresholds.window_seconds
-        )
-        new_histories[rank_name] = history
-        gauges = kv_gauges(rank, bytes_per_token, snapshot.export_hold if role == "prefill" else None)
+        recent = new_histories[rank_name] = extend_rank_history(
+            histories.get(rank_name, NO_HISTORY), rank, now, thresholds.window_seconds, export_hold is not None)
+        history = recent.preemptions
+        gauges = kv_gauges(rank, bytes_per_token, export_hold, recent)
         preempted = preempted_since_last_poll(history)
         stages = decode_stages(rank.labelled, role)
         preemption_rate = rate(history)

@@ -414,6 +414,7 @@ class SglangCollector(Collector):
             yield counter("sglang:prompt_tokens_total", MP, [(streaming, total("finished_prompt_tokens"))])
             yield counter("sglang:generation_tokens_total", MP,
                           [(streaming, total("finished_generation_tokens"))])
+            yield counter("sglang:num_requests_total", MP, [(labels, total("finished_requests"))])
         device = total("finished_cached_tokens") - total("finished_offload_cached_tokens")
         # Each source's child appears at its first increment.
         sources = [({**labels, "cache_source": source}, value)

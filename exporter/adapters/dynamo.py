@@ -23,7 +23,7 @@ class DynamoAdapter(Adapter):
     # The frontend's prefix-hit tokens are router predictions: not read.
     # Its router's transfer-latency estimate is an upper bound from the frontend, not a transfer: not read.
     not_reported = NO_POOL_DETAIL | NO_RUNNING_CAP | PREFIX_AND_TOKEN_COUNTERS | NO_KV_TRANSFER | {
-        "queue_time_seconds", "requests_paused"}
+        "queue_time_seconds", "requests_paused", "requests_finished_total"}
     series = (
         # 0..1 despite the name; the worker copies it from the engine's KV stats.
         Series("usage_ratio", ("dynamo_component_gpu_cache_usage_percent",

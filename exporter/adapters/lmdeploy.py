@@ -14,7 +14,8 @@ class LmdeployAdapter(Adapter):
     prefix_aliases = ("lmdeploy_",)
     rank_label = "engine"
     not_reported = NO_POOL_DETAIL | NO_RUNNING_CAP | NO_KV_TRANSFER | {"capacity_blocks", "block_size_tokens",
-                                                                       "prefix_cache_min_hit_tokens", "requests_paused"}
+                                                                       "prefix_cache_min_hit_tokens", "requests_paused",
+                                                                       "requests_finished_total"}
     series = (
         Series("usage_ratio", ("lmdeploy:gpu_cache_usage_perc",)),
         Series("requests_running", ("lmdeploy:num_requests_running",)),

@@ -117,6 +117,9 @@ class SglangAdapter(Adapter):
         Series("prefix_cache_hit_tokens_total", ("sglang:cached_tokens_total",), "counter",
                sum_over=("cache_source",) + _STREAMING),
         Series("prompt_tokens_total", ("sglang:prompt_tokens_total",), "counter", sum_over=_STREAMING),
+        # The tokenizer's observe_one_finished_request: one per finished request, next to its prompt tokens and e2e
+        # latency.
+        Series("requests_finished_total", ("sglang:num_requests_total",), "counter", sum_over=_STREAMING),
         Series("cached_prompt_tokens_total", ("sglang:cached_tokens_total",), "counter", sum_over=_STREAMING,
                label_from=("cache_source", _HIT_SOURCES)),
         # HiCache (--enable-hierarchical-cache): the host-memory tier, and the storage tier behind it.

@@ -38,7 +38,7 @@ class TritonAdapter(Adapter):
     # `reused` counts blocks with no queried denominator; the backend has no latency histograms.
     not_reported = NO_POOL_DETAIL | PREFIX_AND_TOKEN_COUNTERS | (NO_KV_TRANSFER - {"kv_transfer_seconds"}) | {
         "time_to_first_token_seconds", "inter_token_latency_seconds", "queue_time_seconds",
-        "e2e_request_latency_seconds"}
+        "e2e_request_latency_seconds", "requests_finished_total"}
     series = (
         Series("usage_ratio", KV, match=_kv("fraction")),
         Series("capacity_blocks", KV, match=_kv("max")),

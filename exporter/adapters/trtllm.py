@@ -50,6 +50,7 @@ class TrtllmAdapter(Adapter):
         Series("prefix_cache_hit_tokens_total", ("trtllm_prompt_cached_tokens_total",), "counter"),
         Series("prompt_tokens_total", ("trtllm_prompt_tokens_total",), "counter"),
         Series("generation_tokens_total", ("trtllm_generation_tokens_total",), "counter"),
+        Series("requests_finished_total", ("trtllm_request_success_total",), "counter", sum_over=("finished_reason",)),
         Series("time_to_first_token_seconds", ("trtllm_time_to_first_token_seconds",), "histogram"),
         # One observation per request (its mean time per output token), not one per token.
         Series("inter_token_latency_seconds", ("trtllm_time_per_output_token_seconds",), "histogram"),

@@ -82,6 +82,8 @@ class VllmAdapter(Adapter):
         Series("prefix_cache_hit_tokens_total",
                ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"), "counter"),
         Series("prompt_tokens_total", ("vllm:prompt_tokens_total",), "counter"),
+        # PrometheusStatLogger.record: one per finished request, by its finish reason, next to its e2e latency.
+        Series("requests_finished_total", ("vllm:request_success_total",), "counter", sum_over=("finished_reason",)),
         Series("generation_tokens_total", ("vllm:generation_tokens_total",), "counter"),
         # vLLM's connector counters, else LMCache's lookup counters (with PROMETHEUS_MULTIPROC_DIR).
         Series("external_cache_queried_tokens_total",

@@ -53,7 +53,7 @@ class Target:
         self.failures = dict.fromkeys(contract.FAILURE_REASONS, 0)
         self.outcome = PollOutcome(engine="" if config.engine == "auto" else config.engine,
                                    role=config.role or "unified")
-        self._histories: dict[str, derive.History] = {}
+        self._histories: dict[str, derive.RankHistory] = {}
         self._last_reason: str | None = None
         self.name_filter = UNTRIED
         # The adapter and the wanted names the last whole page held; None: read a whole page next.

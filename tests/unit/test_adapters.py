@@ -89,7 +89,7 @@ def test_a_page_without_a_gpu_pool_has_no_pressure_state_and_no_pool_gauges():
     assert rank.pressure is None
     assert rank.gauges == {}
     assert rank.labelled["tier_used_bytes"] == {("cpu",): 5368709120, ("disk",): 21474836480, ("remote",): 0}
-    assert histories == {"0": ()}
+    assert histories == {"0": derive.NO_HISTORY}
 
 
 def test_generic_request_histograms_are_not_tensorrt_llm():

@@ -46,7 +46,7 @@ def test_without_a_preemption_counter_a_full_pool_never_reads_thrashing():
     for now in (0.0, 15.0, 30.0):
         derived, histories = derive.derive(snapshot, histories, now, T)
     assert derived["0"].pressure == "saturated"
-    assert histories["0"] == ()
+    assert histories["0"].preemptions == ()
 
 
 def test_a_thrashing_pool_queues_for_kv_between_two_preemptions():
@@ -219,7 +219,7 @@ def test_derive_carries_histories_between_polls():
         ranks, histories = derive.derive(snapshot(preemptions), histories, t * 5.0, T)
         states.append(ranks["0"].pressure)
     assert states == ["saturated", "saturated", "saturated", "thrashing", "thrashing", "thrashing"]
-    assert derive.rate(histories["0"]) == pytest.approx(9 / 25)
+    assert derive.rate(histories["0"].preemptions) == pytest.approx(9 / 25)
 
 
 def test_a_queue_right_after_a_preemption_waits_for_kv_though_the_freed_blocks_look_like_room():

@@ -40,7 +40,7 @@ def test_pressure_state_along_the_sequence(directory):
                 assert math.isclose(rank.gauges[key], step[key], rel_tol=1e-9), (step["page"], key)
         states.append((rank.pressure, rank.reason))
         if "text" in step:  # the words `top` shows, from this pool's gauges and the window's preemption rate
-            rate = derive.rate(histories["0"])
+            rate = derive.rate(histories["0"].preemptions)
             row = {**rank.gauges, "reason": rank.reason, "preemptions_per_min": None if rate is None else rate * 60}
             assert top_rows.why(row, thresholds) == step["text"], step["page"]
     assert states == [(step["state"], step["reason"]) for step in spec["pages"]]
