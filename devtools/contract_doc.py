@@ -82,8 +82,11 @@ DERIVED = {
     "kv_transfer_held_tokens": "on a prefill pool, by how the engine holds it (" + "; ".join(
         f"{hold}: {meaning}" for hold, meaning in contract.EXPORT_HOLDS.items()) + "): used tokens less running "
         "requests x prompt tokens per finished request (finished; exact, the used tokens, while nothing runs), or "
-        "the in_progress stage x prompt tokens per finished request, at most the used tokens (inflight); the "
-        "transfer table below says where",
+        "the in_progress stage x prompt tokens per finished request, at most the used tokens (inflight). Prompt "
+        "tokens per finished request: the increase of prompt_tokens_total over that of requests_finished_total (else "
+        "of the e2e latency count) across `window_seconds` (60 s; a counter's drop adds nothing, as for the "
+        "preemption rate), over the engine's life where no request finished within it; the transfer table below "
+        "says where",
     "live_tokens_per_request": "(used tokens - KV held for export on a prefill pool) / running requests",
 }
 # Families an engine has no source for (the adapters' `not_reported`): absent for its targets.
@@ -495,15 +498,21 @@ PD_SERIES_SOURCES = (
      "returns delay_free_blocks for a finished request with `do_remote_decode` (its blocks stay in "
      "`kv_cache_usage_perc`, the request leaves `num_requests_running`), freed by `_update_from_kv_xfer_finished` once "
      "the worker reports it sent (pulled, or its lease expired): the used tokens beyond running requests x prompt "
-     "tokens per finished request (`prompt_tokens_total` / `e2e_request_latency_seconds_count`, both counted at the "
-     "request's one token). Exact while nothing runs; else off by the running prompts' difference from the mean "
-     "(at most one prompt and one block each)",
+     "tokens per finished request (the increase of `prompt_tokens_total` over that of `request_success_total`, "
+     "all finish reasons, over the window; `e2e_request_latency_seconds_count` where the counter is missing: "
+     "`PrometheusStatLogger.record` counts both for each finished request, at its one token here). Exact while "
+     "nothing runs, and while every running prompt and every one finished within the window and the poll before "
+     "it is of one length: one window and one poll after the last prompt of an old length finished; else off by "
+     "the running prompts' difference from the mean (at most one prompt and one block each)",
      "the same (Mooncake's `request_finished` delays the free until its sends are done)",
      "derived (the prefill side): `num_prefill_inflight_queue_reqs` (`process_batch_result_disagg_prefill` queues a "
      "computed request with its KV allocated, `process_disagg_prefill_inflight_queue` releases it when the transfer "
-     "is done) x prompt tokens per finished request (`prompt_tokens_total` / `e2e_request_latency_seconds_count`, "
-     "both counted when the tokenizer sees the request finish, after its transfer), at most the used tokens. Off by "
-     "the inflight prompts' difference from the mean, by their last partial page, and by what prefixes they share",
+     "is done) x prompt tokens per finished request (the increase of `prompt_tokens_total` over that of "
+     "`num_requests_total` over the window; `e2e_request_latency_seconds_count` where the counter is missing: "
+     "`TokenizerMetricsCollector.observe_one_finished_request` counts all three when the tokenizer sees the "
+     "request finish, after its transfer), at most the used tokens. Exact while every inflight prompt and every one "
+     "finished within the window and the poll before it is of one length and whole pages; else off by the inflight "
+     "prompts' difference from the mean, by their last partial page, and by what prefixes they share",
      "none",
      "none"),
     ("kv_transfer_prompt_tokens_total",

@@ -402,3 +402,42 @@ def test_an_sglang_prefill_pools_inflight_queue_holds_its_prompts_kv():
     assert (gauges["kv_transfer_held_tokens"], gauges["live_tokens_per_request"]) == (3072, 1000)
     assert derive.kv_gauges(inflight(2000, 6), None, "inflight")["kv_transfer_held_tokens"] == 2000
     assert derive.kv_gauges(inflight(2000, 0), None, "inflight")["kv_transfer_held_tokens"] == 0
+
+
+def test_the_mean_prompt_is_the_windows_and_the_lifetime_one_only_where_none_finished_within_it():
+    """A vLLM prefill pool polled every 15 s over the 60 s window, 3 running on 20,000 used tokens, its latency group
+    turned off (the finished-request counter counts): 100 requests of 200 tokens, then 4,000-token prompts at 2 a
+    poll, an engine restart (counters back to 2 requests of 4,000), 2 of 400 tokens, then nothing finishes."""
+    def page(requests: float, prompt_tokens: float) -> Snapshot:
+        values = rank(used_tokens=20_000, capacity_tokens=100_000, block_size_tokens=16, requests_running=3)
+        values.counters.update(prompt_tokens_total=prompt_tokens, requests_finished_total=requests)
+        return Snapshot("vllm", "m", "", {"0": values}, export_hold="finished")
+
+    histories: dict = {}
+    held = []
+    polls = [(100, 20_000), (102, 28_000), (104, 36_000), (106, 44_000), (108, 52_000),
+             (2, 8_000), (4, 8_800), (4, 8_800), (4, 8_800), (4, 8_800), (4, 8_800)]
+    for t, (requests, prompt_tokens) in enumerate(polls):
+        ranks, histories = derive.derive(page(requests, prompt_tokens), histories, t * 15.0, T, role="prefill")
+        held.append(ranks["0"].gauges["kv_transfer_held_tokens"])
+    # 20,000 - 3 x the mean prompt. The first poll: no window yet, the lifetime 200. To 75 s: 8,000 tokens a step
+    # of 2 requests, 4,000 (the restart's drop adds nothing; the lifetime mean would read 52,000 / 108 = 481 at 60 s).
+    # 90 s, from 30 s: (8,000 + 8,000 + 800) / 6 = 2,800; 105 s: 8,800 / 4 = 2,200; 120 and 135 s: 800 / 2 = 400.
+    # 150 s: none finished since 90 s, the lifetime mean: 8,800 / 4 = 2,200.
+    assert held == [19_400, 8_000, 8_000, 8_000, 8_000, 8_000, 11_600, 13_400, 18_800, 18_800, 13_400]
+    # One point at or before the window's start kept as its base, as for the preemption rate.
+    assert histories["0"].finished_requests == ((90.0, 4.0), (105.0, 4.0), (120.0, 4.0), (135.0, 4.0), (150.0, 4.0))
+    assert [t for t, _ in histories["0"].prompt_tokens] == [90.0, 105.0, 120.0, 135.0, 150.0]
+    # On a decode pool the two are not kept: no hold to estimate.
+    _, decode = derive.derive(page(4, 8_800), {}, 0.0, T, role="decode")
+    assert decode["0"] == derive.RankHistory()
+
+
+def test_the_finished_requests_are_the_engines_counter_else_its_latency_count():
+    """The counter where the adapter read one (vLLM's request_success_total, SGLang's num_requests_total), else the
+    end-to-end latency histogram's count; neither: unknown."""
+    both = finished(rank(), 7, 700)
+    both.counters["requests_finished_total"] = 9.0
+    assert derive.finished_requests(both) == 9
+    assert derive.finished_requests(finished(rank(), 7, 700)) == 7
+    assert derive.finished_requests(rank()) is None

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from prometheus_client import generate_latest
 
-from kvcache_exporter import adapters, derive
+from kvcache_exporter import adapters, contract, derive
 from kvcache_exporter.simulator.exposition import FLAVORS
 from kvcache_exporter.simulator.pd import (PDModel, ScenarioError, load_pd_scenario, parse_pd_scenario, side_registry,
                                            side_state, start_pd_pair)
@@ -213,3 +213,77 @@ def test_prefill_kv_held_for_export_is_exact_while_nothing_runs():
         else:
             assert abs(held - truth) <= len(pd.computing) * (4000 + block)
     assert idle >= 300
+
+
+# HELD's pair with prompt lengths that shift every 150 s (repeated): 256 tokens, then 2,048 (the decode pool short of
+# KV and the link 0.67 s a long prompt, 80 % busy at 1.2 a second: both sides hold long prompts), then 256 again.
+SHORT, LONG = 256, 2048
+SHIFTING = {**HELD, "phases": [
+    {"name": "short", "duration_s": 150, "arrival_rate": 1.2, "prompt_len": SHORT, "output_len": 400,
+     "prefix_share": 0},
+    {"name": "long", "duration_s": 150, "arrival_rate": 1.2, "prompt_len": LONG, "output_len": 400,
+     "prefix_share": 0}]}
+POLL = 0.5
+LATENCY_OFF = {name: frozenset() for name in contract.names(group="latency")}  # `families: {latency: false}`
+
+
+@pytest.mark.parametrize("engine", PULL)
+def test_prefill_kv_held_for_export_follows_a_shift_of_prompt_lengths_within_a_window(engine):
+    """Prompts of 256 tokens, then 2,048, then 256 again, polled every 0.5 s with the exporter's histories: each
+    request holding KV (vLLM: running; SGLang: in flight) is taken as one prompt of the mean over the window, so
+    from one window and one poll after the last prompt of the old length finished on the prefill side the held
+    tokens are the model's held blocks x 16 exactly (every prompt held then is of the new length, and so is every
+    one counted over the window); before, off by at most the difference of the two lengths per request holding.
+    The lifetime mean (no history: what the exporter read before) misses by hundreds of tokens a request there, in
+    the direction of each engine's hold (vLLM's running prompts taken too short: held too high; SGLang's in-flight
+    ones too short: held too low). With the latency group turned off the finished-request counter counts the
+    requests: the same values."""
+    pd = PDModel(parse_pd_scenario(SHIFTING, "shifting", "shifting"), PULL[engine],
+                 FLAVORS["vllm-v1" if engine == "vllm" else "sglang"].reporting.buckets, 7)
+    block, window = pd.prefill.config.block_size, DEFAULT.window_seconds
+    adapter, hold = adapters.ADAPTERS[engine], "finished" if engine == "vllm" else "inflight"
+    histories: dict = {}
+    off_histories: dict = {}
+    polls = []  # (time, held, truth, requests holding, lifetime held, finished prompts by length)
+    while pd.now < 450:
+        pd.advance_to(pd.now + POLL)
+        text = generate_latest(side_registry(engine, lambda: side_state(pd, "prefill", "m", 0.0), 7)).decode()
+        samples = parser.parse(text, adapter.wanted)
+        snapshot = adapter.adapt(samples)
+        ranks, histories = derive.derive(snapshot, histories, pd.now, DEFAULT, None, "prefill")
+        off, off_histories = derive.derive(adapter.adapt(samples, LATENCY_OFF), off_histories, pd.now, DEFAULT,
+                                           None, "prefill")
+        assert "e2e_request_latency_seconds" not in off["0"].values.histograms
+        gauges = ranks["0"].gauges
+        assert off["0"].gauges.get("kv_transfer_held_tokens") == gauges.get("kv_transfer_held_tokens"), pd.now
+        if "kv_transfer_held_tokens" not in gauges:  # nothing finished yet: no mean prompt to count by
+            assert pd.prefill.counters.finished_requests == 0
+            continue
+        counters = pd.prefill.counters
+        long_done = (counters.finished_prompt_tokens - SHORT * counters.finished_requests) // (LONG - SHORT)
+        holding = len(pd.computing) if engine == "vllm" else len(pd.held)
+        lifetime = derive.kv_gauges(snapshot.ranks["0"], None, hold)["kv_transfer_held_tokens"]
+        polls.append((pd.now, gauges["kv_transfer_held_tokens"], pd.held_blocks() * block, holding, lifetime,
+                      (counters.finished_requests - long_done, long_done)))
+    exact = []  # per shift: from one window and one poll after the last prompt of the old length finished
+    for shift, old in ((150, 0), (300, 1)):
+        final = [finished[old] for t, *_, finished in polls if t < shift + 150][-1]
+        drained = min(t for t, *_, finished in polls if t >= shift and finished[old] == final)
+        exact.append((drained + window + POLL, shift + 150))
+    exact_polls, lifetime_misses = [0, 0], []  # the latter on long prompts, per request holding
+    for t, held, truth, holding, lifetime, _ in polls:
+        if t < 150 or any(start <= t < end for start, end in exact):
+            assert held == truth, t
+            exact_polls[t >= 300] += t >= 150
+            if exact[0][0] <= t < exact[0][1] and holding:
+                lifetime_misses.append((lifetime - truth) / holding)
+        else:
+            assert abs(held - truth) <= holding * (LONG - SHORT), t
+    assert min(exact_polls) >= 60, (exact_polls, exact)  # >= 30 s of each length read exactly after its shift
+    # The lifetime mean, at most the simulator's prompt tokens over requests finished at the second shift, takes
+    # each long prompt holding KV that much short of its 2,048 tokens: held too high (vLLM) or too low (SGLang).
+    finished = [f for t, *_, f in polls if t < 300][-1]
+    longest_mean = (SHORT * finished[0] + LONG * finished[1]) / sum(finished)
+    assert LONG - longest_mean >= 500 and len(lifetime_misses) >= 10, (longest_mean, lifetime_misses)
+    assert all(miss >= LONG - longest_mean if engine == "vllm" else miss <= longest_mean - LONG
+               for miss in lifetime_misses), (longest_mean, lifetime_misses)
