@@ -161,11 +161,15 @@ HELD = {"prefill": {"num_blocks": 32768, "max_num_seqs": 64, "max_num_batched_to
                     "output_len": 400, "prefix_share": 0}]}
 
 
-def derived_side(pd: PDModel, engine: str, role: str) -> derive.DerivedRank:
-    """One side's page as the model's last tick shows it, read by the exporter's adapter and derived with its role."""
+def derived_side(pd: PDModel, engine: str, role: str, histories: dict | None = None) -> derive.DerivedRank:
+    """One side's page as the model's last tick shows it, read by the exporter's adapter and derived with its role;
+    with the exporter's `histories` from the polls before (updated for the next), else as a first poll."""
     text = generate_latest(side_registry(engine, lambda: side_state(pd, role, "m", 0.0), 7)).decode()
     adapter = adapters.ADAPTERS[engine]
-    ranks, _ = derive.derive(adapter.adapt(parser.parse(text, adapter.wanted)), {}, 0.0, DEFAULT, None, role)
+    ranks, kept = derive.derive(adapter.adapt(parser.parse(text, adapter.wanted)), histories or {}, pd.now, DEFAULT,
+                                None, role)
+    if histories is not None:
+        histories.update(kept)
     return ranks["0"]
 
 
@@ -179,9 +183,10 @@ def test_prefill_kv_held_for_export_is_the_models_held_blocks(engine):
                                                                                   else "sglang"].reporting.buckets, 7)
     block = pd.prefill.config.block_size
     held_polls = running_polls = 0
+    histories: dict = {}
     while pd.now < 300:
         pd.advance_to(pd.now + 0.5)
-        prefill = derived_side(pd, engine, "prefill")
+        prefill = derived_side(pd, engine, "prefill", histories)
         truth = pd.held_blocks() * block
         if "kv_transfer_held_tokens" not in prefill.gauges:  # nothing finished yet: no mean prompt to count by
             assert pd.prefill.counters.finished_requests == 0 and (pd.computing or pd.held)
@@ -198,15 +203,17 @@ def test_prefill_kv_held_for_export_is_the_models_held_blocks(engine):
 
 
 def test_prefill_kv_held_for_export_is_exact_while_nothing_runs():
-    """vLLM with prompts of many lengths (pd-decode-short): while the prefill side computes nothing its used tokens
-    are all held for export; while it computes, each running prompt is taken at the mean, off by at most the longest
-    prompt (4,000 tokens) and a block each."""
+    """vLLM with prompts of many lengths (pd-decode-short), polled every 0.5 s with the exporter's histories: while
+    the prefill side computes nothing its used tokens are all held for export; while it computes, each running
+    prompt is taken at the window's mean, off by at most the longest prompt (4,000 tokens) and a block each."""
     pd = model("pd-decode-short", "vllm", 60)
     block = pd.prefill.config.block_size
     idle = 0
+    histories: dict = {}
     while pd.now < 300:
         pd.advance_to(pd.now + 0.5)
-        held, truth = derived_side(pd, "vllm", "prefill").gauges["kv_transfer_held_tokens"], pd.held_blocks() * block
+        held = derived_side(pd, "vllm", "prefill", histories).gauges["kv_transfer_held_tokens"]
+        truth = pd.held_blocks() * block
         if not pd.computing:
             idle += truth > 0
             assert held == truth
