@@ -95,6 +95,10 @@ def test_prefix_cache_counters_equal_vllms(phases, phase):
     page, exporter = sides[phase]
     for name, engine_name in MIRRORED.items():
         assert ours(exporter, name) == harness.value(page, engine_name), name
+    # Finished requests: vLLM's success counter over its finished reasons, and the requests the phases sent.
+    sent = sum(shape["prefixes"] * shape["rounds"] for shape in (SHARED, EVICTING)[:1 + (phase == "evicting")])
+    assert ours(exporter, "kvcache_requests_finished_total") == \
+        sum(harness.series(page, "vllm:request_success_total").values()) == sent
     for source, engine_source in vllm_engine.HIT_SOURCES.items():
         assert ours(exporter, "kvcache_cached_prompt_tokens_total", source=source) == \
             harness.value(page, "vllm:prompt_tokens_cached_by_source_total", source=engine_source), source
