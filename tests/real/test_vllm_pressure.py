@@ -78,6 +78,8 @@ MIRRORED = {
 MIRRORED_WITH_LABELS = {
     "kvcache_kv_transfer_prompt_tokens_total": ("vllm:prompt_tokens_cached_by_source_total", {"source": "p2p"}),
 }
+# ... and those that are a vLLM family summed over its labels (request_success_total: by finished_reason).
+MIRRORED_SUMMED = {"kvcache_requests_finished_total": "vllm:request_success_total"}
 HIT_SOURCES = vllm_engine.HIT_SOURCES
 # The gauges the pressure reasons' texts quote (exporter/contract.py PRESSURE_REASONS), read beside the reason.
 REASON_NUMBERS = ("requests_waiting_for_kv", "requests_waiting_with_kv_room", "headroom_requests", "usage_ratio")
@@ -340,7 +342,8 @@ def test_kv_bound_every_mirrored_counter_equals_vllms_page(kv_bound):
     ours = harness.samples_of(kv_bound.exporter_text)
     mirrored = {name for name in counter_families(kv_bound.exporter_text)
                 if not name.startswith(NOT_MIRRORED_PREFIXES)}
-    assert mirrored - set(MIRRORED) - set(MIRRORED_WITH_LABELS) == set(), "counters with no vLLM counterpart here"
+    assert mirrored - set(MIRRORED) - set(MIRRORED_WITH_LABELS) - set(MIRRORED_SUMMED) == set(), \
+        "counters with no vLLM counterpart here"
     compared = 0
     for (name, label_pairs), value in ours.items():
         labels = dict(label_pairs)
@@ -363,11 +366,14 @@ def test_kv_bound_every_mirrored_counter_equals_vllms_page(kv_bound):
         assert math.isclose(value, expected, rel_tol=1e-9, abs_tol=1e-9), (name, labels, value, expected)
         compared += 1
     assert compared >= len(MIRRORED), compared
+    for name, engine_name in MIRRORED_SUMMED.items():
+        assert harness.value(ours, name, target=KV_TARGET) == sum(harness.series(before, engine_name).values()), name
     # The load as vLLM counted it: every prompt and output token of the requests sent, and real preemptions.
     answered = len(kv_bound.outcomes)
     assert harness.value(before, "vllm:prompt_tokens_total") == answered * KV_LOAD["prompt_tokens"]
     assert harness.value(before, "vllm:generation_tokens_total") == answered * KV_LOAD["output_tokens"]
     assert harness.value(before, "vllm:num_preemptions_total") > 0
+    assert harness.value(ours, "kvcache_requests_finished_total", target=KV_TARGET) == answered
 
 
 def test_kv_bound_event_stream_followed_the_pool(kv_bound):
