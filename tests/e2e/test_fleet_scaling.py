@@ -25,9 +25,9 @@ the signal gives none back.
 The same loop then meets a step, a ramp and a spike in the load, a scale-in and a replica that crashes and
 restarts (the tests below `held_pools`, each expected count from the same arithmetic); a load whose running requests
 outgrow their pools while the queue drains between polls (preemption as demand); and the converging fleet reached
-through the exporter's /probe as the shipped probe scrape configuration does it. They print the figures
-docs/scaling.md states: the time to the needed count, overshoot and direction changes, and each held count's
-preemptions and completions per replica.
+through the exporter's /probe as the shipped probe scrape configuration does it (pods of a decode Deployment), then
+scaled in. They print the figures docs/scaling.md states: the time to the needed count, overshoot and direction
+changes, and each held count's preemptions and completions per replica.
 """
 
 from __future__ import annotations
