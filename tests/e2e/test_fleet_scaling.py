@@ -584,9 +584,10 @@ def test_sustained_preemption_asks_for_the_replicas_the_load_needs(preempting):
 # label relabeled into the probe's `model` and `role`). The pods are a decode Deployment (llm-d.ai/role: decode, as
 # keda-scaledobjects-pd.yaml scales one): the engine's page names no role, so only the probe's `role` puts the
 # fleet's series, and the signal read for it, under role="decode". A new replica refuses connections while it loads:
-# only its probe's parameters say what it is a replica of (kvcache_target_replica_info). Then the load falls to PROBE_LOW_RATE,
-# which needs needed(PROBE_LOW_RATE) = 2 (one pool would get 3.4, above what it serves), and 3 replicas hold under
-# 2 pools' worth at the low-water mark (held_pools): one goes, leaves discovery, and stops counting.
+# only its probe's parameters say what it is a replica of (kvcache_target_replica_info). Then the load falls to
+# PROBE_LOW_RATE, which needs needed(PROBE_LOW_RATE) = 2 (one pool would get 3.4, above what it serves), and 3 replicas
+# hold under 2 pools' worth at the low-water mark (held_pools): one goes, leaves discovery, and never counts as
+# starting.
 PROBE_LOW_RATE = 3.4
 PROBE_DOWN_AT = 25.0
 # Prometheus applies a discovery change to its scrape targets at most every 5 s (its discovery manager's update
