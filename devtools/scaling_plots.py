@@ -53,7 +53,8 @@ UNIFIED = (
      ("delta", "kvcache:fleet_replicas:delta", {"linestyle": ":"})],
 )
 DISAGGREGATED = (
-    [("prefill_usage", "prefill KV usage", {"linewidth": 3, "alpha": 0.5}), ("decode_usage", "decode KV usage (mean of the ready pools)", {}),
+    [("prefill_usage", "prefill KV usage", {"linewidth": 3, "alpha": 0.5}),
+     ("decode_usage", "decode KV usage (mean of the ready pools)", {}),
      ("prefill_held", "prefill KV held for export (share of its pool)", {"linestyle": "--"})],
     [("prefill_waiting", "requests waiting: prefill", {}), ("decode_waiting", "decode", {})],
     [("decode_ready", "decode ready", {"linewidth": 2}), ("decode_starting", "decode starting", {}),
