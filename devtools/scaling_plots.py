@@ -3,8 +3,9 @@
     .venv/bin/python -m devtools.scaling_plots            # runs the fleet tests, then draws docs/img/scaling/*.png
     .venv/bin/python -m devtools.scaling_plots --from DIR  # draws from traces a run left in DIR
 
-The tests (tests/e2e/test_fleet_e2e.py, tests/e2e/test_fleet_scaling.py) write their traces only when TRACE_ENV
-names a directory: `record` reads each series below over the run from Prometheus, per model.
+The tests (tests/e2e/test_fleet_e2e.py, tests/e2e/test_fleet_scaling.py, tests/e2e/test_fleet_scaling_pd.py) write
+their traces only when TRACE_ENV names a directory: `record` reads each series below over the run from Prometheus,
+per model.
 """
 
 from __future__ import annotations
@@ -31,8 +32,36 @@ SERIES = {
     "starting": "sum by (model) (kvcache:fleet_replicas_starting:count)",
     "delta": "sum by (model) (kvcache:fleet_replicas:delta)",
     "desired": "sum by (model) (kvcache:fleet_replicas:desired)",
+    # A disaggregated fleet's, per role.
+    "prefill_usage": 'avg by (model) (kvcache_usage_ratio{role="prefill"})',
+    "decode_usage": 'avg by (model) (kvcache_usage_ratio{role="decode"})',
+    "prefill_held": ('sum by (model) (kvcache_kv_transfer_held_tokens{role="prefill"})\n'
+                     '/ sum by (model) (kvcache_capacity_tokens{role="prefill"})'),
+    "prefill_waiting": 'sum by (model) (kvcache_requests_waiting{role="prefill"})',
+    "decode_waiting": 'sum by (model) (kvcache_requests_waiting{role="decode"})',
+    "decode_ready": 'sum by (model) (kvcache:fleet_replicas_ready:count{role="decode"})',
+    "decode_starting": 'sum by (model) (kvcache:fleet_replicas_starting:count{role="decode"})',
+    "decode_desired": 'sum by (model) (kvcache:fleet_replicas:desired{role="decode"})',
+    "prefill_desired": 'sum by (model) (kvcache:fleet_replicas:desired{role="prefill"})',
 }
-# The fleets drawn, by model, with their titles.
+# What each plot's three panels (KV, queue, replicas) draw: (series, label, line style).
+UNIFIED = (
+    [("usage", "KV usage (mean of the ready pools)", {})],
+    [("waiting", "requests waiting", {}), ("waiting_for_kv", "of them for KV", {})],
+    [("ready", "ready", {"linewidth": 2}), ("starting", "starting", {}),
+     ("desired", "kvcache:fleet_replicas:desired", {"linestyle": "--"}),
+     ("delta", "kvcache:fleet_replicas:delta", {"linestyle": ":"})],
+)
+DISAGGREGATED = (
+    [("prefill_usage", "prefill KV usage", {"linewidth": 3, "alpha": 0.5}),
+     ("decode_usage", "decode KV usage (mean of the ready pools)", {}),
+     ("prefill_held", "prefill KV held for export (share of its pool)", {"linestyle": "--"})],
+    [("prefill_waiting", "requests waiting: prefill", {}), ("decode_waiting", "decode", {})],
+    [("decode_ready", "decode ready", {"linewidth": 2}), ("decode_starting", "decode starting", {}),
+     ("decode_desired", "decode desired", {"linestyle": "--"}),
+     ("prefill_desired", "prefill desired", {"linestyle": ":"})],
+)
+# The fleets drawn, by model, with their titles (and panels, where not UNIFIED's).
 FLEETS = {
     "balanced": "KV-bound: two replicas overloaded alike, a third starting",
     "capped": "Cap-bound: queueing behind the running-request cap",
@@ -42,7 +71,8 @@ FLEETS = {
     "ramp": "A ramp from 3 to 5 replicas' load over 5 minutes",
     "spike": "A 20-second spike that ends, then a replica that crashes and restarts: nothing added",
     "preempting": "Preemption without a standing queue: 2 replicas whose running requests outgrow their pools",
-    "probed": "Probe mode: a loading replica counts as starting by its probe's model",
+    "probed": "Probe mode, decode pods: one loading counts as starting, one scaled in does not",
+    "pd": ("Prefill and decode apart: decode short, prefill holding what decode has not pulled", DISAGGREGATED),
 }
 
 
@@ -71,28 +101,23 @@ def draw(traces: Path, out: Path) -> list[Path]:
     runs = [json.loads(path.read_text()) for path in sorted(traces.glob("*.json"))]
     written = []
     out.mkdir(parents=True, exist_ok=True)
-    for model, title in FLEETS.items():
-        run = next((run for run in runs if model in run["series"]["ready"]), None)
+    for model, spec in FLEETS.items():
+        title, panels = spec if isinstance(spec, tuple) else (spec, UNIFIED)
+        run = next((run for run in runs if model in run["series"].get(panels[-1][0][0], {})), None)
         if run is None:
             continue
         minutes = run["time_scale"] / 60  # simulated minutes per wall second
-
-        def line(axis, key, label, **style):
-            points = run["series"][key].get(model, [])
-            axis.step([t * minutes for t, _ in points], [v for _, v in points], where="post", label=label, **style)
-
-        figure, (usage, queue, replicas) = plt.subplots(3, 1, sharex=True, figsize=(8, 7))
+        figure, axes = plt.subplots(3, 1, sharex=True, figsize=(8, 7))
         figure.suptitle(title)
-        line(usage, "usage", "KV usage (mean of the ready pools)")
+        for axis, lines in zip(axes, panels):
+            for key, label, style in lines:
+                points = run["series"].get(key, {}).get(model, [])
+                axis.step([t * minutes for t, _ in points], [v for _, v in points], where="post", label=label,
+                          **style)
+        usage, queue, replicas = axes
         usage.set_ylim(0, 1.05)
-        usage.legend(loc="lower right")
-        line(queue, "waiting", "requests waiting")
-        line(queue, "waiting_for_kv", "of them for KV")
-        queue.legend(loc="upper left")
-        line(replicas, "ready", "ready", linewidth=2)
-        line(replicas, "starting", "starting")
-        line(replicas, "desired", "kvcache:fleet_replicas:desired", linestyle="--")
-        line(replicas, "delta", "kvcache:fleet_replicas:delta", linestyle=":")
+        usage.legend(loc="lower right", fontsize=7)
+        queue.legend(loc="upper left", fontsize=7)
         for seconds, what in run["events"]:
             replicas.axvline(seconds * minutes, color="grey", alpha=0.3)
             replicas.annotate(what, (seconds * minutes, replicas.get_ylim()[0]), fontsize=7, rotation=90,
@@ -116,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.traces is None:
         args.traces = Path(tempfile.mkdtemp(prefix="kvcache-scaling-"))
         result = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/e2e/test_fleet_e2e.py",
-                                 "tests/e2e/test_fleet_scaling.py"], cwd=harness.REPO,
+                                 "tests/e2e/test_fleet_scaling.py", "tests/e2e/test_fleet_scaling_pd.py"],
+                                cwd=harness.REPO,
                                 env={**os.environ, TRACE_ENV: str(args.traces)})
         if result.returncode != 0:
             print(f"the fleet tests failed; traces so far in {args.traces}", file=sys.stderr)

@@ -25,9 +25,9 @@ the signal gives none back.
 The same loop then meets a step, a ramp and a spike in the load, a scale-in and a replica that crashes and
 restarts (the tests below `held_pools`, each expected count from the same arithmetic); a load whose running requests
 outgrow their pools while the queue drains between polls (preemption as demand); and the converging fleet reached
-through the exporter's /probe as the shipped probe scrape configuration does it. They print the figures
-docs/scaling.md states: the time to the needed count, overshoot and direction changes, and each held count's
-preemptions and completions per replica.
+through the exporter's /probe as the shipped probe scrape configuration does it (pods of a decode Deployment), then
+scaled in. They print the figures docs/scaling.md states: the time to the needed count, overshoot and direction
+changes, and each held count's preemptions and completions per replica.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ import time
 import pytest
 import yaml
 
-from deploy.kubernetes.deployment import ENGINE_LABELS, MODEL_ANNOTATION, ROLE_LABEL, Deployment, meta_label
+from deploy.kubernetes.deployment import (ENGINE_LABELS, MODEL_ANNOTATION, ROLE_LABEL, ROLE_OF_LABEL_VALUE, Deployment,
+                                          meta_label)
 from devtools import harness, scaling_plots
 from devtools.alerting import prometheus_config
 from devtools.probe_discovery import plain_config, with_file_discovery
@@ -103,16 +104,18 @@ class Fleet:
     second."""
 
     def __init__(self, config_path, exporter, model: str, total: float, workload: Workload = Workload(),
-                 discovery=None):
+                 discovery=None, role: str = "unified"):
         self.config_path = config_path
         self.exporter = exporter
         self.model = model
+        self.role = role
         self.total = total
         self.workload = workload
         self.discovery = discovery
         self.prometheus: str | None = None  # its URL, in probe mode
         self.ready: dict[str, object] = {}  # name -> SimulatedEngine
         self.starting: dict[str, tuple[socket.socket, float]] = {}  # name -> (its refusing socket, when it answers)
+        self.leaving: dict[str, object] = {}  # name -> SimulatedEngine: out of discovery, still probed (probe mode)
         self.seed = 0
 
     @property
@@ -141,12 +144,32 @@ class Fleet:
         return bool(due)
 
     def remove(self) -> None:
-        """The newest ready replica goes: out of the configuration (poll mode) or out of discovery (probe mode)."""
+        """The newest ready replica goes: out of the configuration (poll mode), or out of discovery (probe mode). A
+        scaled-in pod leaves its Service's endpoints at once (no new requests; those it runs finish) but stays in
+        pod discovery until it exits: its engine answers until Prometheus has stopped probing it (`stop_left`;
+        docs/scaling.md: one refusing while still probed counts as starting)."""
         name = sorted(self.ready, key=lambda n: int(n.rsplit("-", 1)[1]))[-1]
         engine = self.ready.pop(name)
         self._split()
         self._configure()
-        engine.stop()
+        if self.discovery is None:
+            engine.stop()
+        else:
+            engine.set_arrival_rate(0.0)
+            self.leaving[name] = engine
+
+    def stop_left(self) -> bool:
+        """Stop the engines of removed replicas that Prometheus no longer probes; whether any stopped."""
+        if not self.leaving:
+            return False
+        status, body = harness.http_get(f"{self.prometheus}/api/v1/targets?state=active")
+        if status != 200:
+            return False
+        probed = {t["labels"].get("instance") for t in json.loads(body)["data"]["activeTargets"]}
+        gone = [name for name, engine in self.leaving.items() if f"127.0.0.1:{engine.port}" not in probed]
+        for name in gone:
+            self.leaving.pop(name).stop()
+        return bool(gone)
 
     def crash(self, now: float, down: float) -> None:
         """The newest ready replica's engine dies and comes back `down` later on the same address, still configured:
@@ -175,8 +198,8 @@ class Fleet:
         if self.discovery is not None:
             self._discover(ports)
             return
-        targets = [{"name": name, "url": f"http://127.0.0.1:{port}/metrics", "engine": "vllm", "model": self.model}
-                   for name, port in ports.items()]
+        targets = [{"name": name, "url": f"http://127.0.0.1:{port}/metrics", "engine": "vllm", "model": self.model,
+                    "role": self.role} for name, port in ports.items()]
         self.config_path.write_text(yaml.safe_dump({
             "poll_interval": INTERVAL, "pressure": dataclasses.asdict(COMPRESSED), "targets": targets}))
         if self.exporter is not None:
@@ -184,20 +207,21 @@ class Fleet:
 
     def _discover(self, ports: dict[str, int]) -> None:
         """Each replica as Kubernetes pod discovery lists an engine pod that runs (ready or loading): its address, the
-        model annotation and llm-d's role label, which the shipped relabeling passes as the probe's `model` and
-        `role`. Written whole, then renamed: Prometheus never reads half a file."""
+        model annotation and llm-d's role label (its value for the fleet's role), which the shipped relabeling passes
+        as the probe's `model` and `role`. Written whole, then renamed: Prometheus never reads half a file."""
+        role_label = next(value for value, role in ROLE_OF_LABEL_VALUE.items() if role == self.role)
         pods = [{"targets": [f"127.0.0.1:{port}"], "labels": {
             "__meta_kubernetes_namespace": "inference", "__meta_kubernetes_pod_name": name,
             "__meta_kubernetes_pod_phase": "Running", "__meta_kubernetes_pod_container_init": "false",
             "__meta_kubernetes_pod_container_port_name": "http", meta_label(ENGINE_LABELS[0]): "vllm",
-            meta_label(MODEL_ANNOTATION, "annotation"): self.model, meta_label(ROLE_LABEL): "prefill-decode"}}
+            meta_label(MODEL_ANNOTATION, "annotation"): self.model, meta_label(ROLE_LABEL): role_label}}
             for name, port in ports.items()]
         written = self.discovery.with_suffix(".tmp")
         written.write_text(json.dumps(pods))
         written.replace(self.discovery)
 
     def stop(self) -> None:
-        for engine in self.ready.values():
+        for engine in [*self.ready.values(), *self.leaving.values()]:
             engine.stop()
         for refusing, _ in self.starting.values():
             refusing.close()
@@ -208,8 +232,8 @@ CAUSES = ("kvcache:fleet_replicas_short:count", "kvcache:fleet_replicas_preempti
           "kvcache:fleet_kv_short_tokens:sum")
 
 
-def reading(prom_url: str, model: str, series: str) -> float | None:
-    found = harness.prom_vector(prom_url, f'{series}{{model="{model}"}}')
+def reading(prom_url: str, model: str, series: str, role: str = "unified") -> float | None:
+    found = harness.prom_vector(prom_url, f'{series}{{model="{model}", role="{role}"}}')
     return found[0][1] if found else None
 
 
@@ -224,19 +248,21 @@ def probe_config(rules, discovery, exporter_url: str) -> dict:
 
 
 def autoscale(tmp, model: str, initial: int, load, deadline: float, settled, crash_at: float | None = None,
-              workload: Workload = Workload(), probe: bool = False, startup: float = STARTUP) -> dict:
-    """The shipped HPA's behaviour on the fast clock, acting on `initial` replicas of `model` under `load(now)`
-    requests a second (wall seconds since the start) of `workload`, until `settled(fleet, now, last_change)` or
-    `deadline`, a replica crashing at `crash_at`, a new one loading for `startup`; the exporter polls the replicas it is configured with, or (`probe`)
-    Prometheus probes them through it as the shipped probe job does: the actions taken ((time, "add" | "ready" |
-    "remove" | "crash")), the (time, replicas, ready, desired), (time, starting, delta) and (time, *CAUSES)
-    readings, and `held`: the preemption and completion rates of each stretch the fleet held one count under one
-    load (`held_rates`)."""
+              workload: Workload = Workload(), probe: bool = False, startup: float = STARTUP,
+              role: str = "unified") -> dict:
+    """The shipped HPA's behaviour on the fast clock, acting on `initial` replicas of `model` (of `role`) under
+    `load(now)` requests a second (wall seconds since the start) of `workload`, until `settled(fleet, now,
+    last_change)` or `deadline`, a replica crashing at `crash_at`, a new one loading for `startup`. The exporter polls
+    the replicas it is configured with, or (`probe`) Prometheus probes them through it as the shipped probe job does.
+    The signal is read for `role`. Returns the actions taken ((time, "add" | "ready" | "remove" | "unprobed" |
+    "crash")), the (time, replicas, ready, desired), (time, starting, delta) and (time, *CAUSES) readings, and
+    `held`: the preemption and completion rates of each stretch the fleet held one count under one load
+    (`held_rates`)."""
     rules = tmp / "kvcache-rules.yml"
     assert generate.main(["--time-scale", str(TIME_SCALE), "--output", str(rules)]) == 0
     config_path = tmp / "exporter.yml"
     discovery = tmp / "pods.json" if probe else None
-    fleet = Fleet(config_path, None, model, load(0.0), workload, discovery)
+    fleet = Fleet(config_path, None, model, load(0.0), workload, discovery, role)
     try:
         for _ in range(initial):
             fleet.add(0.0, startup=0.0)
@@ -271,11 +297,13 @@ def autoscale(tmp, model: str, initial: int, load, deadline: float, settled, cra
                 if fleet.start_due(now):
                     actions.append((now, "ready"))
                     last_change = now
-                wanted = reading(prom.url, model, "kvcache:fleet_replicas:desired")
+                if fleet.stop_left():
+                    actions.append((now, "unprobed"))
+                wanted = reading(prom.url, model, "kvcache:fleet_replicas:desired", role)
                 readings.append((now, fleet.replicas, len(fleet.ready), wanted))
-                deltas.append((now, reading(prom.url, model, "kvcache:fleet_replicas_starting:count"),
-                               reading(prom.url, model, "kvcache:fleet_replicas:delta")))
-                causes.append((now, *(reading(prom.url, model, series) for series in CAUSES)))
+                deltas.append((now, reading(prom.url, model, "kvcache:fleet_replicas_starting:count", role),
+                               reading(prom.url, model, "kvcache:fleet_replicas:delta", role)))
+                causes.append((now, *(reading(prom.url, model, series, role) for series in CAUSES)))
                 recent = [w for t, _, _, w in readings if t >= now - SCALE_UP_WINDOW]
                 held = [w for t, _, _, w in readings if t >= now - SCALE_DOWN_WINDOW]
                 if now >= SCALE_UP_WINDOW and None not in recent and min(recent) > fleet.replicas:
@@ -293,8 +321,12 @@ def autoscale(tmp, model: str, initial: int, load, deadline: float, settled, cra
                 time.sleep(TICK)
             scaling_plots.record(prom.url, model, unix_started, TIME_SCALE, actions)
             rates = held_rates(prom.url, model, unix_started, stretches)
+            # The roles the model's signal carried over the run, per series.
+            roles = harness.prom_vector(prom.url, 'group by (__name__, role) (last_over_time({__name__=~"kvcache:fleet_'
+                                        f'replicas.+", model="{model}"}}[{math.ceil(now) + 1}s]))')
         return {"actions": actions, "readings": readings, "deltas": deltas, "causes": causes,
-                "replicas": fleet.replicas, "ready": len(fleet.ready), "elapsed": now, "held": rates}
+                "replicas": fleet.replicas, "ready": len(fleet.ready), "elapsed": now, "held": rates,
+                "roles": {(labels["__name__"], labels.get("role")) for labels, _ in roles}}
     finally:
         fleet.stop()
 
@@ -549,28 +581,43 @@ def test_sustained_preemption_asks_for_the_replicas_the_load_needs(preempting):
 
 # Probe mode: the converging fleet's replicas reached only through the exporter's /probe, as the shipped scrape
 # configuration has Prometheus probe them (deploy/kubernetes: pod discovery, the model annotation and llm-d's role
-# label relabeled into the probe's `model` and `role`). A new replica refuses connections while it loads: only its
-# probe's parameters say what it is a replica of (kvcache_target_replica_info). Scale-in in probe mode is not
-# checked here: 2 of 4 runs went 3 -> 2 -> 3 (docs/scaling.md, not settled).
+# label relabeled into the probe's `model` and `role`). The pods are a decode Deployment (llm-d.ai/role: decode, as
+# keda-scaledobjects-pd.yaml scales one): the engine's page names no role, so only the probe's `role` puts the
+# fleet's series, and the signal read for it, under role="decode". A new replica refuses connections while it loads:
+# only its probe's parameters say what it is a replica of (kvcache_target_replica_info). Then the load falls to
+# PROBE_LOW_RATE, which needs needed(PROBE_LOW_RATE) = 2 (one pool would get 3.4, above what it serves), and 3 replicas
+# hold under 2 pools' worth at the low-water mark (held_pools): one goes, leaves discovery, and never counts as
+# starting.
+PROBE_LOW_RATE = 3.4
+PROBE_DOWN_AT = 25.0
 # Prometheus applies a discovery change to its scrape targets at most every 5 s (its discovery manager's update
-# period), on any clock: a new pod is first probed up to 5 wall seconds (100 simulated) after it appears. A new pod
-# loads for 160 simulated seconds (a pod loads its weights for minutes).
+# period), on any clock: a new pod is first probed up to 5 wall seconds (100 simulated) after it appears, and one
+# scaled in is probed until then (Fleet.remove keeps its engine answering). A new pod loads for 160 simulated
+# seconds (a pod loads its weights for minutes).
 PROBE_STARTUP = 8.0
+PROBE_ROLE = "decode"
 
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory):
     def settled(fleet, now, last_change):
-        return fleet.replicas == NEEDED and not fleet.starting and now - last_change >= HOLD
+        return (now > PROBE_DOWN_AT and fleet.replicas == needed(PROBE_LOW_RATE) and not fleet.leaving
+                and now - last_change >= HOLD / 2)
 
-    return autoscale(tmp_path_factory.mktemp("probed"), "probed", INITIAL, lambda now: TOTAL_RATE, DEADLINE,
-                     settled, probe=True, startup=PROBE_STARTUP)
+    return autoscale(tmp_path_factory.mktemp("probed"), "probed", INITIAL,
+                     lambda now: TOTAL_RATE if now < PROBE_DOWN_AT else PROBE_LOW_RATE,
+                     PROBE_DOWN_AT + 3 * SCALE_DOWN_WINDOW, settled, probe=True, startup=PROBE_STARTUP,
+                     role=PROBE_ROLE)
 
 
-def test_probe_mode_counts_a_loading_replica_as_starting(probed):
+def test_probe_mode_counts_a_loading_replica_as_starting_and_a_removed_one_not(probed):
+    low = needed(PROBE_LOW_RATE)
+    assert low == 2 and PROBE_LOW_RATE > pool_rate(EngineConfig())
+    assert low - 1 < held_pools(PROBE_LOW_RATE, NEEDED) / COMPRESSED.low_water_ratio <= low
+    assert held_pools(PROBE_LOW_RATE, low) / COMPRESSED.low_water_ratio > low - 1
     moves = [what for _, what in probed["actions"] if what in ("add", "remove")]
-    assert moves == ["add"] * (NEEDED - INITIAL), probed["actions"]
-    assert probed["ready"] == NEEDED, probed["actions"]
+    assert moves == ["add"] * (NEEDED - INITIAL) + ["remove"] * (NEEDED - low), probed["actions"]
+    assert probed["replicas"] == low, probed["actions"]
     # While the new replica loaded, the rules counted it as starting from its probe's model and role, and asked for
     # nothing more: the delta was 0 whenever it was seen starting, desired never above the replicas there were.
     added = next(t for t, what in probed["actions"] if what == "add")
@@ -579,4 +626,16 @@ def test_probe_mode_counts_a_loading_replica_as_starting(probed):
     assert any(starting == 1 for _, starting, _ in seen), seen
     assert all(delta == 0 for _, starting, delta in seen if starting == 1), seen
     assert max(replicas for _, replicas, _, _ in probed["readings"]) == NEEDED, probed["actions"]
-    print("probe mode", figures(probed, 0.0, NEEDED))
+    # Every reading above was of role="decode" (`reading`), and the model's signal had no other role: the probe's
+    # `role`, from the pods' label, is the role of the ready replicas' series and of the loading one's replica_info.
+    assert {role for _, role in probed["roles"]} == {PROBE_ROLE}, probed["roles"]
+    assert {"kvcache:fleet_replicas:desired", "kvcache:fleet_replicas_starting:count"} <= {
+        name for name, _ in probed["roles"]}, probed["roles"]
+    # Removed, it left discovery: Prometheus stopped probing it, and it never counted as starting.
+    removed = next(t for t, what in probed["actions"] if what == "remove")
+    after = [(t, starting) for t, starting, _ in probed["deltas"] if t > removed]
+    assert after and all(starting in (None, 0) for _, starting in after), after
+    unprobed = next(t for t, what in probed["actions"] if what == "unprobed")
+    print("probe mode", figures(probed, 0.0, NEEDED, until=PROBE_DOWN_AT), "scale-in",
+          figures(probed, PROBE_DOWN_AT, low), "probed after its removal (s)", round((unprobed - removed) * TIME_SCALE),
+          "highest desired after it", max(wanted or 0 for t, _, _, wanted in probed["readings"] if t > removed))

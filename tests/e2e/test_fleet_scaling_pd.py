@@ -31,7 +31,7 @@ import time
 import pytest
 import yaml
 
-from devtools import harness
+from devtools import harness, scaling_plots
 from devtools.alerting import prometheus_config
 from kvcache_exporter.alerts import generate
 from kvcache_exporter.simulator.model import EngineConfig
@@ -115,6 +115,13 @@ class PDFleet:
             refusing.close()
 
 
+# What the decode side's ask was made of at each reading: the shortage, those starting and joined, and the flow (the
+# queue's growth and the completions a second, per simulated second).
+CAUSES = ("kvcache:fleet_replicas_short:count", "kvcache:fleet_replicas_starting:count",
+          "kvcache:fleet_replicas_joined:count", "kvcache:fleet_requests_waiting:deriv",
+          "kvcache:fleet_requests_finished:rate", "kvcache:fleet_kv_short_tokens:sum")
+
+
 def by_role(prom_url: str, series: str) -> dict[str, float]:
     found = harness.prom_vector(prom_url, f'{series}{{model="{MODEL}"}}')
     return {labels.get("role", ""): value for labels, value in found}
@@ -127,7 +134,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pd-scaling")
     rules = tmp / "kvcache-rules.yml"
     assert generate.main(["--time-scale", str(TIME_SCALE), "--output", str(rules)]) == 0
-    readings, actions = [], []
+    readings, actions, causes = [], [], []
     with PDPair("vllm", SCENARIO, TIME_SCALE, seed=5, model_name=MODEL) as pair:
         fleet = PDFleet(tmp / "exporter.yml", pair)
         try:
@@ -135,7 +142,7 @@ def run(tmp_path_factory):
                     harness.prometheus(tmp / "prom", prometheus_config(
                         rules, None, [int(exporter.url.rsplit(":", 1)[1])], INTERVAL)) as prom:
                 fleet.exporter = exporter
-                started = time.monotonic()
+                started, unix_started = time.monotonic(), time.time()
                 last_change = 0.0
                 while (now := time.monotonic() - started) < DEADLINE:
                     if fleet.start_due(now):
@@ -145,6 +152,7 @@ def run(tmp_path_factory):
                     held = by_role(prom.url, "kvcache_kv_transfer_held_tokens")
                     readings.append((now, fleet.decode_replicas, len(pair.decode_urls), desired, held.get("prefill"),
                                      pair.model.held_blocks() * SCENARIO.prefill.block_size))
+                    causes.append((now, *(by_role(prom.url, series).get("decode") for series in CAUSES)))
                     recent = [r[3] for r in readings if r[0] >= now - SCALE_UP_WINDOW]
                     for role, replicas in (("decode", fleet.decode_replicas), ("prefill", 1)):
                         asked = [d.get(role) for d in recent]
@@ -157,9 +165,10 @@ def run(tmp_path_factory):
                     if fleet.decode_replicas == NEEDED_DECODE and not fleet.starting and now - last_change >= HOLD:
                         break
                     time.sleep(TICK)
+                scaling_plots.record(prom.url, MODEL, unix_started, TIME_SCALE, actions)
         finally:
             fleet.stop()
-    return {"readings": readings, "actions": actions, "elapsed": now}
+    return {"readings": readings, "actions": actions, "causes": causes, "elapsed": now}
 
 
 def test_the_load_needs_two_decode_replicas_and_one_prefill():
@@ -172,7 +181,9 @@ def test_the_load_needs_two_decode_replicas_and_one_prefill():
 def test_a_decode_shortage_asks_for_decode_replicas(run):
     adds = [(t, what) for t, what in run["actions"] if what == "add decode"]
     # The one replica the shortage needs, asked for whole at one moment, and no more (no overshoot).
-    assert len(adds) == NEEDED_DECODE - 1, run["actions"]
+    assert len(adds) == NEEDED_DECODE - 1, (run["actions"], [
+        (round(t, 1), replicas, ready, desired.get("decode"), *cause[1:]) for (t, replicas, ready, desired, *_), cause
+        in zip(run["readings"], run["causes"]) if any(at - 2 * SCALE_UP_WINDOW <= t <= at for at, _ in adds[1:])])
     assert max(replicas for _, replicas, *_ in run["readings"]) == NEEDED_DECODE, run["actions"]
     last = run["readings"][-1]
     assert last[2] == NEEDED_DECODE and run["elapsed"] - max(t for t, _ in run["actions"]) >= HOLD, run["actions"]
