@@ -110,7 +110,16 @@ def flow_rules(t: Thresholds, group: str) -> list[dict]:
         # The flow: requests the model finishes a second, and how fast its queue grows (the arrivals beyond them).
         {"record": "kvcache:fleet_requests_finished:rate", "expr": (
             f"sum {by} (rate(kvcache_e2e_request_latency_seconds_count[{w}]))")},
-        {"record": "kvcache:fleet_requests_waiting:deriv", "expr": f"sum {by} (deriv(kvcache_requests_waiting[{w}]))"},
+        # A decode side's queue goes on past its pools: once a prefill pool is full of KV the decode side has not
+        # pulled, the arrivals beyond what decode serves queue on the prefill side, waiting for that KV, while the
+        # decode queue stands level. So decode's growth is its queue's and the prefill queue's waiting for KV; when
+        # a decode replica is added, the prefill queue drains first and the decode queue only after it.
+        {"record": "kvcache:fleet_requests_waiting:deriv", "expr": (
+            f"sum {by} (deriv(kvcache_requests_waiting[{w}]))\n"
+            f"+ on ({group}, role)\n"
+            f"label_replace(\n  sum by ({group}) (deriv(kvcache_requests_waiting_for_kv{{role=\"prefill\"}}[{w}])),\n"
+            '  "role", "decode", "", ""\n)\n'
+            f"or\nsum {by} (deriv(kvcache_requests_waiting[{w}]))")},
         # Replicas the flow needs, where the model's completions are known and go on: while the queue does not
         # shrink, one more than its growth is in ready replicas' worth of completions (that stops it growing, then
         # drains it); 0 while it drains.

@@ -187,7 +187,13 @@ def test_a_decode_shortage_asks_for_decode_replicas(run):
     assert max(replicas for _, replicas, *_ in run["readings"]) == NEEDED_DECODE, run["actions"]
     last = run["readings"][-1]
     assert last[2] == NEEDED_DECODE and run["elapsed"] - max(t for t, _ in run["actions"]) >= HOLD, run["actions"]
-    print("pd decode", figures(run))
+    # Once they are ready the signal asks for no more, not even for one reading: the prefill queue behind the held
+    # KV drains first, and the decode queue stands level meanwhile (kvcache:fleet_requests_waiting:deriv counts both).
+    figured = figures(run)
+    assert figured["decode_desired_max_once_ready"] == NEEDED_DECODE, [
+        (round(t, 1), desired.get("decode"), *cause[1:]) for (t, _, ready, desired, *_), cause
+        in zip(run["readings"], run["causes"]) if ready == NEEDED_DECODE and desired.get("decode", 0) > NEEDED_DECODE]
+    print("pd decode", figured)
 
 
 def test_prefill_kv_held_for_export_is_reported_not_asked_for(run):
@@ -205,10 +211,12 @@ def test_prefill_kv_held_for_export_is_reported_not_asked_for(run):
 
 def figures(run: dict) -> dict:
     """What docs/scaling.md states, in simulated seconds: when the decode side first had NEEDED_DECODE replicas ready
-    after the first reading that asked for them, and its overshoot; the prefill side's highest ask and held KV."""
+    after the first reading that asked for them, its overshoot and its highest ask from then on; the prefill side's
+    highest ask and held KV."""
     asked = next(t for t, _, _, desired, _, _ in run["readings"] if desired.get("decode", 0) >= NEEDED_DECODE)
     ready = next(t for t, _, ready, *_ in run["readings"] if ready == NEEDED_DECODE)
     return {"asked_s": round(asked * TIME_SCALE), "to_target_s": round(ready * TIME_SCALE),
             "overshoot": max(r for _, r, *_ in run["readings"]) - NEEDED_DECODE,
+            "decode_desired_max_once_ready": max(d.get("decode", 0) for t, _, _, d, _, _ in run["readings"] if t >= ready),
             "prefill_asked_max": max(d.get("prefill", 0) for _, _, _, d, _, _ in run["readings"]),
             "prefill_held_tokens_max": max(h or 0 for *_, h, _ in run["readings"])}
