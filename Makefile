@@ -21,19 +21,24 @@ demo-real: install
 	$(PY) -m devtools.demo_real
 
 # The tiers that start no engine or exporter run on two pytest workers, the end-to-end tier too
-# (`make e2e`), the real-engine tier in one. All three report before make fails.
+# (`make e2e`), the real-engine tier in one. All three report before make fails, and the last lines recap
+# every test that did not pass, of every tier, with its reason (devtools/recap.py: a CI log's end names them).
+RESULTS := .test-results
 test: deps
-	$(PY) -m pytest -q -n 2 tests/unit tests/integration; first=$$?; \
-	$(MAKE) --no-print-directory e2e; second=$$?; \
-	$(PY) -m pytest -q tests/real; third=$$?; \
+	@rm -rf $(RESULTS)
+	$(PY) -m pytest -q -n 2 --junitxml=$(RESULTS)/unit-integration.xml tests/unit tests/integration; first=$$?; \
+	$(MAKE) --no-print-directory e2e E2E_ARGS=--junitxml=$(RESULTS)/e2e.xml; second=$$?; \
+	$(PY) -m pytest -q --junitxml=$(RESULTS)/real.xml tests/real; third=$$?; \
+	$(PY) -m devtools.recap $(RESULTS)/unit-integration.xml $(RESULTS)/e2e.xml $(RESULTS)/real.xml; \
 	exit $$(( first || second || third ))
 
 # The end-to-end tier's tests mostly wait on the processes they start (0.46 cores on average, run in
 # one worker): two workers take it from 13 minutes to 8. Not three: with the other core busy (devtools/repeat-e2e)
 # three starved the processes the tests time (the soak's healthy targets fell 4 s behind). A module's
 # tests stay on one worker (--dist loadfile), where its module-scoped processes are.
+E2E_ARGS ?=
 e2e: $(VENV)/.installed-test
-	$(PY) -m pytest -q -n 2 --dist loadfile tests/e2e
+	$(PY) -m pytest -q -n 2 --dist loadfile $(E2E_ARGS) tests/e2e
 
 # For developers: the unit tier (tests/unit/, everything that starts no process and runs no
 # tool) in about a minute, spread over two pytest workers. `make test` stays the whole suite, unit,

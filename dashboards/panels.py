@@ -95,6 +95,7 @@ class Column:
     steps: bands.Steps
     mappings: list[models.ValueMapping] | None = None
     width: int | None = None  # px; None shares the table's width with the others
+    decimals: int | None = None  # None: Grafana's own, about three significant digits
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,8 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
             properties.append(cells)
         if column.width is not None:
             properties.append(models.DynamicConfigValue("custom.width", column.width))
+        if column.decimals is not None:
+            properties.append(models.DynamicConfigValue("decimals", column.decimals))
         panel.override_by_name(column.header, properties)
     queries = [Query(column.expr, column.header) for column in columns]
     return _with_basics(panel, title, description, "none", queries, bands.neutral(), links,

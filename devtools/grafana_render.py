@@ -7,6 +7,7 @@ and to ask Prometheus the very queries Grafana sent (each panel's `queries`, wit
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 from dataclasses import dataclass
@@ -18,13 +19,18 @@ from devtools import harness, lint_dashboards
 RENDER = harness.REPO / "devtools" / "grafana-render"
 PAGE = RENDER / "dist" / "index.html"
 GENERATED = harness.REPO / "dashboards" / "generated"
+BUILD_LOCK = RENDER / ".build.lock"
 
 
 def build_page() -> None:
     """The page as `make dashboards-render` builds it: Debian's Chromium and `npm ci` first where missing,
-    then Vite where a source is newer than the bundle (make decides)."""
-    result = subprocess.run(["make", "-s", str(PAGE.relative_to(harness.REPO))], capture_output=True, text=True,
-                            timeout=900, cwd=harness.REPO)
+    then Vite where a source is newer than the bundle (make decides). One build at a time: pytest's workers
+    each build it for their own tests, and a second Vite build beside a running one exits 1 ("Found another Vite
+    build process"), failing that worker's tests at setup (CI: three errors)."""
+    with open(BUILD_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = subprocess.run(["make", "-s", str(PAGE.relative_to(harness.REPO))], capture_output=True,
+                                text=True, timeout=900, cwd=harness.REPO)
     if result.returncode != 0:
         raise RuntimeError(f"building {PAGE} failed:\n{result.stdout}{result.stderr}")
 

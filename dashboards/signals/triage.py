@@ -15,18 +15,22 @@ COUNT = "none"
 # The State column says why in words ("saturated: queue at or above 75% used"): wide enough for them, the other
 # columns share the rest down to panels.TABLE_COLUMN_MIN_WIDTH.
 STATE_WIDTH = 300
+# KV usage to one decimal of a percent in every cell, the precision the sort key ties on: Grafana's own choice
+# (about three significant digits) shows 23.6% and 23.9% for what a whole-percent key called a tie.
+USAGE_DECIMALS = 1
 
 
 def worst_first(v: View) -> str:
     """The State column's value, a sort key: the worst reason's code of the target's ranks (pressure.reason_rank),
-    plus below 1 its fullest rank's usage in whole percent, rounded as the KV usage column shows it (x 0.9), and
-    then its waiting requests (w / (w + 1), x 0.009), so that a descending sort puts the worst state first and
-    ties by usage, then waiting; a target that is down reads the down code, above every reason."""
+    plus below 1 its fullest rank's usage in tenths of a percent, rounded as the KV usage column shows it
+    (x 0.0009), and then its waiting requests (w / (w + 1), x 0.0009), so that a descending sort puts the worst
+    state first and ties by usage, then waiting; a target that is down reads the down code, above every reason."""
     s = v.scope
     ranked = pressure.reason_rank(v, PER_TARGET)
-    usage = f"round(100 * clamp_max({promql.highest(s, 'kvcache_usage_ratio', PER_TARGET)}, 1)) * 0.009"
+    step = 10 ** -(USAGE_DECIMALS + 2)  # one tenth of a percent, as a ratio
+    usage = f"round(clamp_max({promql.highest(s, 'kvcache_usage_ratio', PER_TARGET)}, 1), {step:g}) * 0.9"
     waiting = promql.total(s, "kvcache_requests_waiting", PER_TARGET)
-    queue = f"(0.009 * {waiting} / ({waiting} + 1) or on (target) 0 * {ranked})"
+    queue = f"({0.9 * step:g} * {waiting} / ({waiting} + 1) or on (target) 0 * {ranked})"
     down = f"max by (target) ({v.selector('kvcache_target_up')} == 0) + {pressure.DOWN_CODE}"
     return f"(\n  {ranked}\n  + on (target) {usage}\n  + on (target) {queue}\n)\nor on (target)\n{down}"
 
@@ -36,7 +40,8 @@ def pools_needing_help(v: View):
     s = v.scope
     columns = [
         Column(STATE, worst_first(v), "none", bands.neutral(), pressure.reason_names(t, ranges=True), STATE_WIDTH),
-        Column("KV usage", promql.highest(s, "kvcache_usage_ratio", PER_TARGET), RATIO, bands.usage(t)),
+        Column("KV usage", promql.highest(s, "kvcache_usage_ratio", PER_TARGET), RATIO, bands.usage(t),
+               decimals=USAGE_DECIMALS),
         Column("Headroom", promql.least(v.selector(kv.HEADROOM), PER_TARGET), HEADROOM_UNIT, bands.headroom()),
         Column("Waiting for KV", promql.total(s, "kvcache_requests_waiting_for_kv", PER_TARGET), COUNT,
                bands.any_present()),

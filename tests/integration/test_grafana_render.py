@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 
 import pytest
@@ -233,7 +234,9 @@ def test_a_missing_value_reads_no_data_on_no_colour_not_in_a_band(built_page, em
     # low_water's code with a tie-break, in the contract's words at the default low-water mark
     assert rows["a"]["State"] == ("saturated: queue at or above 75% used", "red")
     assert rows["b"]["State"] == ("ok", "green")
-    assert rows["a"]["KV usage"] == ("95.3%", "red") and rows["b"]["KV usage"] == ("50%", "green")
+    # KV usage to one decimal in every cell, the precision the State column's sort key ties on (Grafana's own choice
+    # writes 50% and 95.3%).
+    assert rows["a"]["KV usage"] == ("95.3%", "red") and rows["b"]["KV usage"] == ("50.0%", "green")
     assert rows["a"]["Headroom"][1] == "red" and rows["a"]["Preemptions/min"][1] != "green"
 
 
@@ -299,3 +302,55 @@ def test_state_timelines_show_each_state_in_its_mapping_colour_and_legends_their
     worst_first = sorted(USAGES, reverse=True)
     assert [row["name"] for row in legend] == [f"pool{v:g}" for v in worst_first]
     assert [row["name"] for row in legend if row["visible"]] == [f"pool{v:g}" for v in worst_first[:LEGEND_ROWS]]
+
+
+# Pools for the triage table's own sort key: (reason, KV usage, waiting, up). b, c and d show 23.9 % and tie on it,
+# so the longest queue (d) leads them; a shows 23.6 % and waits longer than b and c (a key in whole percent tied
+# it with them at 24 and sorted it above both); e is capped, a milder reason than low_water; f is down.
+TRIAGE_POOLS = {"a": ("low_water", 0.236, 2, 1), "b": ("low_water", 0.239, 0, 1), "c": ("low_water", 0.2391, 0, 1),
+                "d": ("low_water", 0.2389, 4, 1), "e": ("cap", 0.9, 9, 1), "f": (None, None, None, 0)}
+
+
+def triage_dashboard() -> dict:
+    """The fleet dashboard's triage table, its State and KV usage queries with each kvcache_* selector replaced by
+    vector() rows of TRIAGE_POOLS (the rest of each query, the sort key's arithmetic included, as committed); the
+    other columns empty."""
+    fleet = json.loads((grafana_render.GENERATED / "kvcache-fleet.json").read_text())
+    [table] = [copy.deepcopy(p) for p in panels_of(fleet) if p["title"] == "Pools that need help now"]
+    table["gridPos"] = {"h": 8, "w": 24, "x": 0, "y": 1}
+
+    def rows(values: dict[str, float | None]) -> str:
+        """The pools' rows of one series; none: an empty vector."""
+        present = [TABLE_ROW.format(value=v, name=name) for name, v in values.items() if v is not None]
+        return "(" + (" or ".join(present) or "vector(1) == 0") + ")"
+
+    def series(match: re.Match) -> str:
+        name, reason = match.group(1), re.search(r'reason="([a-z_]+)"', match.group(2))
+        if name == "kvcache_pressure_reason":
+            return rows({n: 1 if pool[0] == reason.group(1) else None for n, pool in TRIAGE_POOLS.items()})
+        column = {"kvcache_usage_ratio": 1, "kvcache_requests_waiting": 2, "kvcache_target_up": 3}.get(name)
+        return rows({n: pool[column] if column else None for n, pool in TRIAGE_POOLS.items()})
+
+    for query in table["targets"]:
+        if query["legendFormat"] in ("State", "KV usage"):
+            query["expr"] = re.sub(r"\b(kvcache_[a-z_]+)\{([^}]*)\}", series, query["expr"])
+        else:
+            query["expr"] = "vector(1) == 0"  # the other columns: not on the sort key
+    return {"uid": "triage", "title": "triage", "schemaVersion": fleet["schemaVersion"],
+            "time": {"from": "now-15m", "to": "now"}, "templating": {"list": []},
+            "panels": [{"type": "row", "id": 1, "title": "Triage", "collapsed": False,
+                        "gridPos": {"h": 1, "w": 24, "x": 0, "y": 0}, "panels": []}, table]}
+
+
+def test_the_triage_table_ties_on_the_usage_its_cells_show(built_page, empty_prometheus, tmp_path):
+    """Its State column's sort key, as Grafana sorts and draws it: the down pool first, then the worst reason, then
+    the fullest by the KV usage the cells show (one decimal of a percent), then the longest queue."""
+    result, shown = render(empty_prometheus, triage_dashboard(), tmp_path)
+    assert (result.returncode, result.stderr) == (0, ""), result.stdout
+    table = shown["Pools that need help now"]
+    order = [row[0]["text"] for row in table["rows"]]
+    usage = {row[0]["text"]: next(cell["text"] for cell in row[1:] if cell["column"] == "KV usage")
+             for row in table["rows"]}
+    assert {name: usage[name] for name in "abcde"} == {"a": "23.6%", "b": "23.9%", "c": "23.9%", "d": "23.9%",
+                                                       "e": "90.0%"}
+    assert order[:2] == ["f", "d"] and sorted(order[2:4]) == ["b", "c"] and order[4:] == ["a", "e"], order

@@ -6,7 +6,12 @@ the engine's progress (generation tokens), not seconds.
 What must agree, and how closely:
 - Every request is answered in full, and both engines queried exactly requests x prompt tokens of prefix cache
   (vLLM counts a request once, at its first admission; re-admissions after preemption are not queries).
-- Both fill the pool (usage >= 0.95 at peak), run max_num_seqs at once, queue for KV and preempt.
+- Both fill the pool, run max_num_seqs at once, queue for KV and preempt. The simulator's every step is read, its
+  peak usage is at least 0.95. vLLM's page is read every 0.1 s, between steps: the steps at a full pool are few
+  (the next block a running request needs preempts one), and a read after a preempting step sees the pool less its
+  victim's blocks (Scheduler.schedule frees them all before it allocates), so a read at least that full, and a
+  preemption (vLLM preempts only when KVCacheManager.allocate_slots finds no block), is its proof (CI's machine
+  read 0.903 at peak, 28 of 31 blocks).
 - Usage, running and waiting at the same progress: mean |difference| within 0.1, 1 and 1 request, over at least
   MIN_COMPARED page reads. A read counts once vLLM's scheduler holds the whole burst (running + waiting + finished
   = requests): the HTTP requests reach it one by one, and on a slow machine it runs steps on the first few while
@@ -56,10 +61,19 @@ def test_queries_count_each_request_once(runs):
     assert differences["prefix_queries"].real_final == differences["prefix_queries"].sim_final == queried
 
 
+def least_peak_read(engine: str) -> float:
+    """The least peak usage a run shows: the simulator's, every step read; vLLM's, a pool less one victim's blocks."""
+    if engine == "sim":
+        return 0.95
+    usable = WORKLOAD.blocks - 1  # the null block holds no tokens
+    victim = -(-(WORKLOAD.prompt_tokens + WORKLOAD.output_tokens) // WORKLOAD.block_size)
+    return (usable - victim) / usable
+
+
 @pytest.mark.parametrize("engine", ["real", "sim"])
 def test_both_fill_the_pool_queue_for_kv_and_preempt(runs, engine):
     samples = runs[0] if engine == "real" else runs[1]
-    assert max(sample.usage for sample in samples) >= 0.95
+    assert max(sample.usage for sample in samples) >= least_peak_read(engine)
     # The cap is reached only between two steps of the burst's start (its prompts fit, their outputs do not): a
     # sample may fall one admission short of it, never above it.
     assert WORKLOAD.max_num_seqs - 1 <= max(sample.running for sample in samples) <= WORKLOAD.max_num_seqs
