@@ -96,6 +96,7 @@ class Column:
     mappings: list[models.ValueMapping] | None = None
     width: int | None = None  # px; None shares the table's width with the others
     decimals: int | None = None  # None: Grafana's own, about three significant digits
+    wrap: bool = False  # words wider than the column go on to another line in a taller row, never cut short
 
 
 @dataclass(frozen=True)
@@ -239,8 +240,14 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
         id_val="organize", options={"excludeByName": {"Time": True}, "renameByName": names,
                                     "indexByName": {key: 0, **{n: i + 1 for i, n in enumerate(names)}}}))
     cells = models.DynamicConfigValue("custom.cellOptions", {"type": "color-background", "mode": "basic"})
+    # A header wider than its column wraps onto a second line instead of losing its start ("…ng with KV room"),
+    # and so does a key (a pod's name: "sglang-sat-dp" for "sglang-sat-dp2" names another pool). Grafana 12.4's
+    # TableNG reads custom.wrapHeaderText and custom.wrapText, which the SDK's builder does not offer.
+    wrapped = models.DynamicConfigValue("custom.wrapHeaderText", True)
+    wrap_text = models.DynamicConfigValue("custom.wrapText", True)
+    panel.override_by_name(key, [wrap_text])
     for ref_id, column in zip(REF_IDS, columns):
-        properties = [models.DynamicConfigValue("unit", column.unit),
+        properties = [models.DynamicConfigValue("unit", column.unit), wrapped,
                       models.DynamicConfigValue("thresholds", bands.config(column.steps).build()),
                       models.DynamicConfigValue("mappings", [*(column.mappings or []), missing_value()])]
         # A cell is coloured where its colour means something: a band, or a mapping's colour. A column without
@@ -251,6 +258,8 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
             properties.append(models.DynamicConfigValue("custom.width", column.width))
         if column.decimals is not None:
             properties.append(models.DynamicConfigValue("decimals", column.decimals))
+        if column.wrap:
+            properties.append(wrap_text)
         panel.override_by_name(column.header, properties)
     queries = [Query(column.expr, column.header) for column in columns]
     return _with_basics(panel, title, description, "none", queries, bands.neutral(), links,

@@ -5,15 +5,17 @@ from __future__ import annotations
 from kvcache_exporter.dashboards import bands, promql
 from kvcache_exporter.dashboards.panels import Column, describe, table
 from kvcache_exporter.dashboards.signals import kv, latency, pressure
-from kvcache_exporter.dashboards.view import HEADROOM_UNIT, PER_TARGET, RATIO, SECONDS, View
+from kvcache_exporter.dashboards.view import PER_TARGET, RATIO, SECONDS, View
 
 STATE = "State"
 TRIAGE_QUANTILE = 0.9
-# The header names what a count column counts; "304 requests" or "252 preemptions/min" in every cell would not
-# fit nine columns in 1200 px, and Grafana clips a right-aligned cell's number first.
+# The header names what a count column counts, the description what headroom counts; "304 requests" or "1.23K
+# requests" in every cell would not fit nine columns in 1200 px, and Grafana clips a right-aligned cell's number
+# first.
 COUNT = "none"
-# The State column says why in words ("saturated: queue at or above 75% used"): wide enough for them, the other
-# columns share the rest down to panels.TABLE_COLUMN_MIN_WIDTH.
+# The State column says why in words: wide enough for most reasons on one line at 1200 px, the longest ("capped:
+# none running, the engine admits nothing") on two (on one, 380 px: the targets' names lost their end); the
+# others share the rest down to panels.TABLE_COLUMN_MIN_WIDTH.
 STATE_WIDTH = 300
 # KV usage to one decimal of a percent in every cell, the precision the sort key ties on: Grafana's own choice
 # (about three significant digits) shows 23.6% and 23.9% for what a whole-percent key called a tie.
@@ -39,16 +41,17 @@ def pools_needing_help(v: View):
     t = v.thresholds
     s = v.scope
     columns = [
-        Column(STATE, worst_first(v), "none", bands.neutral(), pressure.reason_names(t, ranges=True), STATE_WIDTH),
+        Column(STATE, worst_first(v), "none", bands.neutral(), pressure.reason_names(t, ranges=True), STATE_WIDTH,
+               wrap=True),
         Column("KV usage", promql.highest(s, "kvcache_usage_ratio", PER_TARGET), RATIO, bands.usage(t),
                decimals=USAGE_DECIMALS),
-        Column("Headroom", promql.least(v.selector(kv.HEADROOM), PER_TARGET), HEADROOM_UNIT, bands.headroom()),
+        Column("Headroom", promql.least(v.selector(kv.HEADROOM), PER_TARGET), COUNT, bands.headroom()),
         Column("Waiting for KV", promql.total(s, "kvcache_requests_waiting_for_kv", PER_TARGET), COUNT,
                bands.any_present()),
         Column("Waiting with KV room", promql.total(s, "kvcache_requests_waiting_with_kv_room", PER_TARGET),
                COUNT, bands.any_present("yellow")),
         Column("Running", promql.total(s, "kvcache_requests_running", PER_TARGET), COUNT, bands.neutral()),
-        Column("Preemptions/min", promql.scaled(promql.rate(s, "kvcache_preemptions_total", PER_TARGET), 60),
+        Column("Preempted per min", promql.scaled(promql.rate(s, "kvcache_preemptions_total", PER_TARGET), 60),
                COUNT, bands.preemption_rate(t, per_seconds=60)),
         Column(f"TTFT p{TRIAGE_QUANTILE * 100:g}",
                promql.quantile(TRIAGE_QUANTILE, s, latency.TTFT, PER_TARGET), SECONDS, bands.neutral()),
@@ -63,8 +66,8 @@ def pools_needing_help(v: View):
             f"p{TRIAGE_QUANTILE * 100:g} comes from the target's own histogram over the rate interval. Filter "
             "the table or sort by any column; click a target to open it." + pressure.window_note(t),
             "the state column names what limits the pool: saturated or thrashing is KV (add KV capacity, shed "
-            "load), capped is the running-request cap (raise it or add replicas). Headroom below 1 means the "
-            "next typical request does not fit.",
+            "load), capped is the running-request cap (raise it or add replicas). Headroom counts the typical "
+            "requests that still fit: below 1 the next one does not.",
         ),
         "target",
         columns,

@@ -945,20 +945,25 @@ def test_grafana_lists_the_pools_worst_first_with_their_state_and_colour(run, fl
     # The run's point: saturated pools at the top (a queue for KV, or preempting), the steady ones below them.
     top = {row["target"]["text"] for row in rows[:len(KV_SATURATION)]}
     assert not top & STEADY, [(row["target"]["text"], row["State"]["text"]) for row in rows]
+    # At 1,200 px nothing is cut short: no header, no cell (a reason's words, a name, a number), no column.
+    assert table.displayed["clippedColumns"] == []
+    assert [(row[0]["text"], cell["column"], cell["text"]) for row in table.displayed["rows"] for cell in row
+            if cell["clipped"]] == []
 
 
 @pytest.mark.usefixtures("artifacts_on_failure")
 def test_a_value_the_engine_does_not_give_reads_no_data_not_a_band(run, fleet_all, seen):
-    """TensorRT-LLM counts no preemptions: its Preemptions/min cell reads "No data" on no colour (Grafana paints an
+    """TensorRT-LLM counts no preemptions: its Preempted per min cell reads "No data" on no colour (Grafana paints an
     empty cell in the first band's colour, green: "fine"). A pool where nothing ran has no headroom: "No data",
     not red. Every other cell holds a value; none is empty or NaN."""
     table = fleet_all["Pools that need help now"]
     rows = {row["target"]["text"]: row for row in table.rows}
     for name in WITHOUT_PREEMPTIONS:
-        assert (rows[name]["Preemptions/min"]["text"], rows[name]["Preemptions/min"]["colorName"]) == ("No data", None)
+        cell = rows[name]["Preempted per min"]
+        assert (cell["text"], cell["colorName"]) == ("No data", None)
     for name in set(FLEET) - WITHOUT_PREEMPTIONS:
-        assert re.fullmatch(r"[\d.]+", rows[name]["Preemptions/min"]["text"]), rows[name]["Preemptions/min"]
-        assert rows[name]["Preemptions/min"]["colorName"] is not None
+        assert re.fullmatch(r"[\d.]+", rows[name]["Preempted per min"]["text"]), rows[name]["Preempted per min"]
+        assert rows[name]["Preempted per min"]["colorName"] is not None
     reads = states_shown(run, seen, "kvcache_usage_ratio", table.displayed["queries"][0]["time"])
     for name, read in reads.items():
         rooms = [[rank.headroom for rank in ranks if rank.headroom is not None] for ranks in read]

@@ -196,7 +196,7 @@ def missing_values_dashboard() -> dict:
     table = copy.deepcopy(by_title["Pools that need help now"])
     table["gridPos"] = {"h": 6, "w": 24, "x": 0, "y": 5}
     values = {"State": (LOW_WATER_CODE + 0.85, 0), "KV usage": (0.953, 0.5), "Headroom": (0.5, None), "Waiting for KV": (2, 0),
-              "Waiting with KV room": (0, 0), "Running": (4, 0), "Preemptions/min": (3, None),
+              "Waiting with KV room": (0, 0), "Running": (4, 0), "Preempted per min": (3, None),
               "TTFT p90": (1.5, "NaN")}
     for query in table["targets"]:
         pools = zip("ab", values[query["legendFormat"]])
@@ -210,7 +210,7 @@ def missing_values_dashboard() -> dict:
 
 def test_a_missing_value_reads_no_data_on_no_colour_not_in_a_band(built_page, empty_prometheus, tmp_path):
     """Without the dashboards' missing-value mapping Grafana paints an empty cell, and a stat's "No data", in the
-    first band's colour (as "Absent" above): an empty green Preemptions/min reads "fine", an empty red Headroom
+    first band's colour (as "Absent" above): an empty green Preempted per min reads "fine", an empty red Headroom
     "short". With it a missing value reads "No data" (a stat: its noValue) on no colour, and a present one keeps
     its band."""
     result, shown = render(empty_prometheus, missing_values_dashboard(), tmp_path)
@@ -225,11 +225,11 @@ def test_a_missing_value_reads_no_data_on_no_colour_not_in_a_band(built_page, em
     rows = {row[0]["text"]: {cell["column"]: (cell["text"], cell["colorName"]) for cell in row[1:]}
             for row in table["rows"]}
     assert [row[0]["text"] for row in table["rows"]] == ["a", "b"]  # worst state first
-    for column in ("Headroom", "Preemptions/min", "TTFT p90"):
+    for column in ("Headroom", "Preempted per min", "TTFT p90"):
         assert rows["b"][column] == ("No data", None), column
         assert rows["a"][column][0] != "No data", column
     # Coloured where a band or a mapping gives the colour a meaning; Running and TTFT have neither: no colour.
-    assert rows["a"]["Headroom"][1] is not None and rows["a"]["Preemptions/min"][1] is not None
+    assert rows["a"]["Headroom"][1] is not None and rows["a"]["Preempted per min"][1] is not None
     assert rows["a"]["TTFT p90"] == ("1.50 s", None) and rows["a"]["Running"] == ("4", None)
     # low_water's code with a tie-break, in the contract's words at the default low-water mark
     assert rows["a"]["State"] == ("saturated: queue at or above 75% used", "red")
@@ -237,7 +237,7 @@ def test_a_missing_value_reads_no_data_on_no_colour_not_in_a_band(built_page, em
     # KV usage to one decimal in every cell, the precision the State column's sort key ties on (Grafana's own choice
     # writes 50% and 95.3%).
     assert rows["a"]["KV usage"] == ("95.3%", "red") and rows["b"]["KV usage"] == ("50.0%", "green")
-    assert rows["a"]["Headroom"][1] == "red" and rows["a"]["Preemptions/min"][1] != "green"
+    assert rows["a"]["Headroom"][1] == "red" and rows["a"]["Preempted per min"][1] != "green"
 
 
 def lanes(codes: dict[str, int]) -> str:
@@ -306,15 +306,21 @@ def test_state_timelines_show_each_state_in_its_mapping_colour_and_legends_their
 
 # Pools for the triage table's own sort key: (reason, KV usage, waiting, up). b, c and d show 23.9 % and tie on it,
 # so the longest queue (d) leads them; a shows 23.6 % and waits longer than b and c (a key in whole percent tied
-# it with them at 24 and sorted it above both); e is capped, a milder reason than low_water; f is down.
+# it with them at 24 and sorted it above both); g and e hold milder reasons than low_water, the two with the
+# longest words, g under a pod's long name; f is down.
+POD = "g-vllm-llama-3-1-8b-instruct-7d9f8c6b5-x2x9z"
 TRIAGE_POOLS = {"a": ("low_water", 0.236, 2, 1), "b": ("low_water", 0.239, 0, 1), "c": ("low_water", 0.2391, 0, 1),
-                "d": ("low_water", 0.2389, 4, 1), "e": ("cap", 0.9, 9, 1), "f": (None, None, None, 0)}
+                "d": ("low_water", 0.2389, 4, 1), "e": ("admits_nothing", 0.9, 9, 1),
+                POD: ("free_below_request", 0.2, 0, 1), "f": (None, None, None, 0)}
+# The other columns' values in every pool that is up: wide ones, for the cells' widths.
+TRIAGE_OTHERS = {"Headroom": 1234.5, "Waiting for KV": 12345, "Waiting with KV room": 12345, "Running": 1024,
+                 "Preempted per min": 1234.5, "TTFT p90": 123.45}
 
 
 def triage_dashboard() -> dict:
     """The fleet dashboard's triage table, its State and KV usage queries with each kvcache_* selector replaced by
     vector() rows of TRIAGE_POOLS (the rest of each query, the sort key's arithmetic included, as committed); the
-    other columns empty."""
+    other columns TRIAGE_OTHERS."""
     fleet = json.loads((grafana_render.GENERATED / "kvcache-fleet.json").read_text())
     [table] = [copy.deepcopy(p) for p in panels_of(fleet) if p["title"] == "Pools that need help now"]
     table["gridPos"] = {"h": 8, "w": 24, "x": 0, "y": 1}
@@ -335,7 +341,8 @@ def triage_dashboard() -> dict:
         if query["legendFormat"] in ("State", "KV usage"):
             query["expr"] = re.sub(r"\b(kvcache_[a-z_]+)\{([^}]*)\}", series, query["expr"])
         else:
-            query["expr"] = "vector(1) == 0"  # the other columns: not on the sort key
+            query["expr"] = rows({n: TRIAGE_OTHERS[query["legendFormat"]] if pool[3] else None
+                                  for n, pool in TRIAGE_POOLS.items()})
     return {"uid": "triage", "title": "triage", "schemaVersion": fleet["schemaVersion"],
             "time": {"from": "now-15m", "to": "now"}, "templating": {"list": []},
             "panels": [{"type": "row", "id": 1, "title": "Triage", "collapsed": False,
@@ -344,13 +351,18 @@ def triage_dashboard() -> dict:
 
 def test_the_triage_table_ties_on_the_usage_its_cells_show(built_page, empty_prometheus, tmp_path):
     """Its State column's sort key, as Grafana sorts and draws it: the down pool first, then the worst reason, then
-    the fullest by the KV usage the cells show (one decimal of a percent), then the longest queue."""
+    the fullest by the KV usage the cells show (one decimal of a percent), then the longest queue. At the
+    renderer's 1,200 px no cell or header is cut short, the longest reasons' words and a pod's name included
+    (wrapped onto more lines)."""
     result, shown = render(empty_prometheus, triage_dashboard(), tmp_path)
     assert (result.returncode, result.stderr) == (0, ""), result.stdout
     table = shown["Pools that need help now"]
     order = [row[0]["text"] for row in table["rows"]]
     usage = {row[0]["text"]: next(cell["text"] for cell in row[1:] if cell["column"] == "KV usage")
              for row in table["rows"]}
-    assert {name: usage[name] for name in "abcde"} == {"a": "23.6%", "b": "23.9%", "c": "23.9%", "d": "23.9%",
-                                                       "e": "90.0%"}
-    assert order[:2] == ["f", "d"] and sorted(order[2:4]) == ["b", "c"] and order[4:] == ["a", "e"], order
+    assert {name: usage[name] for name in [*"abcde", POD]} == {
+        "a": "23.6%", "b": "23.9%", "c": "23.9%", "d": "23.9%", "e": "90.0%", POD: "20.0%"}
+    assert order[:2] == ["f", "d"] and sorted(order[2:4]) == ["b", "c"] and order[4:] == ["a", POD, "e"], order
+    assert table["clippedColumns"] == []
+    assert [(row[0]["text"], cell["column"], cell["text"]) for row in table["rows"] for cell in row
+            if cell["clipped"]] == []

@@ -257,6 +257,9 @@ async function main() {
       check();
     });
     drawAnnotations(displayed, await events, timeRange, theme);
+    // TableNG measures wrapped headers and cells with the page's font: read back once it is loaded and laid out.
+    await document.fonts.ready;
+    await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
     readBack(displayed, theme);
   } catch (err) {
     displayed.error = err.message;

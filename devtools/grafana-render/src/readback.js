@@ -30,18 +30,46 @@ function text(element) {
   return element.innerText.replace(/\s+/g, ' ').trim();
 }
 
+/** Whether the element cuts its text short, or the panel cuts the element: a text laid out past the box (a
+ * right-aligned cell overflows to the left, which no scroll width counts; an ellipsis is painted over text laid out
+ * whole), or the box past the panel's edge (a table wider than its panel scrolls sideways). Text only: a header's
+ * hidden filter button may sit outside it. */
+function clipped(element, panel) {
+  const box = element.getBoundingClientRect();
+  const edge = panel.getBoundingClientRect();
+  if (box.left < edge.left - 0.5 || box.right > edge.right + 0.5) {
+    return true;
+  }
+  const texts = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+  const range = document.createRange();
+  for (let node = texts.nextNode(); node; node = texts.nextNode()) {
+    for (const word of node.data.matchAll(/\S+/g)) { // word by word: a space hanging at a line's end is no text
+      range.setStart(node, word.index);
+      range.setEnd(node, word.index + word[0].length);
+      const laid = range.getBoundingClientRect();
+      if (laid.width > 0 && (laid.left < box.left - 0.5 || laid.right > box.right + 0.5)) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 /** TableNG (react-data-grid): header cells, then the data rows in the order they are displayed. */
 function readTable(element, names) {
   const rows = [...element.querySelectorAll('[role="row"]')]
     .sort((a, b) => Number(a.getAttribute('aria-rowindex')) - Number(b.getAttribute('aria-rowindex')));
   const header = rows.find((row) => row.querySelector('[role="columnheader"]'));
-  const columns = header ? [...header.querySelectorAll('[role="columnheader"]')].map(text) : [];
+  const headers = header ? [...header.querySelectorAll('[role="columnheader"]')] : [];
+  const columns = headers.map(text);
   const body = rows.filter((row) => row !== header && row.querySelector('[role="gridcell"]'));
   return {
     columns,
+    clippedColumns: columns.filter((column, index) => clipped(headers[index], element)),
     rows: body.map((row) => [...row.querySelectorAll('[role="gridcell"]')].map((cell, index) => ({
       column: columns[index] ?? null,
       text: text(cell),
+      clipped: clipped(cell, element),
       ...named(names, hex(getComputedStyle(cell).backgroundColor)),
     }))),
   };
