@@ -7,7 +7,7 @@ a query may carry its own bands (a stat showing several values, each with its ow
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as dashboard_builders
@@ -155,12 +155,20 @@ def missing_value(text: str = NO_DATA) -> models.ValueMapping:
         match=models.SpecialValueMatch.NULL_AND_NAN, result=models.ValueMappingResult(text=text, color="transparent")))
 
 
+def _uncoloured(steps: bands.Steps) -> bands.Steps:
+    """A stat's neutral band as no colour (the missing value's "transparent"); any other band as it is."""
+    return ((None, "transparent"),) if steps == bands.neutral() else steps
+
+
 def stat(title: str, description: str, unit: str, queries: list[Query], steps: bands.Steps,
          mappings: list[models.ValueMapping] | None = None, min_max: tuple[float, float] | None = None,
          named: bool = False, links: tuple[Link, ...] = (), no_value: str | None = None, trend: bool = True):
     """A current value (the last one in range), coloured by its band. `named`: the value now, from an instant
     query, with the name its legend gives it (which pool it is). `no_value`: what it says without any value.
     `trend`: the range drawn under the value (not for a code a mapping names: its words get the whole panel)."""
+    # A value without a band stands on no colour: the neutral band's blue background would mean nothing.
+    steps = _uncoloured(steps)
+    queries = [replace(query, steps=_uncoloured(query.steps)) if query.steps else query for query in queries]
     panel = stat_builders.Panel().height(STAT_HEIGHT)
     panel.reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     panel.color_mode(common.BigValueColorMode.BACKGROUND)

@@ -767,6 +767,8 @@ def test_overview_shows_the_worst_pool(run, fleet_all, seen):
     hit = [last(points) for points in by_target(fleet_all["Prefix-cache hit ratio per target"]).values() if points]
     lowest = last(by_target(fleet_all["Lowest prefix-cache hit ratio"])[""])
     assert any(lowest == pytest.approx(ratio, abs=1e-9) for ratio in hit), (lowest, hit)
+    # A hit ratio is low or high by its workload, not by a band: on no colour.
+    assert [value["colorName"] for value in fleet_all["Lowest prefix-cache hit ratio"].displayed["values"]] == [None]
     most = last(by_target(fleet_all["Most preemptions per minute"])[""])
     per_target = by_target(fleet_all["Preemption rate per target"])
     assert most == pytest.approx(60 * max(last(p) for p in per_target.values() if p), rel=1e-6)
@@ -1062,6 +1064,13 @@ def test_the_state_counts_are_the_tables_rows(run, fleet_all):
     assert sum(counts.values()) == len(FLEET) + 1
     up = {value["name"]: value["numeric"] for value in fleet_all["Targets up"].displayed["values"]}
     assert up == {"up": len(FLEET), "down": 1}, up
+    # Colour where a band gives it a meaning: a count of targets up, or of fine ones, on none (the neutral band's
+    # blue meant nothing); a state's count in its colour once a target is in it, green at none.
+    colours = {value["name"]: value["colorName"] for value in fleet_all["Targets up"].displayed["values"]}
+    assert colours == {"up": None, "down": "red"}, colours
+    expected = {state: (bands.STATE_COLORS | {"down": bands.DOWN_COLOR})[state] if counts[state] else "green"
+                for state in counts} | {"ok": None}
+    assert {value["name"]: value["colorName"] for value in stat.displayed["values"]} == expected
 
 
 @pytest.mark.usefixtures("artifacts_on_failure")
