@@ -96,7 +96,6 @@ class Column:
     mappings: list[models.ValueMapping] | None = None
     width: int | None = None  # px; None shares the table's width with the others
     decimals: int | None = None  # None: Grafana's own, about three significant digits
-    wrap: bool = False  # words wider than the column go on to another line in a taller row, never cut short
 
 
 @dataclass(frozen=True)
@@ -237,7 +236,7 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
     Every query keeps only the `key` label, so Grafana's merge joins them into one row each;
     the organize step names the value columns (`Value #A` ...) after their headers.
     """
-    panel = table_builders.Panel().height(TABLE_HEIGHT).filterable(True).min_width(TABLE_COLUMN_MIN_WIDTH)
+    panel = table_builders.Panel().height(TABLE_HEIGHT).min_width(TABLE_COLUMN_MIN_WIDTH)
     # The SDK writes the pre-12.4 table's `footer` option, which Grafana 12.4's table model no longer
     # has (footers are per field now; @grafana/schema 12.4 rejects the key), and offers no way to unset it.
     panel._internal.options.footer = None
@@ -252,8 +251,10 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
     # and so does a key (a pod's name: "sglang-sat-dp" for "sglang-sat-dp2" names another pool). Grafana 12.4's
     # TableNG reads custom.wrapHeaderText and custom.wrapText, which the SDK's builder does not offer.
     wrapped = models.DynamicConfigValue("custom.wrapHeaderText", True)
-    wrap_text = models.DynamicConfigValue("custom.wrapText", True)
-    panel.override_by_name(key, [wrap_text])
+    # The key and the sort column filter (which pools, which states); a number's filter button would take a fifth
+    # of its header's width, and its header's words ran past the column's left edge.
+    filterable = models.DynamicConfigValue("custom.filterable", True)
+    panel.override_by_name(key, [models.DynamicConfigValue("custom.wrapText", True), filterable])
     for ref_id, column in zip(REF_IDS, columns):
         properties = [models.DynamicConfigValue("unit", column.unit), wrapped,
                       models.DynamicConfigValue("thresholds", bands.config(column.steps).build()),
@@ -262,12 +263,12 @@ def table(title: str, description: str, key: str, columns: list[Column], sort_by
         # either (running requests, TTFT) would be painted the neutral band's blue.
         if len(column.steps) > 1 or column.mappings:
             properties.append(cells)
+        if column.header == sort_by:
+            properties.append(filterable)
         if column.width is not None:
             properties.append(models.DynamicConfigValue("custom.width", column.width))
         if column.decimals is not None:
             properties.append(models.DynamicConfigValue("decimals", column.decimals))
-        if column.wrap:
-            properties.append(wrap_text)
         panel.override_by_name(column.header, properties)
     queries = [Query(column.expr, column.header) for column in columns]
     return _with_basics(panel, title, description, "none", queries, bands.neutral(), links,

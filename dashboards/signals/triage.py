@@ -13,10 +13,11 @@ TRIAGE_QUANTILE = 0.9
 # requests" in every cell would not fit nine columns in 1200 px, and Grafana clips a right-aligned cell's number
 # first.
 COUNT = "none"
-# The State column says why in words: wide enough for most reasons on one line at 1200 px, the longest ("capped:
-# none running, the engine admits nothing") on two (on one, 380 px: the targets' names lost their end); the
-# others share the rest down to panels.TABLE_COLUMN_MIN_WIDTH.
-STATE_WIDTH = 300
+# The State column says why in words, wide enough for the longest on one line at 1200 px ("capped: none running,
+# the engine admits nothing": at 300 px two reasons lost their start, and wrapped they ran into the next row: Grafana
+# sizes a row by a mapped value's number, not its words); the others share the rest down to
+# panels.TABLE_COLUMN_MIN_WIDTH, the targets' names wrapping where longer.
+STATE_WIDTH = 380
 # KV usage to one decimal of a percent in every cell, the precision the sort key ties on: Grafana's own choice
 # (about three significant digits) shows 23.6% and 23.9% for what a whole-percent key called a tie.
 USAGE_DECIMALS = 1
@@ -41,8 +42,7 @@ def pools_needing_help(v: View):
     t = v.thresholds
     s = v.scope
     columns = [
-        Column(STATE, worst_first(v), "none", bands.neutral(), pressure.reason_names(t, ranges=True), STATE_WIDTH,
-               wrap=True),
+        Column(STATE, worst_first(v), "none", bands.neutral(), pressure.reason_names(t, ranges=True), STATE_WIDTH),
         Column("KV usage", promql.highest(s, "kvcache_usage_ratio", PER_TARGET), RATIO, bands.usage(t),
                decimals=USAGE_DECIMALS),
         Column("Headroom", promql.least(v.selector(kv.HEADROOM), PER_TARGET), COUNT, bands.headroom()),
@@ -64,7 +64,7 @@ def pools_needing_help(v: View):
             "docs/metrics.md) and the columns beside it hold the numbers. State, KV usage and headroom are those of "
             "its worst data-parallel rank; waiting, running and preemptions are summed over its ranks; TTFT "
             f"p{TRIAGE_QUANTILE * 100:g} comes from the target's own histogram over the rate interval. Filter "
-            "the table or sort by any column; click a target to open it." + pressure.window_note(t),
+            "by target or state, sort by any column; click a target to open it." + pressure.window_note(t),
             "the state column names what limits the pool: saturated or thrashing is KV (add KV capacity, shed "
             "load), capped is the running-request cap (raise it or add replicas). Headroom counts the typical "
             "requests that still fit: below 1 the next one does not.",

@@ -257,14 +257,37 @@ async function main() {
       check();
     });
     drawAnnotations(displayed, await events, timeRange, theme);
-    // TableNG measures wrapped headers and cells with the page's font: read back once it is loaded and laid out.
+    // TableNG measures wrapped headers and cells with the page's font, and lays a table out again after it has
+    // drawn: read back once the font is loaded and the tables' cells and texts stand still.
     await document.fonts.ready;
-    await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+    await laidOut();
     readBack(displayed, theme);
   } catch (err) {
     displayed.error = err.message;
   }
   window.__renderDone = true;
+}
+
+/** Resolves once two frames in a row place every table cell and its text alike (at most 5 s). */
+async function laidOut() {
+  const frame = () => new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+  const range = document.createRange();
+  const places = () => [...document.querySelectorAll('[role="columnheader"], [role="gridcell"]')].map((cell) => {
+    range.selectNodeContents(cell);
+    const box = cell.getBoundingClientRect();
+    const text = range.getBoundingClientRect();
+    return [box.left, box.top, box.width, box.height, text.left, text.top, text.width].join(' ');
+  }).join('|');
+  const deadline = performance.now() + 5000;
+  let last = null;
+  while (performance.now() < deadline) {
+    await frame();
+    const now = places();
+    if (now === last) {
+      return;
+    }
+    last = now;
+  }
 }
 
 main();

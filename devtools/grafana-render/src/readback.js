@@ -32,8 +32,8 @@ function text(element) {
 
 /** Whether the element cuts its text short, or the panel cuts the element: a text laid out past the box (a
  * right-aligned cell overflows to the left, which no scroll width counts; an ellipsis is painted over text laid out
- * whole), or the box past the panel's edge (a table wider than its panel scrolls sideways). Text only: a header's
- * hidden filter button may sit outside it. */
+ * whole; wrapped lines the row is not tall enough for run into the next row), or the box past the panel's edge (a
+ * table wider than its panel scrolls sideways). Text only: a header's hidden filter button may sit outside it. */
 function clipped(element, panel) {
   const box = element.getBoundingClientRect();
   const edge = panel.getBoundingClientRect();
@@ -47,7 +47,8 @@ function clipped(element, panel) {
       range.setStart(node, word.index);
       range.setEnd(node, word.index + word[0].length);
       const laid = range.getBoundingClientRect();
-      if (laid.width > 0 && (laid.left < box.left - 0.5 || laid.right > box.right + 0.5)) {
+      if (laid.width > 0 && (laid.left < box.left - 0.5 || laid.right > box.right + 0.5
+          || laid.top < box.top - 0.5 || laid.bottom > box.bottom + 0.5)) {
         return true;
       }
     }
