@@ -32,14 +32,14 @@ def _family_name(block: str) -> str:
     return block.split(" ", 3)[2] if block.startswith("# HELP ") else ""
 
 
-def _drop_families(text: str, unwanted) -> str:
+def drop_families(text: str, unwanted) -> str:
     """The page without the families (HELP/TYPE/sample block) whose name `unwanted` accepts."""
     return "".join(block for block in _FAMILY_START.split(text) if not unwanted(_family_name(block)))
 
 
 def vllm_v1_35k() -> str:
     text = (FIXTURES / "vllm-v1.txt").read_text()
-    text = _drop_families(text, lambda name: name.endswith("_created") or name.startswith("http_"))
+    text = drop_families(text, lambda name: name.endswith("_created") or name.startswith("http_"))
     return text.replace(_FIXTURE_MODEL, _SHORT_MODEL)
 
 
