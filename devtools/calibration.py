@@ -28,7 +28,7 @@ from devtools import harness, vllm_engine
 from kvcache_exporter.simulator.exposition import FLAVORS
 from kvcache_exporter.simulator.model import EngineConfig, EngineModel, Request
 
-SAMPLE_INTERVAL = 0.05  # seconds between two reads of vLLM's page: the burst lasts about a second here
+SAMPLE_INTERVAL = 0.1  # seconds between two reads of vLLM's page
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ What must agree, and how closely:
 - Every request is answered in full, and both engines queried exactly requests x prompt tokens of prefix cache
   (vLLM counts a request once, at its first admission; re-admissions after preemption are not queries).
 - Both fill the pool, run max_num_seqs at once, queue for KV and preempt. The simulator's every step is read, its
-  peak usage is at least 0.95. vLLM's page is read every 0.05 s, between steps: the steps at a full pool are few
+  peak usage is at least 0.95. vLLM's page is read every 0.1 s, between steps: the steps at a full pool are few
   (the next block a running request needs preempts one), and a read after a preempting step sees the pool less its
   victim's blocks (Scheduler.schedule frees them all before it allocates), so a read at least that full, and a
   preemption (vLLM preempts only when KVCacheManager.allocate_slots finds no block), is its proof (CI's machine
@@ -16,7 +16,7 @@ What must agree, and how closely:
   MIN_COMPARED page reads. A read counts once vLLM's scheduler holds the whole burst (running + waiting + finished
   = requests): the HTTP requests reach it one by one, and on a slow machine it runs steps on the first few while
   the rest are still being tokenized (seen in CI: one request running where the simulator has 8 running and 8
-  waiting). Not exact: the page is read every 0.05 s, between steps.
+  waiting). Not exact: the page is read every 0.1 s, between steps.
 - Preemptions within 3 of each other: the same arrival skew can move a victim by a step.
 - Prefix hits within one prefix's worth per prefix (4 x 32 tokens): which requests share their first step, and so
   find each other's blocks, depends on the arrival order.
