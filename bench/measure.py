@@ -13,6 +13,8 @@ import gzip
 import http.client
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -184,18 +186,59 @@ def scalar(base_url: str, expr: str) -> float:
 
 
 def profile(pid: int, plan: Plan, name: str) -> str:
-    """py-spy samples the thread holding the GIL over one more window, without pausing the process
-    (pausing it 100 times a second makes polls time out), into collapsed stacks and a
-    summary of where the Python CPU goes; returns the summary's path. Work done with the GIL
-    released (socket I/O in the kernel, zlib) does not show."""
+    """py-spy's samples of one more window (`record_stacks`) as a summary of where the Python CPU goes;
+    returns the summary's path."""
     plan.profile_dir.mkdir(parents=True, exist_ok=True)
     stacks = plan.profile_dir / f"{name}.collapsed"
-    subprocess.run(["py-spy", "record", "--pid", str(pid), "--duration", str(round(plan.cycles * plan.interval)),
-                    "--rate", "100", "--gil", "--nonblocking", "--format", "raw", "--output", str(stacks)],
-                   check=True, capture_output=True)
+    stacks.write_text(record_stacks([pid], plan.cycles * plan.interval))
     summary = plan.profile_dir / f"{name}.txt"
     summary.write_text(summarize_stacks(stacks.read_text()))
     return str(summary)
+
+
+def record_stacks(pids: list[int], seconds: float) -> str:
+    """py-spy samples the thread holding the GIL in each process at once for `seconds`, without pausing it
+    (pausing it 100 times a second makes polls time out); the collapsed stacks of all of them. Work done with
+    the GIL released (socket I/O in the kernel, zlib) does not show."""
+    spy = str(Path(sys.executable).with_name("py-spy"))
+    with tempfile.TemporaryDirectory() as scratch:
+        outputs = [Path(scratch) / f"{pid}.collapsed" for pid in pids]
+        runs = [subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(round(seconds)), "--rate", "200",
+                                  "--gil", "--nonblocking", "--format", "raw", "--output", str(output)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                for pid, output in zip(pids, outputs)]
+        for run in runs:
+            _, err = run.communicate()
+            if run.returncode:
+                raise RuntimeError(f"py-spy exited {run.returncode}: {err.decode(errors='replace').strip()}")
+        return "".join(output.read_text() for output in outputs)
+
+
+# The steps of a poll and of a scrape, each named by the function that does it: a sample belongs to the
+# step of the innermost of these on its stack; the rest is the event loops and the scheduler.
+STEP_FRAMES = {
+    "Fetcher.fetch (exporter/sources/fetch.py)": "fetch",
+    "_parse (exporter/runtime/target.py)": "parse",
+    "Adapter.adapt (exporter/adapters/base.py)": "adapt",
+    "derive (exporter/derive.py)": "derive",
+    "Target._render (exporter/runtime/target.py)": "render",
+    "MetricsServer._handle (exporter/runtime/server.py)": "serve",
+}
+STEPS = ("fetch", "parse", "adapt", "derive", "render", "serve", "loop")
+
+
+def step_shares(collapsed: str) -> dict:
+    """The samples, and each step's share of them (`STEP_FRAMES`; `loop` for the rest)."""
+    counts = dict.fromkeys(STEPS, 0)
+    for line in collapsed.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        frames = [_short(frame) for frame in reversed(stack.split(";"))]
+        step = next((STEP_FRAMES[frame] for frame in frames if frame in STEP_FRAMES), "loop")
+        counts[step] += int(count_text)
+    total = sum(counts.values())
+    return {"samples": total, "shares": {step: count / total if total else 0.0 for step, count in counts.items()}}
 
 
 def summarize_stacks(collapsed: str, top: int = 30) -> str:

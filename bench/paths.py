@@ -48,7 +48,7 @@ from devtools import harness
 
 from . import paths_report, procstat
 from .fleet import Fleet
-from .measure import Plan, prometheus_config, scalar
+from .measure import Plan, prometheus_config, record_stacks, scalar, step_shares, summarize_stacks
 from .run import begin, choices
 
 PATHS = ("direct", "exporter", "probe", "replay")
@@ -238,7 +238,10 @@ def measure_path(fleet: Fleet, plan: Plan, path: str, work_dir: Path, workers: i
                 harness.wait_until(lambda: scalar(url, "min(kvcache_exporter_poll_phase_locked)") == 1.0,
                                    timeout=20 * plan.interval, interval=1.0, what=f"the polls phase-locked ({path})")
             time.sleep(plan.warmup_cycles * plan.interval)
-            return {**_window(processes, fleet, plan, path), "workers": workers, "replicas": replicas}
+            figures = {**_window(processes, fleet, plan, path), "workers": workers, "replicas": replicas}
+            if plan.profile_dir is not None and path == "exporter":
+                figures["profile"] = _profile(processes, plan, work_dir.name)
+            return figures
     finally:
         shutil.rmtree(work_dir / "data", ignore_errors=True)  # up to a million series
 
@@ -290,6 +293,16 @@ def _window(processes: Stack, fleet: Fleet, plan: Plan, path: str) -> dict:
     return result
 
 
+def _profile(processes: Stack, plan: Plan, name: str) -> dict:
+    """Where B's exporter CPU goes, by step of a poll or a scrape: py-spy over one more window of every
+    replica at once (after the measured one: the sampling costs CPU of its own), its stacks kept."""
+    collapsed = record_stacks(processes.pids["exporter"], plan.cycles * plan.interval)
+    plan.profile_dir.mkdir(parents=True, exist_ok=True)
+    (plan.profile_dir / f"{name}.collapsed").write_text(collapsed)
+    (plan.profile_dir / f"{name}.txt").write_text(summarize_stacks(collapsed))
+    return step_shares(collapsed)
+
+
 def tsdb_bytes_per_hour(block: dict, samples_per_s: float) -> float:
     """Bytes one hour adds to the TSDB's blocks: the samples at the snapshot's bytes per sample, and half
     an index (Prometheus cuts a block, with its own index, every two hours)."""
@@ -318,6 +331,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
                    help="each replica of path B with a worker process per this many of its engines (0: none)")
     p.add_argument("--fleet", choices=FLEETS, default="steady",
                    help=f"steady: one pool in {PRESSURE_EVERY} under KV pressure; pressure: every pool")
+    p.add_argument("--profile", action="store_true",
+                   help="after each window of path B, sample one more with py-spy: B's exporter CPU by step")
     p.add_argument("--out", type=Path, default=Path("bench/results-paths"))
     args = p.parse_args(argv)
     args.sizes = [int(size) for size in args.sizes.split(",")]
@@ -336,7 +351,8 @@ def main(argv: list[str]) -> int:
         served = [page_paths[name] for name in fleet_pages(workload, args.fleet)]
         with Fleet(workload, served, out / "logs") as fleet:
             for size in args.sizes:
-                plan = Plan(size, args.interval, args.cycles, args.warmup)
+                plan = Plan(size, args.interval, args.cycles, args.warmup,
+                            profile_dir=out / "profiles" if args.profile else None)
                 run = {"workload": workload, "targets": size}
                 for path in args.paths:
                     started = time.monotonic()

@@ -9,12 +9,14 @@ import json
 import sys
 from pathlib import Path
 
+from .measure import STEPS
 from .report import table
 
 # Issue 21's goals for the exporter's path against Prometheus scraping the engines.
 MAX_CPU_RATIO = 0.8
 MAX_SAMPLES_RATIO = 0.5
 MAX_AGE_OVER_A_S = 1.0  # issue 33: B's oldest data at most A's + 1 s
+READ_STEPS = ("parse", "adapt", "derive", "render")  # what path replay leaves out
 LABELS = {"direct": "A: Prometheus scrapes engines", "exporter": "B: exporter + Prometheus + rules",
           "probe": "probe: Prometheus via /probe + rules", "replay": "B with pages replayed, not read"}
 
@@ -97,6 +99,31 @@ def ratio_table(runs: list[dict], paths: list[str]) -> str:
     return table(head, rows)
 
 
+def step_table(runs: list[dict], interval: float) -> str:
+    """Where B's exporter CPU goes (py-spy's step shares times its CPU in the window), as µs per poll, and
+    what would close the row: B / A with the whole read free (path replay, measured) and with the read's
+    costliest step free (the profile)."""
+    head = ["workload", "N", "B / A", f"B over {MAX_CPU_RATIO} A, cores", "exporter µs per poll",
+            *(f"{step} µs" for step in STEPS), "B / A, read free (replay)", "B / A, costliest read step free"]
+    rows = []
+    for run in runs:
+        figures = run.get("exporter", {})
+        if "profile" not in figures or "direct" not in run:
+            continue
+        a, b = run["direct"]["monitoring_cores"], figures["monitoring_cores"]
+        polls_per_s = run["targets"] / interval
+        exporter = figures["cores"]["exporter"]
+        shares = figures["profile"]["shares"]
+        per_poll = {step: exporter * shares[step] / polls_per_s * 1e6 for step in STEPS}
+        costliest = max(READ_STEPS, key=per_poll.get)
+        replay = f"{run['replay']['monitoring_cores'] / a:.2f}" if "replay" in run else "-"
+        without = b - exporter * shares[costliest]
+        rows.append([run["workload"], f"{run['targets']:,}", f"{b / a:.2f}", f"{b - MAX_CPU_RATIO * a:+.3f}",
+                     f"{exporter / polls_per_s * 1e6:,.0f}", *(f"{per_poll[step]:,.0f}" for step in STEPS), replay,
+                     f"{without / a:.2f} ({costliest})"])
+    return table(head, rows) if rows else ""
+
+
 def markdown(results: dict) -> str:
     settings, machine = results["settings"], results["machine"]
     paths = settings["paths"]
@@ -106,6 +133,7 @@ def markdown(results: dict) -> str:
         f"rules every {settings['evaluation_interval_s']} s, {settings['cycles']} measured intervals after "
         f"{settings['warmup_cycles']} of warm-up. {_fleet(settings)}",
         "", path_table(results["runs"], paths), "", ratio_table(results["runs"], paths), "",
+        step_table(results["runs"], settings["interval"]), "",
     ])
 
 
