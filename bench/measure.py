@@ -214,28 +214,35 @@ def record_stacks(pids: list[int], seconds: float) -> str:
         return "".join(output.read_text() for output in outputs)
 
 
-# The steps of a poll and of a scrape, each named by the function that does it: a sample belongs to the
-# step of the innermost of these on its stack; the rest is the event loops and the scheduler.
+# The steps of a poll and of a scrape, each named by the functions that do it or by its module: a sample
+# belongs to the step of the innermost of these on its stack (py-spy reads a running process, so a stack may
+# lack its outer frames); the rest is the event loops and the scheduler.
 STEP_FRAMES = {
     "Fetcher.fetch (exporter/sources/fetch.py)": "fetch",
     "_parse (exporter/runtime/target.py)": "parse",
-    "Adapter.adapt (exporter/adapters/base.py)": "adapt",
-    "derive (exporter/derive.py)": "derive",
+    "detect (exporter/adapters/__init__.py)": "adapt",  # which engine's page: once a poll
     "Target._render (exporter/runtime/target.py)": "render",
+    "render_target (exporter/exposition.py)": "render",
+    "_pool_lines (exporter/exposition.py)": "render",
+    # a scrape: the request on the server's loop, the page's text and its gzip in threads of their own
     "MetricsServer._handle (exporter/runtime/server.py)": "serve",
+    "Exporter._metrics.<locals>.<lambda> (exporter/runtime/app.py)": "serve",
+    "render (exporter/exposition.py)": "serve",
+    "_gzip (exporter/runtime/server.py)": "serve",
 }
+STEP_MODULES = {"exporter/sources/fetch.py": "fetch", "exporter/sources/parser.py": "parse",
+                "exporter/adapters/base.py": "adapt", "exporter/derive.py": "derive"}
 STEPS = ("fetch", "parse", "adapt", "derive", "render", "serve", "loop")
 
 
 def step_shares(collapsed: str) -> dict:
-    """The samples, and each step's share of them (`STEP_FRAMES`; `loop` for the rest)."""
+    """The samples, and each step's share of them (`STEP_FRAMES`, `STEP_MODULES`; `loop` for the rest)."""
     counts = dict.fromkeys(STEPS, 0)
     for line in collapsed.splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack:
             continue
-        frames = [_short(frame) for frame in reversed(stack.split(";"))]
-        step = next((STEP_FRAMES[frame] for frame in frames if frame in STEP_FRAMES), "loop")
+        step = next(filter(None, map(_step, reversed(stack.split(";")))), "loop")
         counts[step] += int(count_text)
     total = sum(counts.values())
     return {"samples": total, "shares": {step: count / total if total else 0.0 for step, count in counts.items()}}
@@ -263,6 +270,11 @@ def summarize_stacks(collapsed: str, top: int = 30) -> str:
     for frame, count in sorted(own.items(), key=lambda item: -item[1])[:top]:
         lines.append(f"{100 * count / total:8.1f}%  {frame}")
     return "\n".join(lines) + "\n"
+
+
+def _step(frame: str) -> str | None:
+    short = _short(frame)
+    return STEP_FRAMES.get(short) or STEP_MODULES.get(short.partition(" (")[2][:-1])
 
 
 def _short(frame: str) -> str:
