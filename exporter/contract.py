@@ -268,7 +268,7 @@ _TABLE = (
            stable=False),
     Family("exporter_poll_lead_ratio", "gauge", "exporter", "ratio",
            "How early the fleet's earliest poll starts before a scrape, over the poll interval: the longest "
-           "expected poll (p90 of a target's recent ones), the window the polls are spread over (1.25 times the "
+           "expected poll (the longest of a target's recent ones), the window the polls are spread over (1.25 times the "
            "poll loop's CPU per interval) and a margin. The data a scrape reads is up to this much of an interval "
            "old; above " + f"{SHARD_LEAD_RATIO:g}" + " it is more than a second older than a direct scrape's at 5 s "
            "(docs/scaling.md): add a replica (`--shard`) or a worker.", stable=False),

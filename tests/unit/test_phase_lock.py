@@ -222,30 +222,32 @@ def test_polls_per_target_stay_at_one_per_interval_however_the_lock_moves():
 def test_a_locked_poll_is_due_its_lead_before_the_scrape():
     arrivals = regular(1000.3, 5.0, 8, late=0.0)
     lock = clock_with(arrivals).update(POLL, arrivals[-1])
-    lead = phase.lead([0.02] * 9 + [3.0], place=0.5, spread=0.4, poll_interval=POLL)
-    assert lead == pytest.approx(0.02 + 0.2 + phase.margin(POLL))  # p90 of 10: one outlier ignored
+    lead = phase.lead([0.02] * 9 + [0.3], place=0.5, spread=0.4, poll_interval=POLL)
+    assert lead == pytest.approx(0.3 + 0.2 + phase.margin(POLL))  # the longest of them: the tail makes its scrape
     start = next_start(arrivals[-1], POLL, lock.offset(lead))
     scrape = arrivals[-1] + 5.0
     assert scrape - start == pytest.approx(lead)
 
 
 def test_the_largest_lead_is_the_longest_expected_poll_the_spread_and_the_margin():
-    """kvcache_exporter_poll_lead_ratio's numerator: the target whose p90 poll is longest, at the far end of the
-    spread window; a removed target no longer counts."""
+    """kvcache_exporter_poll_lead_ratio's numerator: the target whose longest recent poll is longest, at the far
+    end of the spread window; a poll older than the last DURATIONS and a removed target no longer count."""
     timetable = phase.Timetable(ScrapeClock())
     assert timetable.largest_lead(POLL) == 0.0  # nothing polled yet
     timetable.spread = 0.6
-    for duration in [0.02] * 9 + [3.0]:
-        timetable.finished("a", duration)  # p90 of 10: the outlier ignored, 0.02
+    for duration in [3.0] + [0.02] * phase.DURATIONS:
+        timetable.finished("a", duration)  # the 3 s poll is no longer among the last 10
+    assert timetable.largest_lead(POLL) == pytest.approx(0.02 + 0.6 + phase.margin(POLL))
+    timetable.finished("a", 0.25)
     for duration in (0.1, 0.3, 0.2):
-        timetable.finished("b", duration)  # p90 of 3: the largest, 0.3
+        timetable.finished("b", duration)
     assert timetable.largest_lead(POLL) == pytest.approx(0.3 + 0.6 + phase.margin(POLL))
 
     class Named:
         name = "a"
 
     timetable.due([Named()], 0.0, 0.0, POLL)  # "b" is no longer a target
-    assert timetable.largest_lead(POLL) == pytest.approx(0.02 + 0.6 + phase.margin(POLL))
+    assert timetable.largest_lead(POLL) == pytest.approx(0.25 + 0.6 + phase.margin(POLL))
 
 
 def test_the_spread_follows_the_loops_cpu_and_is_capped():
