@@ -1,11 +1,14 @@
 """What reading one engine page costs the exporter, step by step: detection, parse, adapt, derive, render.
 
     python -m bench.reading [--pages sglang-tp2-at-rest,vllm-v1-58k-at-rest] [--targets 2000] [--reference-fold]
+                            [--neighbour-mb 64]
 
 Per page (bench/pages.py): each step's CPU per poll, the best of 5 runs of 500 reads of the same
 page (warm caches); then whole reads over --targets targets in turn, each target with its own
 render cache and history and the page's variants in rotation, as the exporter reads a fleet's
-pages (colder caches). Everything else a poll costs (scheduler, fetch, serving the exporter's
+pages (colder caches). `--neighbour-mb M` measures the fleet's read once more beside a process that
+sweeps M MB of memory on the other core, as the page server and Prometheus do beside a live exporter
+(their caches are shared). Everything else a poll costs (scheduler, fetch, serving the exporter's
 page) is measured by path `replay` of bench.paths; docs/performance.md puts the two together.
 """
 
@@ -15,6 +18,7 @@ import argparse
 import contextlib
 import gc
 import re
+import subprocess
 import sys
 import time
 
@@ -135,10 +139,25 @@ def fleet_read(text: str, targets: int, rounds: int = 3, histograms_change: bool
     return spent / (rounds * targets) * 1e6, collected.seconds / spent
 
 
+@contextlib.contextmanager
+def neighbour(megabytes: int):
+    """A process writing a byte in every 64 of `megabytes` MB, over and over, while the block runs."""
+    sweep = f"b = bytearray({megabytes} << 20)\nwhile True:\n    b[::64] = bytes(len(b) // 64)"
+    process = subprocess.Popen([sys.executable, "-c", sweep])
+    try:
+        time.sleep(1.0)  # its buffer allocated, its loop running
+        yield
+    finally:
+        process.kill()
+        process.wait()
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.reading", description=__doc__.split("\n\n")[0])
     p.add_argument("--pages", default=",".join(DEFAULT_PAGES), help=f"comma-separated, of {', '.join(pages.PAGES)}")
     p.add_argument("--targets", type=int, default=2000, help="targets read in turn for the fleet figure")
+    p.add_argument("--neighbour-mb", type=int, default=0,
+                   help="also read the fleet beside a process sweeping this many MB of memory (0: not)")
     p.add_argument("--reference-fold", action="store_true",
                    help="adapt with the pure-Python loops (what runs without a C compiler), not the compiled ones")
     args = p.parse_args(argv)
@@ -162,12 +181,16 @@ def measure(args: argparse.Namespace) -> int:
                          fleet_read(text, args.targets, tuned_collector=False), fleet_read(text, args.targets))),
                      f"{fleet_read(text, args.targets, histograms_change=False)[0]:.0f}", f"{reference:.0f}",
                      f"{histogramless:.0f}"])
+        if args.neighbour_mb:
+            with neighbour(args.neighbour_mb):
+                rows[-1].append(f"{fleet_read(text, args.targets)[0]:.0f}")
     print(f"Reader: {parser.READER}, adapter: {'python' if args.reference_fold else adapters.ADAPTER}")
     print(table(["page", "size", "lines read", "detect µs", "parse µs", "adapt µs", "derive µs", "render µs",
                  "sum µs", f"a read among {args.targets:,} targets, default collector µs (its share)",
                  "the same, the collector as the exporter tunes it µs (its share)",
                  "the same, histograms unchanged since the target's last read, µs",
-                 "parse by the pure-Python reader µs", "parse without the histogram families µs"],
+                 "parse by the pure-Python reader µs", "parse without the histogram families µs",
+                 *([f"the tuned read beside a process sweeping {args.neighbour_mb} MB, µs"] if args.neighbour_mb else [])],
                 rows))
     return 0
 
