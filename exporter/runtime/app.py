@@ -228,6 +228,11 @@ def serve(config: Config, listen_key: tuple[str, str], reload_config: Loader | N
     """Run until SIGTERM or SIGINT; SIGHUP reloads the configuration and web configuration files. `listen_key` is
     (where, key) of the listen address, named if it cannot be bound; `on_listening` runs once it is bound."""
     logs.configure(config.log_level, config.log_format)
+    # Before the port is bound: a SIGTERM as soon as /ready answers must stop the exporter cleanly, not kill it.
+    stop, hangup = threading.Event(), threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: hangup.set())
     exporter = Exporter(config, reload_config, web)
     try:
         exporter.start()
@@ -239,10 +244,6 @@ def serve(config: Config, listen_key: tuple[str, str], reload_config: Loader | N
     if on_listening is not None:
         on_listening()
     collector.tune()
-    stop, hangup = threading.Event(), threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: hangup.set())
     while not stop.wait(0.2):
         if hangup.is_set():
             hangup.clear()
