@@ -189,10 +189,10 @@ def profile(pid: int, plan: Plan, name: str) -> str:
     """py-spy's samples of one more window (`record_stacks`) as a summary of where the Python CPU goes;
     returns the summary's path."""
     plan.profile_dir.mkdir(parents=True, exist_ok=True)
-    stacks = plan.profile_dir / f"{name}.collapsed"
-    stacks.write_text(record_stacks([pid], plan.cycles * plan.interval))
+    collapsed = record_stacks([pid], plan.cycles * plan.interval)
+    (plan.profile_dir / f"{name}.collapsed").write_text(collapsed)
     summary = plan.profile_dir / f"{name}.txt"
-    summary.write_text(summarize_stacks(stacks.read_text()))
+    summary.write_text(summarize_stacks(collapsed))
     return str(summary)
 
 
