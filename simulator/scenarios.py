@@ -44,8 +44,8 @@ of 4 shared 512-token prefixes.
   repeat), so counters start again from zero and `_created` moves.
 - wedged (holds), default workload:
     0-240    serving as steady;
-    from 240 wedged for good: the scheduler admits nothing. The running batch finishes within a
-             few seconds, then nothing runs and no token is generated, while requests keep arriving
+    from 240 wedged for good: the scheduler admits nothing. The running batch drains within
+             half a minute (outputs run to 1,500 tokens), then nothing runs and no token is generated, while requests keep arriving
              (the queue grows by 3 a second) and the pool holds only evictable prefix-cache blocks
              (usage 0). As the engines reported upstream, nothing but a restart (of the simulator)
              recovers it.

@@ -190,10 +190,10 @@ class ScrapeClock:
         return self.locked
 
 
-def lead(durations: Iterable[float], place: float, spread: float, poll_interval: float) -> float:
-    """How long before the scrape a target's poll starts: its expected duration (the longest of the recent
+def lead(expected: float, place: float, spread: float, poll_interval: float) -> float:
+    """How long before the scrape a target's poll starts: its expected duration (the longest of its recent
     ones), its `place` (0 to 1) in the fleet's `spread` window, and the margin."""
-    return max(durations, default=0.0) + place * spread + margin(poll_interval)
+    return expected + place * spread + margin(poll_interval)
 
 
 def spread_window(loop_cpu_per_interval: float, poll_interval: float) -> float:
@@ -253,7 +253,7 @@ class Timetable:
         window and the margin; 0 with no target polled yet."""
         if not self._expected:
             return 0.0
-        return max(self._expected.values()) + self.spread + margin(interval)
+        return lead(max(self._expected.values()), 1.0, self.spread, interval)
 
     def _replace(self, targets: Sequence[T], now: float) -> None:
         self._listed = targets
@@ -274,5 +274,5 @@ class Timetable:
         if lock is None:
             offset = place * interval
         else:
-            offset = lock.offset(lead(self._durations.get(name, ()), place, self.spread, interval))
+            offset = lock.offset(lead(self._expected.get(name, 0.0), place, self.spread, interval))
         return next_start(previous, interval, offset)

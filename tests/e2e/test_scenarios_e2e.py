@@ -35,7 +35,7 @@ WALL_SECONDS = 26.0  # 520 simulated seconds: saturation reaches thrashing, the 
 # seen beside four vLLM engines): the run goes on past WALL_SECONDS until it has them, three times longer at most.
 MIN_READS = 40
 PER_RANK = {  # Sample field -> contract family, read per dp_rank
-    "waiting": "kvcache_requests_waiting", "for_kv": "kvcache_requests_waiting_for_kv",
+    "running": "kvcache_requests_running", "waiting": "kvcache_requests_waiting", "for_kv": "kvcache_requests_waiting_for_kv",
     "with_room": "kvcache_requests_waiting_with_kv_room", "preempted": "kvcache_preemptions_total",
     "prompts": "kvcache_prompt_tokens_total", "capacity_blocks": "kvcache_capacity_blocks",
     "capacity_tokens": "kvcache_capacity_tokens",
@@ -46,6 +46,7 @@ class Sample(NamedTuple):
     """One read of /metrics for one target: every field maps dp_rank -> value."""
     states: dict
     reasons: dict
+    running: dict
     waiting: dict
     for_kv: dict
     with_room: dict
@@ -165,14 +166,18 @@ def test_data_parallel_vllm_capacity_is_each_engines_own(run, name):
 
 def test_wedged_reads_capped_admitting_nothing_beside_a_growing_queue_while_its_counters_stand_still(timeline):
     """Once wedged (a queue no steady pool reaches: the engine serves as steady first, under 10 waiting), the prompt
-    counter the exporter mirrors stands still while the queue grows beside a free pool with none running: the
-    pressure state reads capped (not KV), its reason says the engine admits nothing (no cap binds), and
-    KVCacheAdmissionStalled fires once it lasts."""
+    counter the exporter mirrors stands still while the queue grows beside a free pool: the pressure state reads
+    capped (not KV). Its reason says the engine admits nothing once none runs; while the last requests admitted
+    before the wedge still run (outputs reach 1,500 tokens, 30 simulated seconds), the exporter cannot tell the
+    wedge from a cap, and the reason reads cap."""
     wedged = [sample for sample in timeline["vllm-wedged"] if total(sample.waiting) >= 30]
-    assert len(wedged) >= 20
     assert len({total(sample.prompts) for sample in wedged}) == 1  # nothing admitted
+    running = [total(sample.running) for sample in wedged]
+    assert running == sorted(running, reverse=True)  # the batch only drains
+    assert len([count for count in running if count == 0]) >= 20
     assert {state for sample in wedged for state in sample.states.values()} == {"capped"}
-    assert {reason for sample in wedged for reason in sample.reasons.values()} == {"admits_nothing"}
+    assert [sample.reasons["0"] for sample in wedged] == [
+        "admits_nothing" if count == 0 else "cap" for count in running]
     queue = [total(sample.waiting) for sample in wedged]
     assert queue == sorted(queue) and queue[-1] >= 100  # 3 arrivals a simulated second, none leaves
     assert all(sample.for_kv["0"] == 0 for sample in wedged)

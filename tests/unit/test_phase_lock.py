@@ -211,7 +211,7 @@ def test_polls_per_target_stay_at_one_per_interval_however_the_lock_moves():
                 relocks += 1
                 locked_phase = phase_now
             polls.append(next_poll)
-            offset = 0.37 * POLL if lock is None else lock.offset(phase.lead([0.05], 0.37, 0.1, POLL))
+            offset = 0.37 * POLL if lock is None else lock.offset(phase.lead(0.05, 0.37, 0.1, POLL))
             next_poll = next_start(next_poll, POLL, offset)
         now = scrape
     assert min(b - a for a, b in zip(polls, polls[1:])) >= phase.MIN_GAP * POLL - 1e-9
@@ -222,8 +222,8 @@ def test_polls_per_target_stay_at_one_per_interval_however_the_lock_moves():
 def test_a_locked_poll_is_due_its_lead_before_the_scrape():
     arrivals = regular(1000.3, 5.0, 8, late=0.0)
     lock = clock_with(arrivals).update(POLL, arrivals[-1])
-    lead = phase.lead([0.02] * 9 + [0.3], place=0.5, spread=0.4, poll_interval=POLL)
-    assert lead == pytest.approx(0.3 + 0.2 + phase.margin(POLL))  # the longest of them: the tail makes its scrape
+    lead = phase.lead(0.3, place=0.5, spread=0.4, poll_interval=POLL)
+    assert lead == pytest.approx(0.3 + 0.2 + phase.margin(POLL))
     start = next_start(arrivals[-1], POLL, lock.offset(lead))
     scrape = arrivals[-1] + 5.0
     assert scrape - start == pytest.approx(lead)

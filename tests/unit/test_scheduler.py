@@ -101,7 +101,7 @@ def test_a_locked_timetable_starts_each_poll_its_lead_before_the_scrape():
     starts = run_timetable(timetable, targets, 100.0, 170.0, 1.0, random.Random(5), on_tick)
     assert clock.locked is not None and clock.locked.lattice.multiple_of(1.0) == 2
     for target in targets:
-        lead = phase.lead([0.03], phase_of(target.name), 0.2, 1.0)
+        lead = phase.lead(0.03, phase_of(target.name), 0.2, 1.0)
         locked = [t for t in starts[target.name] if t > 130.0]
         # Each start a tick (0.3 s) early at most, never late, on the lattice point `lead` before a scrape.
         assert all(0.0 <= (0.7 - lead - t) % 1.0 <= 0.3 + 1e-9 for t in locked), target.name
