@@ -171,10 +171,13 @@ def test_wedged_reads_capped_admitting_nothing_beside_a_growing_queue_while_its_
     before the wedge still run (outputs reach 1,500 tokens, 30 simulated seconds), the exporter cannot tell the
     wedge from a cap, and the reason reads cap."""
     wedged = [sample for sample in timeline["vllm-wedged"] if total(sample.waiting) >= 30]
+    assert len(wedged) >= 20
     assert len({total(sample.prompts) for sample in wedged}) == 1  # nothing admitted
     running = [total(sample.running) for sample in wedged]
     assert running == sorted(running, reverse=True)  # the batch only drains
-    assert len([count for count in running if count == 0]) >= 20
+    # It drains within 2 wall seconds of the 14 the wedge has before the run ends: most of the samples, 10 at least
+    # where the machine is slow enough to take only MIN_READS.
+    assert len([count for count in running if count == 0]) >= 10
     assert {state for sample in wedged for state in sample.states.values()} == {"capped"}
     assert [sample.reasons["0"] for sample in wedged] == [
         "admits_nothing" if count == 0 else "cap" for count in running]
