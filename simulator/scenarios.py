@@ -45,10 +45,10 @@ of 4 shared 512-token prefixes.
 - wedged (holds), default workload:
     0-240    serving as steady;
     from 240 wedged for good: the scheduler admits nothing. The running batch drains within
-             half a minute (outputs run to 1,500 tokens), then nothing runs and no token is generated, while requests keep arriving
-             (the queue grows by 3 a second) and the pool holds only evictable prefix-cache blocks
-             (usage 0). As the engines reported upstream, nothing but a restart (of the simulator)
-             recovers it.
+             half a minute (outputs run to 1,500 tokens), then nothing runs and no token is
+             generated, while requests keep arriving (the queue grows by 3 a second) and the pool
+             holds only evictable prefix-cache blocks (usage 0). As the engines reported upstream,
+             nothing but a restart (of the simulator) recovers it.
 
 YAML format (every key optional except `phases`; a phase inherits each workload key it does
 not set from the phase before it (after a ramp: the rate it ended at), the first phase from

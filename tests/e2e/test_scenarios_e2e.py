@@ -35,8 +35,8 @@ WALL_SECONDS = 26.0  # 520 simulated seconds: saturation reaches thrashing, the 
 # seen beside four vLLM engines): the run goes on past WALL_SECONDS until it has them, three times longer at most.
 MIN_READS = 40
 PER_RANK = {  # Sample field -> contract family, read per dp_rank
-    "running": "kvcache_requests_running", "waiting": "kvcache_requests_waiting", "for_kv": "kvcache_requests_waiting_for_kv",
-    "with_room": "kvcache_requests_waiting_with_kv_room", "preempted": "kvcache_preemptions_total",
+    "running": "kvcache_requests_running", "waiting": "kvcache_requests_waiting",
+    "for_kv": "kvcache_requests_waiting_for_kv", "with_room": "kvcache_requests_waiting_with_kv_room", "preempted": "kvcache_preemptions_total",
     "prompts": "kvcache_prompt_tokens_total", "capacity_blocks": "kvcache_capacity_blocks",
     "capacity_tokens": "kvcache_capacity_tokens",
 }

@@ -220,13 +220,23 @@ def test_polls_per_target_stay_at_one_per_interval_however_the_lock_moves():
 
 
 def test_a_locked_poll_is_due_its_lead_before_the_scrape():
+    """A target's poll starts its longest recent poll before the scrape (the tail makes its scrape), plus its place
+    in the spread window and the margin."""
     arrivals = regular(1000.3, 5.0, 8, late=0.0)
-    lock = clock_with(arrivals).update(POLL, arrivals[-1])
-    lead = phase.lead(0.3, place=0.5, spread=0.4, poll_interval=POLL)
-    assert lead == pytest.approx(0.3 + 0.2 + phase.margin(POLL))
-    start = next_start(arrivals[-1], POLL, lock.offset(lead))
+    clock = clock_with(arrivals)
+    assert clock.update(POLL, arrivals[-1]) is not None
+    timetable = phase.Timetable(clock)
+    timetable.spread = 0.4
+
+    class Named:
+        name = "a"
+
+    for duration in [0.02] * 4 + [0.3] + [0.02] * 5:  # the longest, neither the last nor the 90th percentile
+        timetable.finished(Named.name, duration)
+    timetable.due([Named()], arrivals[-1], arrivals[-1], POLL)  # polled now; its next start is set
+    lead = 0.3 + phase.phase_of(Named.name) * 0.4 + phase.margin(POLL)
     scrape = arrivals[-1] + 5.0
-    assert scrape - start == pytest.approx(lead)
+    assert scrape - timetable.earliest() == pytest.approx(lead)
 
 
 def test_the_largest_lead_is_the_longest_expected_poll_the_spread_and_the_margin():
